@@ -53,7 +53,7 @@ def from_table(base: C, table: Mapping[str, Any], *, section: str) -> C:
         if key not in known:
             raise ConfigError(f"[{section}] has no setting {key!r} (known: {', '.join(sorted(known))})")
         changes[key] = _coerce(value, hints[key], f"[{section}].{key}")
-    return dataclasses.replace(base, **changes)  # type: ignore[type-var]
+    return dataclasses.replace(base, **changes)
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:

@@ -138,7 +138,7 @@ def _fail(where: str, expected: str, value: Any) -> typing.NoReturn:
     raise RemoteProtocolError(f"{where}: expected {expected}, got {type(value).__name__}")
 
 
-def _checker_for(hint: Any) -> Checker:  # noqa: C901 - one branch per supported annotation kind
+def _checker_for(hint: Any) -> Checker:
     origin = get_origin(hint)
     if origin in (Union, types.UnionType):
         options = get_args(hint)
@@ -170,7 +170,7 @@ def _checker_for(hint: Any) -> Checker:  # noqa: C901 - one branch per supported
         def check_fixed_tuple(value: Any, where: str) -> Any:
             if not isinstance(value, list) or len(value) != len(elements):
                 _fail(where, f"array of {len(elements)}", value)
-            return tuple(c(v, f"{where}[{i}]") for i, (c, v) in enumerate(zip(elements, value)))
+            return tuple(c(v, f"{where}[{i}]") for i, (c, v) in enumerate(zip(elements, value, strict=True)))
 
         return check_fixed_tuple
     if origin is dict:

@@ -1,0 +1,342 @@
+"""Noise XX handshake: mutual authentication bound to Ed25519 PeerIDs, and the session keys.
+
+Theory of operation
+-------------------
+We speak ``Noise_XX_25519_AESGCM_SHA256`` from the Noise Protocol Framework (revision 34)::
+
+    -> e
+    <- e, ee, s, es
+    -> s, se
+
+Both sides hold a long-term Ed25519 *identity* (their PeerID) and a per-process X25519 *static*
+Noise key. As in libp2p's Noise spec, each side's handshake payload carries its Ed25519 public key
+and a signature over ``"chaosp2p-noise-static-key:" + static X25519 public key``, which binds the
+Noise static key to the PeerID. The responder's identity arrives in message 2, so a dialer that
+expects ``/p2p/<id>`` learns that it reached someone else before it reveals anything of its own.
+
+Swarm admission: the Noise *prologue* is mixed into the transcript hash that authenticates every
+encrypted handshake payload. A swarm key, when configured, is hashed into the prologue, so a peer
+with a different key (or none) fails message 2 or 3's AEAD check and never completes a handshake;
+the key itself never crosses the wire.
+
+Handshake messages are framed with a 2-byte big-endian length, as libp2p does. This machine is
+sans-I/O: feed it received bytes with :meth:`receive_data`, send what :meth:`data_to_send` returns;
+when :attr:`complete` is true, :meth:`session` gives the two AEAD directions. A remote deviation of
+any kind is a :class:`RemoteProtocolError` (or :class:`PeerIdMismatch`/:class:`AdmissionDenied`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from chaosp2p.errors import AdmissionDenied, LocalProtocolError, PeerIdMismatch, RemoteProtocolError
+from chaosp2p.wire.framing import pack, unpack
+from chaosp2p.wire.identity import Identity, PeerID
+
+PROTOCOL_NAME = b"Noise_XX_25519_AESGCM_SHA256"
+SIGNATURE_PREFIX = b"chaosp2p-noise-static-key:"
+PROLOGUE_BASE = b"/chaos/noise/1"
+MAX_HANDSHAKE_MESSAGE_BYTES = 1024  # three small messages; anything larger is hostile
+_LENGTH = struct.Struct(">H")
+_DHLEN = 32
+_TAGLEN = 16
+
+
+def prologue_for(swarm_key: bytes | None) -> bytes:
+    """The Noise prologue for an open swarm (``None``) or a swarm guarded by ``swarm_key``."""
+    if swarm_key is None:
+        return PROLOGUE_BASE
+    return PROLOGUE_BASE + b"/swarm/" + hashlib.sha256(b"chaosp2p swarm key\0" + swarm_key).digest()
+
+
+def _hkdf2(chaining_key: bytes, ikm: bytes) -> tuple[bytes, bytes]:
+    temp = hmac.new(chaining_key, ikm, hashlib.sha256).digest()
+    out1 = hmac.new(temp, b"\x01", hashlib.sha256).digest()
+    out2 = hmac.new(temp, out1 + b"\x02", hashlib.sha256).digest()
+    return out1, out2
+
+
+def _nonce(counter: int) -> bytes:
+    return b"\0\0\0\0" + counter.to_bytes(8, "big")
+
+
+def _x25519_public(raw: bytes) -> X25519PublicKey:
+    return X25519PublicKey.from_public_bytes(raw)
+
+
+def _raw_public(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+class _SymmetricState:
+    """Noise's SymmetricState (chaining key, handshake hash, and the current CipherState)."""
+
+    def __init__(self, prologue: bytes) -> None:
+        self.h = PROTOCOL_NAME.ljust(32, b"\0")
+        self.ck = self.h
+        self.key: AESGCM | None = None
+        self.n = 0
+        self.mix_hash(prologue)
+
+    def mix_hash(self, data: bytes) -> None:
+        self.h = hashlib.sha256(self.h + data).digest()
+
+    def mix_key(self, ikm: bytes) -> None:
+        self.ck, temp_k = _hkdf2(self.ck, ikm)
+        self.key = AESGCM(temp_k)
+        self.n = 0
+
+    def encrypt_and_hash(self, plaintext: bytes) -> bytes:
+        if self.key is None:
+            ciphertext = plaintext
+        else:
+            ciphertext = self.key.encrypt(_nonce(self.n), plaintext, self.h)
+            self.n += 1
+        self.mix_hash(ciphertext)
+        return ciphertext
+
+    def decrypt_and_hash(self, ciphertext: bytes) -> bytes:
+        if self.key is None:
+            plaintext = ciphertext
+        else:
+            plaintext = self.key.decrypt(_nonce(self.n), ciphertext, self.h)  # raises InvalidTag
+            self.n += 1
+        self.mix_hash(ciphertext)
+        return plaintext
+
+    def split(self) -> tuple[bytes, bytes]:
+        return _hkdf2(self.ck, b"")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """The result of a completed handshake: one key per direction and who the remote is."""
+
+    send_key: bytes
+    receive_key: bytes
+    remote_peer_id: PeerID
+    handshake_hash: bytes
+
+
+class HandshakeState(enum.Enum):
+    """Where the handshake stands; each state names what this side does next."""
+
+    SEND_MESSAGE_1 = "send e"
+    AWAIT_MESSAGE_1 = "await e"
+    SEND_MESSAGE_2 = "send e, ee, s, es"
+    AWAIT_MESSAGE_2 = "await e, ee, s, es"
+    SEND_MESSAGE_3 = "send s, se"
+    AWAIT_MESSAGE_3 = "await s, se"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+# The single source of truth for progress: state -> state after this side's step succeeds.
+_NEXT: dict[HandshakeState, HandshakeState] = {
+    HandshakeState.SEND_MESSAGE_1: HandshakeState.AWAIT_MESSAGE_2,
+    HandshakeState.AWAIT_MESSAGE_2: HandshakeState.SEND_MESSAGE_3,
+    HandshakeState.SEND_MESSAGE_3: HandshakeState.COMPLETE,
+    HandshakeState.AWAIT_MESSAGE_1: HandshakeState.SEND_MESSAGE_2,
+    HandshakeState.SEND_MESSAGE_2: HandshakeState.AWAIT_MESSAGE_3,
+    HandshakeState.AWAIT_MESSAGE_3: HandshakeState.COMPLETE,
+}
+_SENDING = {HandshakeState.SEND_MESSAGE_1, HandshakeState.SEND_MESSAGE_2, HandshakeState.SEND_MESSAGE_3}
+_AWAITING = {HandshakeState.AWAIT_MESSAGE_1, HandshakeState.AWAIT_MESSAGE_2, HandshakeState.AWAIT_MESSAGE_3}
+
+
+class NoiseHandshake:
+    """One side of a Noise XX handshake (sans-I/O)."""
+
+    def __init__(
+        self,
+        *,
+        initiator: bool,
+        identity: Identity,
+        prologue: bytes = PROLOGUE_BASE,
+        expected_peer: PeerID | None = None,
+        static_key: X25519PrivateKey | None = None,
+        ephemeral_key: X25519PrivateKey | None = None,
+    ) -> None:
+        if expected_peer is not None and not initiator:
+            raise LocalProtocolError("only the dialing side can expect a particular PeerID")
+        self.initiator = initiator
+        self.state = HandshakeState.SEND_MESSAGE_1 if initiator else HandshakeState.AWAIT_MESSAGE_1
+        self._identity = identity
+        self._expected = expected_peer
+        self._s = static_key or X25519PrivateKey.generate()
+        self._e = ephemeral_key or X25519PrivateKey.generate()
+        self._re: X25519PublicKey | None = None
+        self._rs: X25519PublicKey | None = None
+        self._symmetric = _SymmetricState(prologue)
+        self._inbox = bytearray()
+        self._outbox = bytearray()
+        self.remote_peer_id: PeerID | None = None
+        if initiator:
+            self._write_message_1()
+
+    # ------------------------------------------------------------------ driver interface
+    @property
+    def complete(self) -> bool:
+        """True once both sides are authenticated and :meth:`session` is available."""
+        return self.state is HandshakeState.COMPLETE
+
+    def data_to_send(self) -> bytes:
+        """Bytes the driver must write to the socket now (possibly empty)."""
+        out = bytes(self._outbox)
+        self._outbox.clear()
+        return out
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes read from the socket; processes every whole handshake message in them."""
+        if self.state is HandshakeState.FAILED:
+            raise LocalProtocolError("handshake already failed")
+        self._inbox += data
+        if len(self._inbox) > 2 * (MAX_HANDSHAKE_MESSAGE_BYTES + _LENGTH.size):
+            self._fail()
+            raise RemoteProtocolError("handshake: peer sent more data than a handshake message can hold")
+        while self.state in _AWAITING:
+            message = self._take_message()
+            if message is None:
+                return
+            try:
+                self._read(message)
+            except InvalidTag:
+                self._fail()
+                raise AdmissionDenied(
+                    "handshake rejected: the remote peer is not in this swarm (different swarm key) "
+                    "or the handshake was tampered with"
+                ) from None
+            except (RemoteProtocolError, AdmissionDenied):
+                self._fail()
+                raise
+            except ValueError as exc:  # malformed X25519 points and similar
+                self._fail()
+                raise RemoteProtocolError(f"handshake: malformed message: {exc}") from None
+
+    def session(self) -> SessionKeys:
+        """Transport keys after completion (initiator's send key is the responder's receive key)."""
+        if not self.complete or self.remote_peer_id is None:
+            raise LocalProtocolError(f"handshake not complete (state: {self.state.value})")
+        k1, k2 = self._symmetric.split()
+        send, receive = (k1, k2) if self.initiator else (k2, k1)
+        return SessionKeys(send, receive, self.remote_peer_id, self._symmetric.h)
+
+    def leftover(self) -> bytes:
+        """Bytes received after the final handshake message (the start of the secure channel)."""
+        out = bytes(self._inbox)
+        self._inbox.clear()
+        return out
+
+    # ------------------------------------------------------------------ message processing
+    def _advance(self, expected: HandshakeState) -> None:
+        if self.state is not expected:
+            raise LocalProtocolError(f"handshake step {expected.value!r} in state {self.state.value!r}")
+        self.state = _NEXT[self.state]
+
+    def _fail(self) -> None:
+        self.state = HandshakeState.FAILED
+
+    def _take_message(self) -> bytes | None:
+        if len(self._inbox) < _LENGTH.size:
+            return None
+        (length,) = _LENGTH.unpack_from(self._inbox)
+        if length > MAX_HANDSHAKE_MESSAGE_BYTES:
+            self._fail()
+            raise RemoteProtocolError(f"handshake message of {length} bytes exceeds {MAX_HANDSHAKE_MESSAGE_BYTES}")
+        if len(self._inbox) < _LENGTH.size + length:
+            return None
+        message = bytes(self._inbox[_LENGTH.size : _LENGTH.size + length])
+        del self._inbox[: _LENGTH.size + length]
+        return message
+
+    def _emit(self, message: bytes) -> None:
+        self._outbox += _LENGTH.pack(len(message)) + message
+
+    def _payload(self) -> bytes:
+        static_public = _raw_public(self._s)
+        return pack([self._identity.peer_id.public_bytes, self._identity.sign(SIGNATURE_PREFIX + static_public)])
+
+    def _check_payload(self, payload: bytes) -> PeerID:
+        obj = unpack(payload, max_bytes=MAX_HANDSHAKE_MESSAGE_BYTES)
+        if (
+            not isinstance(obj, list)
+            or len(obj) < 2
+            or type(obj[0]) is not bytes
+            or type(obj[1]) is not bytes
+            or len(obj[0]) != 32
+        ):
+            raise RemoteProtocolError("handshake: payload must be [ed25519 public key, signature]")
+        peer = PeerID.from_public_bytes(obj[0])
+        assert self._rs is not None
+        remote_static = self._rs.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        if not peer.verify(obj[1], SIGNATURE_PREFIX + remote_static):
+            raise RemoteProtocolError("handshake: identity signature over the Noise static key is invalid")
+        return peer
+
+    def _write_message_1(self) -> None:
+        self._advance(HandshakeState.SEND_MESSAGE_1)
+        e_pub = _raw_public(self._e)
+        self._symmetric.mix_hash(e_pub)
+        self._emit(e_pub + self._symmetric.encrypt_and_hash(b""))
+
+    def _write_message_2(self) -> None:
+        self._advance(HandshakeState.SEND_MESSAGE_2)
+        assert self._re is not None
+        sym = self._symmetric
+        e_pub = _raw_public(self._e)
+        sym.mix_hash(e_pub)
+        sym.mix_key(self._e.exchange(self._re))
+        encrypted_s = sym.encrypt_and_hash(_raw_public(self._s))
+        sym.mix_key(self._s.exchange(self._re))
+        self._emit(e_pub + encrypted_s + sym.encrypt_and_hash(self._payload()))
+
+    def _write_message_3(self) -> None:
+        self._advance(HandshakeState.SEND_MESSAGE_3)
+        assert self._re is not None
+        sym = self._symmetric
+        encrypted_s = sym.encrypt_and_hash(_raw_public(self._s))
+        sym.mix_key(self._s.exchange(self._re))
+        self._emit(encrypted_s + sym.encrypt_and_hash(self._payload()))
+
+    def _read(self, message: bytes) -> None:
+        sym = self._symmetric
+        if self.state is HandshakeState.AWAIT_MESSAGE_1:
+            if len(message) != _DHLEN:
+                raise RemoteProtocolError(f"handshake message 1 must be {_DHLEN} bytes, got {len(message)}")
+            self._re = _x25519_public(message[:_DHLEN])
+            sym.mix_hash(message[:_DHLEN])
+            sym.decrypt_and_hash(message[_DHLEN:])
+            self._advance(HandshakeState.AWAIT_MESSAGE_1)
+            self._write_message_2()
+        elif self.state is HandshakeState.AWAIT_MESSAGE_2:
+            if len(message) < _DHLEN + _DHLEN + _TAGLEN + _TAGLEN:
+                raise RemoteProtocolError("handshake message 2 too short")
+            self._re = _x25519_public(message[:_DHLEN])
+            sym.mix_hash(message[:_DHLEN])
+            sym.mix_key(self._e.exchange(self._re))
+            split = _DHLEN + _DHLEN + _TAGLEN
+            self._rs = _x25519_public(sym.decrypt_and_hash(message[_DHLEN:split]))
+            sym.mix_key(self._e.exchange(self._rs))
+            peer = self._check_payload(sym.decrypt_and_hash(message[split:]))
+            if self._expected is not None and peer != self._expected:
+                raise PeerIdMismatch(f"dialed {self._expected} but the peer at that address is {peer}")
+            self.remote_peer_id = peer
+            self._advance(HandshakeState.AWAIT_MESSAGE_2)
+            self._write_message_3()
+        elif self.state is HandshakeState.AWAIT_MESSAGE_3:
+            if len(message) < _DHLEN + _TAGLEN + _TAGLEN:
+                raise RemoteProtocolError("handshake message 3 too short")
+            split = _DHLEN + _TAGLEN
+            self._rs = _x25519_public(sym.decrypt_and_hash(message[:split]))
+            sym.mix_key(self._e.exchange(self._rs))
+            self.remote_peer_id = self._check_payload(sym.decrypt_and_hash(message[split:]))
+            self._advance(HandshakeState.AWAIT_MESSAGE_3)

@@ -1,0 +1,108 @@
+"""Transport configuration: limits, timeouts and windows, with local/lan/wan profiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from chaosp2p.configbase import require, require_positive
+from chaosp2p.protocols.mux import MuxLimits
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransportConfig:
+    """How a peer's connections behave and what they tolerate from remote peers.
+
+    Every ``max_*`` bounds something a remote peer controls; it is checked before memory is taken.
+    """
+
+    max_frame_bytes: int = 1 << 20
+    """Largest msgpack message (control frames, RPC requests and responses)."""
+    max_record_bytes: int = 1 << 20
+    """Largest encrypted record payload; bulk data is cut into records of at most this size."""
+    initial_window_bytes: int = 256 * 1024
+    """Receive window every new stream starts with (bounds memory per idle stream)."""
+    max_window_bytes: int = 64 << 20
+    """Largest window a stream may raise itself to for bulk transfers."""
+    max_streams_per_connection: int = 256
+    max_connections: int = 1024
+    max_pending_handshakes: int = 64
+    """Inbound connections still handshaking; more are closed at once (slowloris guard)."""
+    connect_timeout_s: float = 5.0
+    handshake_timeout_s: float = 5.0
+    request_timeout_s: float = 10.0
+    keepalive_interval_s: float = 5.0
+    """Ping an otherwise quiet connection this often."""
+    dead_connection_timeout_s: float = 20.0
+    """Close a connection that has received nothing (not even a pong) for this long."""
+    idle_connection_timeout_s: float = 300.0
+    """Close a connection with no streams and no messages in either direction for this long."""
+    socket_buffer_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self,
+            "max_frame_bytes",
+            "max_record_bytes",
+            "initial_window_bytes",
+            "max_window_bytes",
+            "max_streams_per_connection",
+            "max_connections",
+            "max_pending_handshakes",
+            "connect_timeout_s",
+            "handshake_timeout_s",
+            "request_timeout_s",
+            "keepalive_interval_s",
+            "dead_connection_timeout_s",
+            "idle_connection_timeout_s",
+            "socket_buffer_bytes",
+        )
+        require(self.max_record_bytes <= 16 << 20, "max_record_bytes must be at most 16 MiB")
+        require(self.max_frame_bytes <= 64 << 20, "max_frame_bytes must be at most 64 MiB")
+        require(
+            self.initial_window_bytes <= self.max_window_bytes <= 1 << 30,
+            "need initial_window_bytes <= max_window_bytes <= 1 GiB",
+        )
+        require(
+            self.dead_connection_timeout_s > self.keepalive_interval_s,
+            "dead_connection_timeout_s must exceed keepalive_interval_s",
+        )
+
+    @property
+    def mux_limits(self) -> MuxLimits:
+        """The subset the stream multiplexer enforces."""
+        return MuxLimits(
+            max_record_bytes=self.max_record_bytes,
+            initial_window_bytes=self.initial_window_bytes,
+            max_window_bytes=self.max_window_bytes,
+            max_streams=self.max_streams_per_connection,
+        )
+
+    @classmethod
+    def local(cls) -> TransportConfig:
+        """One machine (loopback): short timeouts, failures show up fast."""
+        return cls(
+            connect_timeout_s=2.0,
+            handshake_timeout_s=2.0,
+            request_timeout_s=5.0,
+            keepalive_interval_s=1.0,
+            dead_connection_timeout_s=5.0,
+        )
+
+    @classmethod
+    def lan(cls) -> TransportConfig:
+        """A data-center or campus network."""
+        return cls()
+
+    @classmethod
+    def wan(cls) -> TransportConfig:
+        """The open internet between institutions: long RTTs, larger windows for bandwidth-delay."""
+        return replace(
+            cls(),
+            connect_timeout_s=10.0,
+            handshake_timeout_s=10.0,
+            request_timeout_s=30.0,
+            keepalive_interval_s=10.0,
+            dead_connection_timeout_s=45.0,
+            initial_window_bytes=1 << 20,
+            max_window_bytes=256 << 20,
+        )

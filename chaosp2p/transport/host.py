@@ -1,0 +1,488 @@
+"""The host: listeners, dialing, connection reuse and protocol dispatch.
+
+A :class:`Host` belongs to a task group (entered with :func:`open_host`); every accept loop,
+handshake and connection runs in it, so leaving the ``async with`` block stops all of them.
+Protocols are registered before the first connection because each side's Hello advertises them.
+
+Inbound connections are bounded twice before they cost much: at most ``max_pending_handshakes``
+may be handshaking at once (extra sockets are closed immediately) and each handshake must finish
+within ``handshake_timeout_s``, so a peer that stalls mid-handshake holds one slot for a bounded time.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from chaosp2p import __version__
+from chaosp2p.clock import Clock, MonotonicClock
+from chaosp2p.errors import (
+    AdmissionDenied,
+    ChaosError,
+    ConfigError,
+    ConnectionClosed,
+    PeerUnreachable,
+    RemoteProtocolError,
+)
+from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
+from chaosp2p.protocols.noise import NoiseHandshake, SessionKeys, prologue_for
+from chaosp2p.transport.config import TransportConfig
+from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import Identity, PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+from chaosp2p.wire.protocol_ids import ProtocolId
+
+log = logging.getLogger("chaosp2p.transport")
+
+StreamProtocolHandler = Callable[[Stream], Awaitable[None]]
+RequestHandler = Callable[[Connection, Any], Awaitable[Any]]
+MessageProtocolHandler = Callable[[Connection, bytes], None]
+ConnectionCallback = Callable[[Connection, bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class HostStatistics:
+    """Counters of a host."""
+
+    connections: int
+    pending_handshakes: int
+    handshakes_failed: int
+    handshakes_timed_out: int
+    connections_refused_at_capacity: int
+    protocol_errors: int
+
+
+class Host:
+    """A peer's network presence: its identity, listeners and connections. Use :func:`open_host`."""
+
+    def __init__(
+        self,
+        *,
+        identity: Identity,
+        config: TransportConfig,
+        task_group: anyio.abc.TaskGroup,
+        swarm_key: bytes | None = None,
+        clock: Clock | None = None,
+        agent: str = f"chaosp2p/{__version__}",
+    ) -> None:
+        self.identity = identity
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.agent = agent
+        self.started_wall_s = time.time()
+        self._started = self.clock.now()
+        self._task_group = task_group
+        self._prologue = prologue_for(swarm_key)
+        self._static_key = X25519PrivateKey.generate()
+        self._listeners: list[Listener] = []
+        self._listen_addrs: list[Multiaddr] = []
+        self._stream_handlers: dict[ProtocolId, StreamProtocolHandler] = {}
+        self._message_handlers: dict[str, MessageProtocolHandler] = {}
+        self._connections: dict[PeerID, list[Connection]] = {}
+        self._dialing: dict[str, anyio.Event] = {}
+        self._callbacks: list[ConnectionCallback] = []
+        self._pending_handshakes = 0
+        self._handshakes_failed = 0
+        self._handshakes_timed_out = 0
+        self._refused_at_capacity = 0
+        self._protocol_errors = 0
+        self.address_book: dict[PeerID, list[Multiaddr]] = {}
+
+    # ------------------------------------------------------------------ identity and addresses
+    @property
+    def peer_id(self) -> PeerID:
+        """This host's PeerID."""
+        return self.identity.peer_id
+
+    @property
+    def addrs(self) -> list[Multiaddr]:
+        """Addresses others can dial, each ending in ``/p2p/<our id>``."""
+        return [addr.with_peer(self.peer_id) for addr in self._listen_addrs]
+
+    def uptime_s(self) -> float:
+        """Seconds since the host started."""
+        return self.clock.now() - self._started
+
+    # ------------------------------------------------------------------ protocol registration
+    def set_stream_handler(self, protocol: ProtocolId | str, handler: StreamProtocolHandler) -> None:
+        """Serve inbound streams of ``protocol`` with ``handler(stream)``."""
+        self._stream_handlers[_protocol(protocol)] = handler
+
+    def set_request_handler(self, protocol: ProtocolId | str, handler: RequestHandler) -> None:
+        """Serve one-request-one-response streams: ``handler(connection, request) -> response``.
+
+        A :class:`ChaosError` from the handler is returned to the caller as an error response;
+        anything else is logged and returned as an internal error, without details.
+        """
+
+        async def serve(stream: Stream) -> None:
+            request = await stream.receive_frame()
+            if request is None:
+                return
+            try:
+                response = [0, await handler(stream.connection, request)]
+            except RemoteProtocolError as exc:
+                response = [1, f"bad request: {exc}"]
+            except ChaosError as exc:
+                response = [1, str(exc)]
+            except Exception:
+                log.exception("request handler for %s failed", protocol)
+                response = [1, "internal error"]
+            await stream.send_frame(response, eof=True)
+
+        self.set_stream_handler(protocol, serve)
+
+    def set_message_handler(self, protocol: ProtocolId | str, handler: MessageProtocolHandler) -> None:
+        """Deliver datagram messages of ``protocol`` to ``handler(connection, body)``.
+
+        The handler runs on the connection's reader and must not block; it should hand the message
+        to a protocol machine and return.
+        """
+        parsed = _protocol(protocol)
+        self._message_handlers[parsed.name] = handler
+        self._stream_handlers.setdefault(parsed, _refuse_stream)
+
+    def on_connection_change(self, callback: ConnectionCallback) -> None:
+        """Call ``callback(connection, opened)`` when a connection opens or closes."""
+        self._callbacks.append(callback)
+
+    def protocols(self) -> tuple[ProtocolId, ...]:
+        """Protocols this host serves, in the order its Hello advertises them."""
+        return tuple(sorted(self._stream_handlers))
+
+    # ------------------------------------------------------------------ listening
+    async def listen(self, addr: Multiaddr | str) -> Multiaddr:
+        """Start accepting connections on ``addr`` (port 0 picks a free port); returns the real address."""
+        address = Multiaddr.parse(addr) if isinstance(addr, str) else addr
+        if address.host_kind not in ("ip4", "ip6"):
+            raise ConfigError("listen on an /ip4 or /ip6 address")
+        listener = Listener(address.host, address.port, buffer_bytes=self.config.socket_buffer_bytes)
+        self._listeners.append(listener)
+        host, port = listener.address
+        bound = Multiaddr.from_socket_address(host, port)
+        self._listen_addrs.extend(_advertised(bound))
+        self._task_group.start_soon(self._accept_loop, listener, name=f"chaosp2p accept {bound}")
+        log.info("listening on %s", bound.with_peer(self.peer_id))
+        return bound.with_peer(self.peer_id)
+
+    async def _accept_loop(self, listener: Listener) -> None:
+        try:
+            while True:
+                sock, address = await listener.accept()
+                if self._pending_handshakes >= self.config.max_pending_handshakes or (
+                    self.connection_count() >= self.config.max_connections
+                ):
+                    self._refused_at_capacity += 1
+                    log.warning("refusing connection from %s:%s: at capacity", *address)
+                    close_socket(sock)
+                    continue
+                self._pending_handshakes += 1
+                self._task_group.start_soon(self._handle_inbound, sock, address)
+        except anyio.ClosedResourceError:
+            return
+
+    async def _handle_inbound(self, sock: socket.socket, address: tuple[str, int]) -> None:
+        try:
+            try:
+                with anyio.fail_after(self.config.handshake_timeout_s):
+                    keys, leftover = await self._handshake(sock, initiator=False, expected=None)
+            finally:
+                self._pending_handshakes -= 1
+        except TimeoutError:
+            self._handshakes_timed_out += 1
+            log.warning("dropping %s:%s: stalled mid-handshake for %.1f s", *address, self.config.handshake_timeout_s)
+            close_socket(sock)
+            return
+        except (RemoteProtocolError, AdmissionDenied, ConnectionClosed, anyio.ClosedResourceError) as exc:
+            self._handshakes_failed += 1
+            log.warning("handshake with %s:%s failed: %s", *address, exc)
+            close_socket(sock)
+            return
+        connection = self._make_connection(sock, keys, leftover, is_dialer=False, address=address)
+        await self._run_connection(connection)
+
+    # ------------------------------------------------------------------ dialing
+    async def connect(self, addr: Multiaddr | str) -> Connection:
+        """Connect to ``addr`` (reusing an open connection to its peer when the address names one).
+
+        Raises :class:`PeerIdMismatch` if ``/p2p/<id>`` is given and someone else answers,
+        :class:`AdmissionDenied` if the swarm keys differ, :class:`PeerUnreachable` otherwise.
+        """
+        address = Multiaddr.parse(addr) if isinstance(addr, str) else addr
+        if address.peer_id == self.peer_id:
+            raise ConfigError("refusing to dial ourselves")
+        if address.peer_id is not None:
+            existing = self.connection(address.peer_id)
+            if existing is not None:
+                return existing
+        key = str(address)
+        while key in self._dialing:
+            await self._dialing[key].wait()
+            if address.peer_id is not None and (existing := self.connection(address.peer_id)) is not None:
+                return existing
+        done = self._dialing[key] = anyio.Event()
+        try:
+            return await self._dial(address)
+        finally:
+            del self._dialing[key]
+            done.set()
+
+    async def _dial(self, address: Multiaddr) -> Connection:
+        with anyio.move_on_after(self.config.connect_timeout_s) as scope:
+            sock = await connect_tcp(address.host, address.port, buffer_bytes=self.config.socket_buffer_bytes)
+        if scope.cancelled_caught:
+            raise PeerUnreachable(f"connecting to {address} timed out after {self.config.connect_timeout_s:g} s")
+        try:
+            with anyio.fail_after(self.config.handshake_timeout_s):
+                keys, leftover = await self._handshake(sock, initiator=True, expected=address.peer_id)
+        except TimeoutError:
+            close_socket(sock)
+            raise PeerUnreachable(f"handshake with {address} timed out") from None
+        except BaseException:
+            close_socket(sock)
+            raise
+        if keys.remote_peer_id == self.peer_id:
+            close_socket(sock)
+            raise ConfigError(f"{address} is this peer itself")
+        peer_host, peer_port = sock.getpeername()[:2]
+        connection = self._make_connection(sock, keys, leftover, is_dialer=True, address=(peer_host, peer_port))
+        self._remember(keys.remote_peer_id, [address.without_peer()])
+        try:
+            await self._task_group.start(self._run_connection, connection)
+        except ConnectionClosed as exc:
+            raise PeerUnreachable(f"{address}: {exc}") from None
+        except RemoteProtocolError as exc:
+            raise PeerUnreachable(f"{address} misbehaved right after the handshake: {exc}") from None
+        return connection
+
+    async def connection_to(self, peer: PeerID, addrs: Sequence[Multiaddr] = ()) -> Connection:
+        """An open connection to ``peer``: reuse one, or dial ``addrs`` / the address book in turn."""
+        existing = self.connection(peer)
+        if existing is not None:
+            return existing
+        candidates = list(addrs) + [a for a in self.address_book.get(peer, []) if a not in addrs]
+        if not candidates:
+            raise PeerUnreachable(f"no known address for {peer}")
+        errors = []
+        for address in candidates:
+            try:
+                return await self.connect(address.with_peer(peer))
+            except PeerUnreachable as exc:
+                errors.append(str(exc))
+        raise PeerUnreachable(f"cannot reach {peer}: " + "; ".join(errors))
+
+    async def _handshake(
+        self, sock: socket.socket, *, initiator: bool, expected: PeerID | None
+    ) -> tuple[SessionKeys, bytes]:
+        handshake = NoiseHandshake(
+            initiator=initiator,
+            identity=self.identity,
+            prologue=self._prologue,
+            expected_peer=expected,
+            static_key=self._static_key,
+        )
+        while True:
+            outgoing = handshake.data_to_send()
+            if outgoing:
+                await send_all(sock, [outgoing])
+            if handshake.complete:
+                return handshake.session(), handshake.leftover()
+            handshake.receive_data(await receive_some(sock, 4096))
+
+    # ------------------------------------------------------------------ connections
+    def _make_connection(
+        self, sock: socket.socket, keys: SessionKeys, leftover: bytes, *, is_dialer: bool, address: tuple[str, int]
+    ) -> Connection:
+        observed = Multiaddr.from_socket_address(*address)
+        hello = Hello(
+            agent=self.agent[:64],
+            protocols=tuple(str(p) for p in self.protocols()),
+            listen_addrs=tuple(str(a) for a in self._listen_addrs[:MAX_LISTEN_ADDRS]),
+            observed_addr=str(observed),
+        )
+        return Connection(
+            sock,
+            remote_peer=keys.remote_peer_id,
+            send_key=keys.send_key,
+            receive_key=keys.receive_key,
+            is_dialer=is_dialer,
+            config=self.config,
+            clock=self.clock,
+            local_hello=hello,
+            local_protocols=self.protocols(),
+            stream_handler=self._dispatch_stream,
+            message_handler=self._dispatch_message,
+            remote_address=address,
+            initial_bytes=leftover,
+        )
+
+    async def _run_connection(
+        self, connection: Connection, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        peer = connection.remote_peer
+        registered = False
+
+        def started() -> None:
+            nonlocal registered
+            registered = True
+            self._connections.setdefault(peer, []).append(connection)
+            if connection.remote_hello is not None:
+                listen = []
+                for text in connection.remote_hello.listen_addrs:
+                    listen.append(Multiaddr.parse(text))
+                self._remember(peer, listen)
+            log.info("connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer,
+                     *connection.remote_address)
+            self._notify(connection, True)
+
+        class _Status:
+            def started(self, value: None = None) -> None:
+                started()
+                task_status.started()
+
+        try:
+            await connection.run(task_status=_Status())
+        except RemoteProtocolError as exc:
+            self._protocol_errors += 1
+            log.warning("connection with %s failed: %s", peer, exc)
+            if not registered:
+                raise
+        except ChaosError as exc:
+            log.info("connection with %s ended: %s", peer, exc)
+            if not registered:
+                raise
+        except Exception:
+            log.exception("connection with %s crashed", peer)
+            if not registered:
+                raise
+        finally:
+            if registered:
+                conns = self._connections.get(peer, [])
+                if connection in conns:
+                    conns.remove(connection)
+                if not conns:
+                    self._connections.pop(peer, None)
+                if connection.close_reason.startswith("protocol error"):
+                    self._protocol_errors += 1
+                log.info("disconnected %s: %s", peer, connection.close_reason)
+                self._notify(connection, False)
+
+    def _notify(self, connection: Connection, opened: bool) -> None:
+        for callback in list(self._callbacks):
+            try:
+                callback(connection, opened)
+            except Exception:
+                log.exception("connection callback failed")
+
+    def _remember(self, peer: PeerID, addrs: Sequence[Multiaddr]) -> None:
+        book = self.address_book.setdefault(peer, [])
+        for addr in addrs:
+            plain = addr.without_peer()
+            if plain not in book:
+                book.append(plain)
+        del book[:-MAX_LISTEN_ADDRS]
+
+    def connection(self, peer: PeerID) -> Connection | None:
+        """An open connection to ``peer``, if there is one."""
+        for connection in self._connections.get(peer, []):
+            if not connection.closed:
+                return connection
+        return None
+
+    def connections(self) -> list[Connection]:
+        """Every open connection."""
+        return [c for conns in self._connections.values() for c in conns if not c.closed]
+
+    def connected_peers(self) -> list[PeerID]:
+        """Peers with at least one open connection."""
+        return [peer for peer in self._connections if self.connection(peer) is not None]
+
+    def connection_count(self) -> int:
+        """Open connections."""
+        return sum(len(conns) for conns in self._connections.values())
+
+    def statistics(self) -> HostStatistics:
+        """Counters of refused and failed connections."""
+        return HostStatistics(
+            connections=self.connection_count(),
+            pending_handshakes=self._pending_handshakes,
+            handshakes_failed=self._handshakes_failed,
+            handshakes_timed_out=self._handshakes_timed_out,
+            connections_refused_at_capacity=self._refused_at_capacity,
+            protocol_errors=self._protocol_errors,
+        )
+
+    # ------------------------------------------------------------------ dispatch
+    async def _dispatch_stream(self, stream: Stream) -> None:
+        handler = self._stream_handlers.get(stream.protocol)
+        if handler is None:  # cannot happen: the mux only opens advertised protocols
+            raise RemoteProtocolError(f"no handler for {stream.protocol}")
+        await handler(stream)
+
+    def _dispatch_message(self, connection: Connection, protocol_name: str, body: bytes) -> None:
+        handler = self._message_handlers.get(protocol_name)
+        if handler is None:
+            raise RemoteProtocolError(f"no message handler for {protocol_name}")
+        handler(connection, body)
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection with a goodbye."""
+        for listener in self._listeners:
+            listener.close()
+        with anyio.move_on_after(1.0):
+            async with anyio.create_task_group() as tg:
+                for connection in self.connections():
+                    tg.start_soon(connection.aclose, "peer shutting down")
+
+
+async def _refuse_stream(stream: Stream) -> None:
+    raise RemoteProtocolError(f"{stream.protocol} takes messages, not streams")
+
+
+def _protocol(protocol: ProtocolId | str) -> ProtocolId:
+    return protocol if isinstance(protocol, ProtocolId) else ProtocolId.parse(protocol)
+
+
+def _advertised(bound: Multiaddr) -> list[Multiaddr]:
+    """Concrete addresses for a listener: a wildcard bind is advertised as loopback plus host IPs."""
+    if bound.host not in ("0.0.0.0", "::"):
+        return [bound]
+    addrs = [Multiaddr.from_socket_address("127.0.0.1" if bound.host == "0.0.0.0" else "::1", bound.port)]
+    try:
+        _, _, ips = socket.gethostbyname_ex(socket.gethostname())
+    except OSError:
+        ips = []
+    for ip in ips:
+        if not ip.startswith("127.") and bound.host == "0.0.0.0":
+            addrs.append(Multiaddr.from_socket_address(ip, bound.port))
+    return addrs
+
+
+@asynccontextmanager
+async def open_host(
+    identity: Identity,
+    config: TransportConfig,
+    *,
+    swarm_key: bytes | None = None,
+    clock: Clock | None = None,
+) -> AsyncIterator[Host]:
+    """Run a :class:`Host` for the duration of the block; every task it started ends with it."""
+    async with anyio.create_task_group() as tg:
+        host = Host(identity=identity, config=config, task_group=tg, swarm_key=swarm_key, clock=clock)
+        try:
+            yield host
+        finally:
+            with anyio.CancelScope(shield=True):
+                await host.aclose()
+            tg.cancel_scope.cancel()
