@@ -231,22 +231,25 @@ class Connection:
         )
 
     # ------------------------------------------------------------------ opening streams and RPC
-    def supports(self, protocol_name: str) -> bool:
-        """True if both sides speak some version of ``protocol_name``."""
+    def supports(self, protocol_name: str, majors: tuple[int, ...] = (1,)) -> bool:
+        """True if the remote speaks one of the ``majors`` of ``protocol_name``."""
         try:
-            choose_version(protocol_name, self._local_protocols, self._remote_protocols)
+            self._choose(protocol_name, majors)
         except ProtocolNotSupported:
             return False
         return True
 
-    def open_stream(self, protocol_name: str) -> Stream:
-        """Open a stream speaking the best common version of ``protocol_name``.
+    def _choose(self, protocol_name: str, majors: tuple[int, ...]) -> ProtocolId:
+        return choose_version(protocol_name, (ProtocolId(protocol_name, m) for m in majors), self._remote_protocols)
+
+    def open_stream(self, protocol_name: str, majors: tuple[int, ...] = (1,)) -> Stream:
+        """Open a stream speaking the highest of ``majors`` of ``protocol_name`` the remote serves.
 
         The SYN travels with the first bytes sent (or on the first receive), saving a round trip.
         """
         if self.closed:
             raise ConnectionClosed(f"connection to {self.remote_peer.short()} is closed: {self._close_reason}")
-        protocol = choose_version(protocol_name, self._local_protocols, self._remote_protocols)
+        protocol = self._choose(protocol_name, majors)
         stream_id = self._mux.open_stream()
         stream = Stream(self, stream_id, protocol, outbound=True)
         self._streams[stream_id] = stream
@@ -282,9 +285,9 @@ class Connection:
             raise RemoteProtocolError(f"{protocol_name} request failed on {self.remote_peer.short()}: {reply[1]}")
         return reply[1]
 
-    async def send_message(self, protocol_name: str, body: bytes) -> None:
+    async def send_message(self, protocol_name: str, body: bytes, majors: tuple[int, ...] = (1,)) -> None:
         """Send a datagram-style message (one record, no stream) on ``protocol_name``."""
-        protocol = choose_version(protocol_name, self._local_protocols, self._remote_protocols)
+        protocol = self._choose(protocol_name, majors)
         payload = pack([str(protocol), body])
         if len(payload) > self.config.max_record_bytes:
             raise ValueError("message larger than one record")

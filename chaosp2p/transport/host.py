@@ -342,7 +342,7 @@ class Host:
                 for text in connection.remote_hello.listen_addrs:
                     listen.append(Multiaddr.parse(text))
                 self._remember(peer, listen)
-            log.info("connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer,
+            log.debug("connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer,
                      *connection.remote_address)
             self._notify(connection, True)
 
@@ -375,7 +375,7 @@ class Host:
                     self._connections.pop(peer, None)
                 if connection.close_reason.startswith("protocol error"):
                     self._protocol_errors += 1
-                log.info("disconnected %s: %s", peer, connection.close_reason)
+                log.debug("disconnected %s: %s", peer, connection.close_reason)
                 self._notify(connection, False)
 
     def _notify(self, connection: Connection, opened: bool) -> None:

@@ -1,0 +1,162 @@
+"""Runs a sans-I/O message machine over real connections.
+
+Theory of operation
+-------------------
+The driver is deliberately thin: it decodes incoming datagrams with the protocol's codec, calls
+``machine.receive``, and after every call to the machine drains ``take_outgoing()`` and
+``take_events()``. A timer task sleeps until ``machine.next_deadline()`` (woken early whenever a
+call may have moved the deadline) and then calls ``handle_timeout``. It makes no protocol decisions.
+
+Outgoing messages go to a small queue per destination, drained by one sender task per peer, so a
+slow or unreachable peer never blocks the machine or the other peers. A queue that is full drops
+the message (datagram semantics: the protocols above tolerate loss). A failure to connect or send
+is reported to the machine with ``peer_unreachable``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from chaosp2p.clock import Clock
+from chaosp2p.errors import ChaosError
+from chaosp2p.protocols.base import MessageMachine, Outgoing
+from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.host import Host
+from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.messages import MessageCodec
+from chaosp2p.wire.multiaddr import Multiaddr
+from chaosp2p.wire.protocol_ids import ProtocolId
+
+log = logging.getLogger("chaosp2p.runtime")
+
+AddressResolver = Callable[[PeerID], Sequence[Multiaddr]]
+EventSink = Callable[[Any], None]
+
+MAX_QUEUED_PER_PEER = 256
+MAX_SENDERS = 4096
+
+
+class MachineDriver:
+    """Feeds one protocol machine from a :class:`Host` and carries out what it asks for."""
+
+    def __init__(
+        self,
+        *,
+        host: Host,
+        machine: MessageMachine,
+        codecs: Mapping[str, MessageCodec],
+        clock: Clock,
+        task_group: anyio.abc.TaskGroup,
+        resolve: AddressResolver | None = None,
+        on_event: EventSink | None = None,
+        name: str = "machine",
+    ) -> None:
+        self.host = host
+        self.machine = machine
+        self.name = name
+        self._codecs = dict(codecs)
+        self._clock = clock
+        self._task_group = task_group
+        self._resolve = resolve or (lambda peer: ())
+        self._on_event = on_event or (lambda event: None)
+        self._wake = anyio.Event()
+        self._queues: dict[PeerID, deque[tuple[str, bytes]]] = {}
+        self._senders: set[PeerID] = set()
+        self.dropped_outgoing = 0
+        self.rejected_incoming = 0
+        for protocol in self._codecs:
+            host.set_message_handler(ProtocolId(protocol, 1), self._handler_for(protocol))
+
+    def start(self) -> None:
+        """Start the timer task in the peer's task group."""
+        self._task_group.start_soon(self._timer_loop, name=f"chaosp2p {self.name} timers")
+
+    # ------------------------------------------------------------------ input from the network
+    def _handler_for(self, protocol: str) -> Callable[[Connection, bytes], None]:
+        codec = self._codecs[protocol]
+
+        def handle(connection: Connection, body: bytes) -> None:
+            # Runs on the connection's reader: a decode error propagates and closes that connection.
+            message = codec.decode(body, max_bytes=self.host.config.max_record_bytes)
+            self.call(lambda now: self.machine.receive(now, connection.remote_peer, protocol, message))
+
+        return handle
+
+    def call(self, action: Callable[[float], None]) -> None:
+        """Run ``action(now)`` on the machine, then carry out its output."""
+        action(self._clock.now())
+        self.flush()
+
+    def flush(self) -> None:
+        """Send queued messages, forward events, and re-arm the timer."""
+        for outgoing in self.machine.take_outgoing():
+            self._enqueue(outgoing)
+        take_events = getattr(self.machine, "take_events", None)
+        if take_events is not None:
+            for event in take_events():
+                try:
+                    self._on_event(event)
+                except Exception:
+                    log.exception("%s event handler failed", self.name)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ timers
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wake = anyio.Event()
+            deadline = self.machine.next_deadline()
+            now = self._clock.now()
+            if deadline is not None and deadline <= now:
+                self.call(self.machine.handle_timeout)
+                await anyio.lowlevel.checkpoint()
+                continue
+            with anyio.move_on_after(None if deadline is None else deadline - now):
+                await self._wake.wait()
+
+    # ------------------------------------------------------------------ output to the network
+    def _enqueue(self, outgoing: Outgoing) -> None:
+        codec = self._codecs.get(outgoing.protocol)
+        if codec is None:
+            raise ChaosError(f"{self.name} sent on unregistered protocol {outgoing.protocol!r}")
+        if outgoing.to == self.host.peer_id:
+            return
+        queue = self._queues.setdefault(outgoing.to, deque())
+        if len(queue) >= MAX_QUEUED_PER_PEER:
+            self.dropped_outgoing += 1
+            return
+        queue.append((outgoing.protocol, codec.encode(outgoing.message)))
+        if outgoing.to in self._senders:
+            return  # its sender task drains the queue until empty
+        if len(self._senders) >= MAX_SENDERS:
+            queue.pop()
+            self.dropped_outgoing += 1
+            return
+        self._senders.add(outgoing.to)
+        self._task_group.start_soon(self._sender, outgoing.to, name=f"chaosp2p {self.name} sender")
+
+    async def _sender(self, peer: PeerID) -> None:
+        queue = self._queues[peer]
+        try:
+            while queue:
+                try:
+                    connection = await self.host.connection_to(peer, self._resolve(peer))
+                    while queue:
+                        protocol, body = queue[0]
+                        await connection.send_message(protocol, body)
+                        queue.popleft()
+                except ChaosError as exc:
+                    self.dropped_outgoing += len(queue)
+                    queue.clear()
+                    log.debug("%s: %s unreachable: %s", self.name, peer, exc)
+                    self.call(lambda now: self.machine.peer_unreachable(now, peer))
+                    return
+        finally:
+            self._senders.discard(peer)
+            if not queue:
+                self._queues.pop(peer, None)

@@ -1,0 +1,243 @@
+"""The ``Peer``: one process's membership in a chaosp2p swarm.
+
+A peer composes the transport host with the protocol drivers and serves the status protocol. All
+of its background work runs in one task group, entered with :func:`open_peer`::
+
+    async with open_peer(PeerConfig.local(bootstrap=[addr])) as peer:
+        print(peer.peer_id, peer.addrs)
+
+Leaving the block says goodbye to every connected peer (bounded to about a second) and stops
+every task the peer started.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from chaosp2p.clock import Clock, MonotonicClock
+from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
+from chaosp2p.runtime.config import PeerConfig
+from chaosp2p.runtime.events import EventHub
+from chaosp2p.runtime.status import STATUS_CODEC, ConnectionInfo, StatusReport, StatusRequest
+from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.host import Host
+from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key
+from chaosp2p.wire.identity import Identity, PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+
+log = logging.getLogger("chaosp2p.peer")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerConnected:
+    """A connection to ``peer_id`` opened (event)."""
+
+    peer_id: PeerID
+    outbound: bool
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerDisconnected:
+    """The last connection to ``peer_id`` closed (event)."""
+
+    peer_id: PeerID
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BootstrapFailed:
+    """No bootstrap peer could be reached; the peer retries after ``retry_in_s`` (event)."""
+
+    errors: tuple[str, ...]
+    retry_in_s: float
+    at: float
+
+
+class Peer:
+    """A running peer. Create it with :func:`open_peer`."""
+
+    def __init__(
+        self, *, config: PeerConfig, host: Host, task_group: anyio.abc.TaskGroup, clock: Clock, rng: random.Random
+    ) -> None:
+        self.config = config
+        self.host = host
+        self.clock = clock
+        self.random = rng
+        self._task_group = task_group
+        self._events = EventHub()
+        self._connected_event = anyio.Event()
+        host.on_connection_change(self._on_connection_change)
+        host.set_request_handler("/chaos/status/1", self._serve_status)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def peer_id(self) -> PeerID:
+        """This peer's PeerID."""
+        return self.host.peer_id
+
+    @property
+    def addrs(self) -> list[Multiaddr]:
+        """Multiaddrs to hand to others (each ends in ``/p2p/<peer id>``)."""
+        return self.host.addrs
+
+    # ------------------------------------------------------------------ events and waiting
+    def events(self) -> AsyncIterator[Any]:
+        """Typed events from now on: connections, and (with the overlay) joins, failures, links."""
+        return self._events.subscribe()
+
+    def publish(self, event: Any) -> None:
+        """Hand an event to every ``events()`` subscriber (used by the protocol drivers)."""
+        self._events.publish(event)
+
+    def connected_peers(self) -> list[PeerID]:
+        """Peers with an open connection to us."""
+        return self.host.connected_peers()
+
+    async def wait_connected(self, count: int = 1) -> None:
+        """Return once at least ``count`` peers are connected (bound it with ``anyio.fail_after``)."""
+        while len(self.connected_peers()) < count:
+            self._connected_event = anyio.Event()
+            await self._connected_event.wait()
+
+    # ------------------------------------------------------------------ bootstrap
+    async def connect(self, addr: Multiaddr | str) -> Connection:
+        """Connect to a peer by multiaddr."""
+        return await self.host.connect(addr)
+
+    async def _bootstrap_loop(self) -> None:
+        """Keep trying the bootstrap peers, with jittered exponential backoff, until one answers."""
+        addrs = self.config.bootstrap_addrs()
+        if not addrs:
+            return
+        delay = self.config.bootstrap_retry_min_s
+        while True:
+            errors: list[str] = []
+            connected = 0
+            for addr in addrs:
+                try:
+                    await self.host.connect(addr)
+                    connected += 1
+                except PeerIdMismatch as exc:
+                    errors.append(str(exc))
+                    log.error("bootstrap %s: %s", addr, exc)
+                except AdmissionDenied as exc:
+                    errors.append(str(exc))
+                    log.error("bootstrap %s refused us: %s", addr, exc)
+                except ChaosError as exc:
+                    errors.append(f"{addr}: {exc}")
+            if connected:
+                log.info("bootstrapped through %d of %d peers", connected, len(addrs))
+                return
+            retry = delay * (0.5 + self.random.random())
+            log.warning("no bootstrap peer reachable (%s); retrying in %.1f s", "; ".join(errors), retry)
+            self.publish(BootstrapFailed(errors=tuple(errors), retry_in_s=retry, at=self.clock.now()))
+            await anyio.sleep(retry)
+            delay = min(delay * 2, self.config.bootstrap_retry_max_s)
+
+    # ------------------------------------------------------------------ status
+    def status_report(self) -> StatusReport:
+        """What ``chaosp2p status`` shows for this peer."""
+        connections = []
+        for connection in self.host.connections():
+            stats = connection.statistics()
+            connections.append(
+                ConnectionInfo(
+                    peer_id=str(connection.remote_peer),
+                    address=str(Multiaddr.from_socket_address(*connection.remote_address)),
+                    direction="outbound" if connection.is_dialer else "inbound",
+                    rtt_ms=None if stats.rtt_s is None else round(stats.rtt_s * 1e3, 3),
+                    open_streams=stats.open_streams,
+                )
+            )
+        return StatusReport(
+            peer_id=str(self.peer_id),
+            addrs=tuple(str(a) for a in self.addrs),
+            agent=self.host.agent,
+            uptime_s=self.host.uptime_s(),
+            connections=tuple(connections),
+        )
+
+    async def _serve_status(self, connection: Connection, request: Any) -> Any:
+        STATUS_CODEC.from_obj(request)
+        return STATUS_CODEC.to_obj(self.status_report())
+
+    # ------------------------------------------------------------------ internals
+    def _on_connection_change(self, connection: Connection, opened: bool) -> None:
+        peer = connection.remote_peer
+        now = self.clock.now()
+        if opened:
+            if len(self.host._connections.get(peer, [])) == 1:
+                log.info("peer %s connected (%s)", peer, "outbound" if connection.is_dialer else "inbound")
+                self.publish(PeerConnected(peer_id=peer, outbound=connection.is_dialer, at=now))
+            self._connected_event.set()
+        elif self.host.connection(peer) is None:
+            log.info("peer %s disconnected: %s", peer, connection.close_reason)
+            self.publish(PeerDisconnected(peer_id=peer, reason=connection.close_reason, at=now))
+
+    async def aclose(self) -> None:
+        """Say goodbye to every peer and stop (also done when the ``open_peer`` block ends)."""
+        await self.host.aclose()
+
+
+def _identity_for(config: PeerConfig) -> Identity:
+    if config.identity_path is None:
+        return Identity.generate()
+    return load_or_create_identity(config.identity_path)
+
+
+@asynccontextmanager
+async def open_peer(
+    config: PeerConfig | None = None,
+    *,
+    identity: Identity | None = None,
+    clock: Clock | None = None,
+    seed: int | None = None,
+) -> AsyncIterator[Peer]:
+    """Start a peer (listen, bootstrap, serve) for the duration of the block."""
+    config = config or PeerConfig.local()
+    identity = identity or _identity_for(config)
+    swarm_key = load_swarm_key(config.swarm_key_path) if config.swarm_key_path else None
+    clock = clock or MonotonicClock()
+    rng = random.Random(seed)
+    async with anyio.create_task_group() as tg:
+        host = Host(identity=identity, config=config.transport, task_group=tg, swarm_key=swarm_key, clock=clock)
+        peer = Peer(config=config, host=host, task_group=tg, clock=clock, rng=rng)
+        try:
+            for addr in config.listen_addrs():
+                await host.listen(addr)
+            tg.start_soon(peer._bootstrap_loop, name="chaosp2p bootstrap")
+            yield peer
+        finally:
+            with anyio.CancelScope(shield=True):
+                await peer.aclose()
+            tg.cancel_scope.cancel()
+
+
+async def request_status(
+    addr: Multiaddr | str, *, swarm_key: bytes | None = None, timeout_s: float = 5.0
+) -> StatusReport:
+    """Connect to ``addr`` with a throwaway identity and ask for its :class:`StatusReport`."""
+    from chaosp2p.transport.config import TransportConfig
+    from chaosp2p.transport.host import open_host
+
+    config = TransportConfig.local()
+    with anyio.fail_after(timeout_s):
+        async with open_host(Identity.generate(), config, swarm_key=swarm_key) as host:
+            connection = await host.connect(addr)
+            reply = await connection.request("status", STATUS_CODEC.to_obj(StatusRequest()), timeout_s=timeout_s)
+            report = STATUS_CODEC.from_obj(reply)
+            if not isinstance(report, StatusReport):
+                raise AdmissionDenied("the peer answered status with the wrong message type")
+            await connection.aclose("status done")
+            return report
+

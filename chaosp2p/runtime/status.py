@@ -1,0 +1,116 @@
+"""``/chaos/status/1``: ask a running peer who it is and what it sees.
+
+The response is a typed message whose :meth:`StatusReport.to_json` gives the stable, documented
+JSON shape of ``chaosp2p status --json`` (see README "Status JSON"): scripts may rely on every key
+listed there; new keys may be added, none removed or renamed within major version 1.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from chaosp2p.errors import RemoteProtocolError
+from chaosp2p.wire.messages import Message, MessageCodec
+
+MAX_STATUS_ENTRIES = 4096
+
+
+class StatusMessageType(enum.IntEnum):
+    """Message types of ``/chaos/status/1``. ONLY APPEND TO THIS LIST."""
+
+    REQUEST = 1
+    REPORT = 2
+
+
+STATUS_CODEC = MessageCodec("status", StatusMessageType)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionInfo:
+    """One open connection as the reporting peer sees it."""
+
+    peer_id: str
+    address: str
+    direction: str
+    rtt_ms: float | None
+    open_streams: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberInfo:
+    """One member of the swarm in the reporting peer's membership view."""
+
+    peer_id: str
+    state: str
+    incarnation: int
+    addrs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkInfo:
+    """One overlay link from the reporting peer."""
+
+    peer_id: str
+    state: str
+    rtt_ms: float | None
+    bandwidth_bytes_per_s: float | None
+
+
+@STATUS_CODEC.register(StatusMessageType.REQUEST)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusRequest(Message):
+    """Ask for a :class:`StatusReport`."""
+
+
+@STATUS_CODEC.register(StatusMessageType.REPORT)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusReport(Message):
+    """What a peer reports about itself."""
+
+    peer_id: str
+    addrs: tuple[str, ...]
+    agent: str
+    uptime_s: float
+    connections: tuple[ConnectionInfo, ...]
+    members: tuple[MemberInfo, ...] = ()
+    links: tuple[LinkInfo, ...] = ()
+
+    def validate(self) -> None:
+        """Bound the lists so a hostile peer cannot make the CLI render millions of rows."""
+        for name in ("addrs", "connections", "members", "links"):
+            if len(getattr(self, name)) > MAX_STATUS_ENTRIES:
+                raise RemoteProtocolError(f"status report has more than {MAX_STATUS_ENTRIES} {name}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented JSON shape of ``chaosp2p status --json``."""
+        return {
+            "peer_id": self.peer_id,
+            "addrs": list(self.addrs),
+            "agent": self.agent,
+            "uptime_s": round(self.uptime_s, 3),
+            "connections": [
+                {
+                    "peer_id": c.peer_id,
+                    "address": c.address,
+                    "direction": c.direction,
+                    "rtt_ms": c.rtt_ms,
+                    "open_streams": c.open_streams,
+                }
+                for c in self.connections
+            ],
+            "members": [
+                {"peer_id": m.peer_id, "state": m.state, "incarnation": m.incarnation, "addrs": list(m.addrs)}
+                for m in self.members
+            ],
+            "links": [
+                {
+                    "peer_id": link.peer_id,
+                    "state": link.state,
+                    "rtt_ms": link.rtt_ms,
+                    "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+                }
+                for link in self.links
+            ],
+        }
