@@ -1,0 +1,364 @@
+"""Records, provider records, their signatures, and the local store that holds them.
+
+Theory of operation: the store is a pure table keyed by key bytes, with every time passed in as
+``now`` (monotonic seconds of *this* peer). A record arrives with a relative ``remaining_ms`` and is
+stored with ``expires_at = now + min(remaining, max_ttl)``; when it leaves again the remaining time
+is recomputed, so no absolute clock ever crosses the wire.
+
+Acceptance rules (normative text in ``protocols/dht.md``), checked cheapest first so that rejecting
+junk costs little: size limits (OVERSIZED) → shape and namespace (MALFORMED) → ordering against
+what we hold (STALE) → signature (BAD_SIGNATURE) → quotas (QUOTA). A rejected record never
+disturbs what is already stored, and a full store refuses newcomers rather than evicting anyone.
+
+Ordering: a record replaces the stored one for its key only if ``(version, value)`` is larger. An
+equal record refreshes the expiry (and the republish clock); this is what makes republishing by
+any of the k holders converge. Signed keys (``/pk/<owner>/...``) additionally need a valid
+signature by the owner, so nobody else can write or roll them back; unsigned keys are open to any
+writer, the highest ``(version, value)`` wins, and each writer's share of our store is capped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from chaosp2p.dht.contacts import AddressValidator
+from chaosp2p.dht.keys import MalformedKey, key_owner
+from chaosp2p.dht.messages import ProviderRecord, Record, StoreStatus
+from chaosp2p.wire.framing import pack
+from chaosp2p.wire.identity import Identity, PeerID
+
+RECORD_SIGNING_DOMAIN = "chaosp2p/dht/record/1"
+PROVIDER_SIGNING_DOMAIN = "chaosp2p/dht/provider/1"
+
+
+def record_signing_payload(key: bytes, value: bytes, version: int, ttl_ms: int) -> bytes:
+    """The exact bytes a record's signature covers: msgpack ``[domain, key, value, version, ttl_ms]``."""
+    return pack([RECORD_SIGNING_DOMAIN, key, value, version, ttl_ms])
+
+
+def provider_signing_payload(
+    key: bytes, provider: PeerID, addrs: tuple[str, ...], seq: int, ttl_ms: int
+) -> bytes:
+    """Bytes a provider record's signature covers: msgpack ``[domain, key, provider, addrs, seq, ttl_ms]``."""
+    return pack([PROVIDER_SIGNING_DOMAIN, key, provider.raw, list(addrs), seq, ttl_ms])
+
+
+def make_record(
+    key: bytes, value: bytes, *, version: int, ttl_ms: int, identity: Identity | None = None
+) -> Record:
+    """A fresh record; signed by ``identity`` when given (required for ``/pk/`` keys)."""
+    if identity is None:
+        return Record(key=key, value=value, version=version, ttl_ms=ttl_ms, remaining_ms=ttl_ms,
+                      publisher=None, signature=b"")
+    signature = identity.sign(record_signing_payload(key, value, version, ttl_ms))
+    return Record(key=key, value=value, version=version, ttl_ms=ttl_ms, remaining_ms=ttl_ms,
+                  publisher=identity.peer_id, signature=signature)
+
+
+def make_provider_record(
+    identity: Identity, key: bytes, addrs: tuple[str, ...], *, seq: int, ttl_ms: int
+) -> ProviderRecord:
+    """A provider record for ``identity``'s peer, signed by it."""
+    signature = identity.sign(provider_signing_payload(key, identity.peer_id, addrs, seq, ttl_ms))
+    return ProviderRecord(key=key, provider=identity.peer_id, addrs=addrs, seq=seq, ttl_ms=ttl_ms,
+                          remaining_ms=ttl_ms, signature=signature)
+
+
+def check_record(record: Record, *, max_key_bytes: int, max_value_bytes: int) -> StoreStatus:
+    """Every rule a record must pass on its own (not against the store): sizes, namespace, signature."""
+    if len(record.key) > max_key_bytes or len(record.value) > max_value_bytes:
+        return StoreStatus.OVERSIZED
+    status = _check_record_shape(record)
+    if status is not StoreStatus.OK:
+        return status
+    return _check_record_signature(record)
+
+
+def _check_record_shape(record: Record) -> StoreStatus:
+    if not 0 < record.remaining_ms <= record.ttl_ms:
+        return StoreStatus.MALFORMED
+    try:
+        owner = key_owner(record.key)
+    except MalformedKey:
+        return StoreStatus.MALFORMED
+    if owner is None:
+        if record.publisher is not None or record.signature:
+            return StoreStatus.MALFORMED
+        return StoreStatus.OK
+    if record.publisher != owner:
+        return StoreStatus.BAD_SIGNATURE  # someone else's record in the owner's namespace
+    return StoreStatus.OK
+
+
+def _check_record_signature(record: Record) -> StoreStatus:
+    if record.publisher is None:
+        return StoreStatus.OK
+    payload = record_signing_payload(record.key, record.value, record.version, record.ttl_ms)
+    return StoreStatus.OK if record.publisher.verify(record.signature, payload) else StoreStatus.BAD_SIGNATURE
+
+
+def check_provider(
+    record: ProviderRecord, *, max_key_bytes: int, validator: AddressValidator
+) -> StoreStatus:
+    """Every rule a provider record must pass on its own."""
+    if len(record.key) > max_key_bytes:
+        return StoreStatus.OVERSIZED
+    if not 0 < record.remaining_ms <= record.ttl_ms or not validator.valid(record.provider, record.addrs):
+        return StoreStatus.MALFORMED
+    payload = provider_signing_payload(record.key, record.provider, record.addrs, record.seq, record.ttl_ms)
+    return StoreStatus.OK if record.provider.verify(record.signature, payload) else StoreStatus.BAD_SIGNATURE
+
+
+@dataclass(slots=True)
+class StoredRecord:
+    """A record as held here: the record as received plus our own clocks for it."""
+
+    record: Record
+    expires_at: float
+    last_stored_at: float
+    """When someone (or we) last stored this exact record here; drives republishing."""
+    accountable: PeerID
+    """Whose quota the record counts against: the owner for signed keys, else who stored it."""
+
+
+@dataclass(slots=True)
+class StoredProvider:
+    """A provider record as held here."""
+
+    record: ProviderRecord
+    expires_at: float
+    last_stored_at: float
+
+
+def _remaining_ms(expires_at: float, now: float, ttl_ms: int) -> int:
+    return max(1, min(ttl_ms, int((expires_at - now) * 1000)))
+
+
+class RecordStore:
+    """Records and provider records held by this peer, with TTLs, quotas and ordering rules."""
+
+    def __init__(
+        self,
+        *,
+        max_key_bytes: int,
+        max_value_bytes: int,
+        max_ttl_s: float,
+        max_per_publisher: int,
+        max_total: int,
+        max_providers_per_key: int,
+        validator: AddressValidator,
+    ) -> None:
+        self.max_key_bytes = max_key_bytes
+        self.max_value_bytes = max_value_bytes
+        self.max_ttl_s = max_ttl_s
+        self.max_per_publisher = max_per_publisher
+        self.max_total = max_total
+        self.max_providers_per_key = max_providers_per_key
+        self.validator = validator
+        self._records: dict[bytes, StoredRecord] = {}
+        self._providers: dict[bytes, dict[PeerID, StoredProvider]] = {}
+        self._counts: dict[PeerID, int] = {}
+        self._total = 0
+        self.expired = 0
+        """Records and provider records dropped because their time ran out."""
+
+    # ------------------------------------------------------------------ records
+    def put_record(
+        self, now: float, record: Record, sender: PeerID, *, verified: bool = False
+    ) -> tuple[StoreStatus, int | None]:
+        """Offer a record; returns the verdict and, on STALE, the version held here."""
+        if len(record.key) > self.max_key_bytes or len(record.value) > self.max_value_bytes:
+            return StoreStatus.OVERSIZED, None
+        status = _check_record_shape(record)
+        if status is not StoreStatus.OK:
+            return status, None
+        held = self._records.get(record.key)
+        if held is not None and held.expires_at <= now:
+            self._drop_record(record.key)
+            held = None
+        expires_at = now + min(record.remaining_ms / 1000.0, self.max_ttl_s)
+        if held is not None:
+            ours, theirs = (held.record.version, held.record.value), (record.version, record.value)
+            if theirs < ours:
+                return StoreStatus.STALE, held.record.version
+            if theirs == ours:
+                same_proof = (held.record.ttl_ms, held.record.signature) == (record.ttl_ms, record.signature)
+                if not (verified or same_proof) and _check_record_signature(record) is not StoreStatus.OK:
+                    return StoreStatus.BAD_SIGNATURE, None
+                if not same_proof:
+                    held.record = record
+                held.expires_at = max(held.expires_at, expires_at)
+                held.last_stored_at = now
+                return StoreStatus.OK, None
+        if not verified and _check_record_signature(record) is not StoreStatus.OK:
+            return StoreStatus.BAD_SIGNATURE, None
+        accountable = record.publisher or sender
+        if held is None or held.accountable != accountable:
+            if not self._has_room(accountable, new_entry=held is None):
+                return StoreStatus.QUOTA, None
+            if held is not None:
+                self._release(held.accountable)
+            self._take(accountable)
+        self._records[record.key] = StoredRecord(
+            record=record, expires_at=expires_at, last_stored_at=now, accountable=accountable
+        )
+        return StoreStatus.OK, None
+
+    def get_record(self, now: float, key: bytes) -> Record | None:
+        """The live record under ``key``, with ``remaining_ms`` as of ``now``."""
+        held = self._records.get(key)
+        if held is None:
+            return None
+        if held.expires_at <= now:
+            self._drop_record(key)
+            return None
+        remaining = _remaining_ms(held.expires_at, now, held.record.ttl_ms)
+        if remaining == held.record.remaining_ms:
+            return held.record
+        return replace(held.record, remaining_ms=remaining)
+
+    def records(self) -> list[StoredRecord]:
+        """All held records (live or not yet swept)."""
+        return list(self._records.values())
+
+    # ------------------------------------------------------------------ providers
+    def put_provider(self, now: float, record: ProviderRecord) -> tuple[StoreStatus, int | None]:
+        """Offer a provider record; returns the verdict and, on STALE, the seq held here."""
+        if len(record.key) > self.max_key_bytes:
+            return StoreStatus.OVERSIZED, None
+        if not 0 < record.remaining_ms <= record.ttl_ms or not self.validator.valid(record.provider, record.addrs):
+            return StoreStatus.MALFORMED, None
+        table = self._providers.get(record.key)
+        held = table.get(record.provider) if table is not None else None
+        if held is not None and held.expires_at <= now:
+            self._drop_provider(record.key, record.provider)
+            held = None
+        expires_at = now + min(record.remaining_ms / 1000.0, self.max_ttl_s)
+        if held is not None:
+            if record.seq < held.record.seq:
+                return StoreStatus.STALE, held.record.seq
+            if record.seq == held.record.seq and record.signature == held.record.signature:
+                held.expires_at = max(held.expires_at, expires_at)
+                held.last_stored_at = now
+                return StoreStatus.OK, None
+        payload = provider_signing_payload(record.key, record.provider, record.addrs, record.seq, record.ttl_ms)
+        if not record.provider.verify(record.signature, payload):
+            return StoreStatus.BAD_SIGNATURE, None
+        if held is not None:
+            # Same seq, different content: the provider re-signed; keep the larger signature so
+            # every holder converges on one record.
+            if record.seq == held.record.seq and record.signature < held.record.signature:
+                return StoreStatus.STALE, held.record.seq
+            newer = record.seq > held.record.seq
+            held.record = record
+            held.expires_at = expires_at if newer else max(held.expires_at, expires_at)
+            held.last_stored_at = now
+            return StoreStatus.OK, None
+        if table is not None and len(table) >= self.max_providers_per_key:
+            return StoreStatus.QUOTA, None
+        if not self._has_room(record.provider, new_entry=True):
+            return StoreStatus.QUOTA, None
+        self._take(record.provider)
+        if table is None:
+            table = self._providers[record.key] = {}
+        table[record.provider] = StoredProvider(record=record, expires_at=expires_at, last_stored_at=now)
+        return StoreStatus.OK, None
+
+    def get_providers(self, now: float, key: bytes, limit: int) -> list[ProviderRecord]:
+        """Up to ``limit`` live provider records under ``key``, with ``remaining_ms`` as of ``now``."""
+        table = self._providers.get(key)
+        if not table:
+            return []
+        out: list[ProviderRecord] = []
+        for peer, held in list(table.items()):
+            if held.expires_at <= now:
+                self._drop_provider(key, peer)
+                continue
+            if len(out) < limit:
+                out.append(
+                    replace(held.record, remaining_ms=_remaining_ms(held.expires_at, now, held.record.ttl_ms))
+                )
+        return out
+
+    def providers(self) -> list[StoredProvider]:
+        """All held provider records."""
+        return [held for table in self._providers.values() for held in table.values()]
+
+    # ------------------------------------------------------------------ maintenance
+    def expire(self, now: float) -> int:
+        """Drop everything whose time ran out; returns how many went."""
+        before = self.expired
+        for key in [k for k, held in self._records.items() if held.expires_at <= now]:
+            self._drop_record(key)
+        for key, table in list(self._providers.items()):
+            for peer in [p for p, held in table.items() if held.expires_at <= now]:
+                self._drop_provider(key, peer)
+        return self.expired - before
+
+    def due_for_republish(
+        self, now: float, interval_s: float
+    ) -> tuple[list[Record], list[ProviderRecord]]:
+        """Live records nobody re-stored here for ``interval_s``, marked as republished now.
+
+        Any holder that received a STORE for a record recently assumes the other holders did too
+        and leaves the republishing to whoever's timer runs first (Kademlia's optimisation).
+        """
+        records: list[Record] = []
+        providers: list[ProviderRecord] = []
+        for held in self._records.values():
+            if held.expires_at > now and now - held.last_stored_at >= interval_s:
+                held.last_stored_at = now
+                records.append(
+                    replace(held.record, remaining_ms=_remaining_ms(held.expires_at, now, held.record.ttl_ms))
+                )
+        for table in self._providers.values():
+            for prov in table.values():
+                if prov.expires_at > now and now - prov.last_stored_at >= interval_s:
+                    prov.last_stored_at = now
+                    providers.append(
+                        replace(prov.record, remaining_ms=_remaining_ms(prov.expires_at, now, prov.record.ttl_ms))
+                    )
+        return records, providers
+
+    def count_for(self, publisher: PeerID) -> int:
+        """Records plus provider records counted against ``publisher``."""
+        return self._counts.get(publisher, 0)
+
+    @property
+    def total(self) -> int:
+        """Records plus provider records held."""
+        return self._total
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    # ------------------------------------------------------------------ internals
+    def _has_room(self, publisher: PeerID, *, new_entry: bool) -> bool:
+        if self._counts.get(publisher, 0) >= self.max_per_publisher:
+            return False
+        return not (new_entry and self._total >= self.max_total)
+
+    def _take(self, publisher: PeerID) -> None:
+        self._counts[publisher] = self._counts.get(publisher, 0) + 1
+        self._total += 1
+
+    def _release(self, publisher: PeerID) -> None:
+        left = self._counts.get(publisher, 0) - 1
+        if left > 0:
+            self._counts[publisher] = left
+        else:
+            self._counts.pop(publisher, None)
+        self._total -= 1
+
+    def _drop_record(self, key: bytes) -> None:
+        held = self._records.pop(key)
+        self._release(held.accountable)
+        self.expired += 1
+
+    def _drop_provider(self, key: bytes, peer: PeerID) -> None:
+        table = self._providers[key]
+        del table[peer]
+        if not table:
+            del self._providers[key]
+        self._release(peer)
+        self.expired += 1
