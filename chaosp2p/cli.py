@@ -61,20 +61,50 @@ def main() -> None:
 
 # ---------------------------------------------------------------------------------------------- peer
 @main.command()
-@click.option("--listen", "listen", multiple=True, metavar="MULTIADDR",
-              help="Address to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (repeatable). Default: the profile's.")
-@click.option("--bootstrap", "bootstrap", multiple=True, metavar="MULTIADDR",
-              help="A peer to join through, e.g. /ip4/10.0.0.5/tcp/4001/p2p/12D3KooW... (repeatable).")
-@click.option("--identity", "identity_path", type=click.Path(dir_okay=False), default=None,
-              help="Ed25519 key file; created with mode 0600 if missing, so the PeerID stays stable.")
-@click.option("--swarm-key", "swarm_key_path", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Pre-shared swarm key: only peers with the same key can connect.")
-@click.option("--profile", default="local", show_default=True, metavar="NAME|FILE.toml",
-              help=f"Built-in profile ({', '.join(PROFILES)}) or a TOML profile file such as peers/lan.toml.")
-@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
-              help="Write {peer_id, addrs} as JSON here once listening (for scripts and tests).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--listen",
+    "listen",
+    multiple=True,
+    metavar="MULTIADDR",
+    help="Address to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (repeatable). Default: the profile's.",
+)
+@click.option(
+    "--bootstrap",
+    "bootstrap",
+    multiple=True,
+    metavar="MULTIADDR",
+    help="A peer to join through, e.g. /ip4/10.0.0.5/tcp/4001/p2p/12D3KooW... (repeatable).",
+)
+@click.option(
+    "--identity",
+    "identity_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Ed25519 key file; created with mode 0600 if missing, so the PeerID stays stable.",
+)
+@click.option(
+    "--swarm-key",
+    "swarm_key_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Pre-shared swarm key: only peers with the same key can connect.",
+)
+@click.option(
+    "--profile",
+    default="local",
+    show_default=True,
+    metavar="NAME|FILE.toml",
+    help=f"Built-in profile ({', '.join(PROFILES)}) or a TOML profile file such as peers/lan.toml.",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write {peer_id, addrs} as JSON here once listening (for scripts and tests).",
+)
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
 @click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS))
 def peer(
     listen: tuple[str, ...],
@@ -89,8 +119,9 @@ def peer(
     """Run a peer until interrupted (Ctrl-C or SIGTERM shut it down cleanly)."""
     _setup_logging(log_level)
     try:
-        config = _load_config(profile, listen=listen, bootstrap=bootstrap, identity_path=identity_path,
-                              swarm_key_path=swarm_key_path)
+        config = _load_config(
+            profile, listen=listen, bootstrap=bootstrap, identity_path=identity_path, swarm_key_path=swarm_key_path
+        )
     except ConfigError as exc:
         _fail(str(exc))
     try:
@@ -122,8 +153,13 @@ async def _run_peer(config: PeerConfig, ready_file: str | None) -> None:
 @main.command()
 @click.argument("addr", metavar="MULTIADDR")
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON shape instead of tables.")
-@click.option("--swarm-key", "swarm_key_path", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="The swarm key, if the swarm has one.")
+@click.option(
+    "--swarm-key",
+    "swarm_key_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="The swarm key, if the swarm has one.",
+)
 @click.option("--timeout", "timeout_s", default=5.0, show_default=True, help="Seconds to wait for an answer.")
 @click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS))
 def status(addr: str, as_json: bool, swarm_key_path: str | None, timeout_s: float, backend: str) -> None:
@@ -155,8 +191,9 @@ def print_status(report: StatusReport, out: Console) -> None:
     for column in ("peer", "address", "direction", "rtt ms", "streams"):
         table.add_column(column)
     for c in report.connections:
-        table.add_row(c.peer_id, c.address, c.direction, "-" if c.rtt_ms is None else f"{c.rtt_ms:.2f}",
-                      str(c.open_streams))
+        table.add_row(
+            c.peer_id, c.address, c.direction, "-" if c.rtt_ms is None else f"{c.rtt_ms:.2f}", str(c.open_streams)
+        )
     out.print(table)
     if report.members:
         members = Table(title=f"members ({len(report.members)})", title_justify="left")

@@ -19,9 +19,7 @@ async def run_demo(peer_count: int, console: Console) -> None:
         console.print(f"peer 1 listening on [cyan]{first.addrs[0]}[/]")
         peers: list[Peer] = [first]
         for index in range(2, peer_count + 1):
-            peer = await stack.enter_async_context(
-                open_peer(PeerConfig.local(bootstrap=(str(first.addrs[0]),)))
-            )
+            peer = await stack.enter_async_context(open_peer(PeerConfig.local(bootstrap=(str(first.addrs[0]),))))
             peers.append(peer)
             console.print(f"peer {index} [green]joined[/] through peer 1 as {peer.peer_id.short()}")
         with anyio.fail_after(10):

@@ -141,7 +141,5 @@ class RecordOpener:
         try:
             self._aead.decrypt_into(_nonce(self._counter), ciphertext, header, out)
         except InvalidTag:
-            raise RemoteProtocolError(
-                "record failed authentication (corrupted, replayed or forged bytes)"
-            ) from None
+            raise RemoteProtocolError("record failed authentication (corrupted, replayed or forged bytes)") from None
         self._counter += 1

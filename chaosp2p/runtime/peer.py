@@ -240,4 +240,3 @@ async def request_status(
                 raise AdmissionDenied("the peer answered status with the wrong message type")
             await connection.aclose("status done")
             return report
-

@@ -217,8 +217,9 @@ class SimNetwork:
             return
         self.stats.delivered += 1
         if self._record:
-            self.deliveries.append(Delivery(at=self.now, sender=sender, receiver=receiver,
-                                            protocol=protocol, message=message))
+            self.deliveries.append(
+                Delivery(at=self.now, sender=sender, receiver=receiver, protocol=protocol, message=message)
+            )
         node.machine.receive(self.now, sender, protocol, message)
         self._after_call(receiver)
 

@@ -341,8 +341,9 @@ class Connection:
                 stream._syn_pending = False
                 if flags & Flag.FIN:
                     stream._sent_eof = True
-                await self._write_record_locked(FrameType.DATA, flags, stream.stream_id, value,
-                                                data[offset : offset + count])
+                await self._write_record_locked(
+                    FrameType.DATA, flags, stream.stream_id, value, data[offset : offset + count]
+                )
             offset += count
             if last:
                 if stream._sent_eof:
@@ -427,8 +428,9 @@ class Connection:
                     while self._pending_windows:
                         stream_id, grant = self._pending_windows.popitem()
                         if self._mux.state(stream_id) is not None:
-                            await self._write_record_locked(FrameType.WINDOW, Flag.NONE, stream_id, grant,
-                                                            memoryview(b""))
+                            await self._write_record_locked(
+                                FrameType.WINDOW, Flag.NONE, stream_id, grant, memoryview(b"")
+                            )
                     while self._pending_resets:
                         stream_id = self._pending_resets.pop()
                         await self._write_record_locked(FrameType.DATA, Flag.RST, stream_id, 0, memoryview(b""))
@@ -452,8 +454,9 @@ class Connection:
             log.warning("closing connection to %s (%s:%s): %s", self.remote_peer, *self.remote_address, exc)
             with anyio.move_on_after(0.5):
                 try:
-                    await self._send_record(FrameType.GOAWAY, Flag.NONE, 0, GoAwayCode.PROTOCOL_ERROR,
-                                            str(exc).encode()[:256])
+                    await self._send_record(
+                        FrameType.GOAWAY, Flag.NONE, 0, GoAwayCode.PROTOCOL_ERROR, str(exc).encode()[:256]
+                    )
                 except ChaosError:
                     pass
             self._mark_closed(f"protocol error: {exc}")
@@ -535,6 +538,8 @@ class Connection:
             gone = self._streams.pop(header.stream_id, None)
             if gone is not None:
                 gone._fail(StreamReset(f"stream {header.stream_id} reset by {self.remote_peer.short()}"))
+                if gone._handler_scope is not None:
+                    gone._handler_scope.cancel()
 
     def _accept_stream(self, header: RecordHeader) -> Stream:
         if header.value >= len(self._local_protocols):
@@ -548,7 +553,12 @@ class Connection:
 
     async def _run_handler(self, stream: Stream) -> None:
         try:
-            await self._stream_handler(stream)
+            with anyio.CancelScope() as scope:
+                # A reset from the remote cancels the handler: nobody is left to read its answer.
+                stream._handler_scope = scope
+                await self._stream_handler(stream)
+            if scope.cancelled_caught:
+                return
         except (ConnectionClosed, StreamReset):
             pass
         except RemoteProtocolError as exc:
@@ -562,6 +572,10 @@ class Connection:
             stream.reset()
         else:
             await stream.aclose()
+            if self._mux.state(stream.stream_id) is not None:
+                # The handler is done but the remote is still sending: nobody will read it, so
+                # free the stream (and its window) instead of letting it count against the limit.
+                stream.reset()
             self._maybe_forget(stream)
 
     def _on_ping(self, header: RecordHeader) -> None:
@@ -602,19 +616,17 @@ class Connection:
             await anyio.sleep(interval / 2)
             now = self._clock.now()
             if now - self.last_received > self.config.dead_connection_timeout_s:
-                log.info("closing connection to %s: nothing received for %.1f s", self.remote_peer,
-                         now - self.last_received)
+                log.info(
+                    "closing connection to %s: nothing received for %.1f s", self.remote_peer, now - self.last_received
+                )
                 self._mark_closed("remote stopped answering")
                 return
             if not self._streams and now - self.last_activity > self.config.idle_connection_timeout_s:
                 await self.aclose("idle", GoAwayCode.IDLE)
                 return
-            if now - max(self.last_sent, self.last_received) >= interval or (
-                now - self.last_received >= interval
-            ):
+            if now - max(self.last_sent, self.last_received) >= interval or (now - self.last_received >= interval):
                 self._ping_counter = (self._ping_counter + 1) & 0xFFFFFFFF
                 self._ping_sent_at[self._ping_counter] = now
                 if len(self._ping_sent_at) > 8:
                     self._ping_sent_at.pop(next(iter(self._ping_sent_at)))
                 await self._send_record(FrameType.PING, Flag.NONE, 0, self._ping_counter, b"")
-

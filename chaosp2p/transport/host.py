@@ -209,6 +209,9 @@ class Host:
             log.warning("handshake with %s:%s failed: %s", *address, exc)
             close_socket(sock)
             return
+        except BaseException:  # cancelled (host shutting down) or a bug: never leak the socket
+            close_socket(sock)
+            raise
         connection = self._make_connection(sock, keys, leftover, is_dialer=False, address=address)
         await self._run_connection(connection)
 
@@ -342,8 +345,9 @@ class Host:
                 for text in connection.remote_hello.listen_addrs:
                     listen.append(Multiaddr.parse(text))
                 self._remember(peer, listen)
-            log.debug("connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer,
-                     *connection.remote_address)
+            log.debug(
+                "connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer, *connection.remote_address
+            )
             self._notify(connection, True)
 
         class _Status:

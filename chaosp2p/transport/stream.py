@@ -44,6 +44,7 @@ class Stream:
         self._window_event = anyio.Event()
         self._direct: memoryview | None = None
         self._direct_filled = 0
+        self._handler_scope: anyio.CancelScope | None = None
 
     @property
     def remote_peer(self) -> PeerID:
@@ -76,10 +77,10 @@ class Stream:
     async def receive_some(self, max_bytes: int = 1 << 20) -> bytes:
         """Return up to ``max_bytes`` bytes as soon as any are available; ``b""`` at end of stream."""
         while not self._chunks:
+            if self._eof:  # a clean end wins over a later reset: everything sent has arrived
+                return b""
             if self._error is not None:
                 raise self._error
-            if self._eof:
-                return b""
             await self._wait_data()
         head = self._chunks[0]
         if len(head) <= max_bytes:
@@ -103,9 +104,7 @@ class Stream:
             if self._error is not None:
                 raise self._error
             if self._eof:
-                raise RemoteProtocolError(
-                    f"stream ended after {filled} of {len(target)} expected bytes"
-                )
+                raise RemoteProtocolError(f"stream ended after {filled} of {len(target)} expected bytes")
             self._direct = target[filled:]
             self._direct_filled = 0
             try:

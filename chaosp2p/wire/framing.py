@@ -90,9 +90,7 @@ class FrameDecoder:
                 return None
             (length,) = LENGTH_PREFIX.unpack_from(self._buffer)
             if length > self.max_frame_bytes:
-                raise RemoteProtocolError(
-                    f"frame length {length} exceeds max_frame_bytes={self.max_frame_bytes}"
-                )
+                raise RemoteProtocolError(f"frame length {length} exceeds max_frame_bytes={self.max_frame_bytes}")
             if length == 0:
                 raise RemoteProtocolError("empty frame")
             del self._buffer[: LENGTH_PREFIX.size]

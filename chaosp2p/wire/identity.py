@@ -37,9 +37,8 @@ class PeerID:
     raw: bytes
 
     def __post_init__(self) -> None:
-        if (
-            len(self.raw) != PEER_ID_BYTES
-            or not self.raw.startswith(_IDENTITY_MULTIHASH_PREFIX + _ED25519_PROTOBUF_PREFIX)
+        if len(self.raw) != PEER_ID_BYTES or not self.raw.startswith(
+            _IDENTITY_MULTIHASH_PREFIX + _ED25519_PROTOBUF_PREFIX
         ):
             raise ValueError("not an Ed25519 identity-multihash PeerID")
 

@@ -1,0 +1,305 @@
+"""The transport over real loopback sockets, in one process: RPC, bulk, limits and hostile peers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from chaosp2p.errors import (
+    AdmissionDenied,
+    ConnectionClosed,
+    PeerIdMismatch,
+    ProtocolNotSupported,
+    RemoteProtocolError,
+    RequestTimeout,
+    StreamReset,
+)
+from chaosp2p.protocols.records import Flag, FrameType
+from chaosp2p.transport.config import TransportConfig
+from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.host import Host, open_host
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.framing import pack
+from chaosp2p.wire.identity import Identity
+from chaosp2p.wire.multiaddr import Multiaddr
+
+from .hostile import HostileClient
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = TransportConfig(
+    handshake_timeout_s=1.0,
+    connect_timeout_s=2.0,
+    request_timeout_s=5.0,
+    keepalive_interval_s=1.0,
+    dead_connection_timeout_s=10.0,
+    max_streams_per_connection=8,
+    max_record_bytes=64 * 1024,
+)
+
+
+async def echo(connection: Connection, request: Any) -> Any:
+    return request
+
+
+@asynccontextmanager
+async def server(
+    config: TransportConfig = CONFIG, swarm_key: bytes | None = None
+) -> AsyncIterator[tuple[Host, Multiaddr]]:
+    async with open_host(Identity.generate(), config, swarm_key=swarm_key) as host:
+        host.set_request_handler("/chaos/echo/1", echo)
+        addr = await host.listen("/ip4/127.0.0.1/tcp/0")
+        yield host, addr
+
+
+async def assert_still_serving(addr: Multiaddr) -> None:
+    async with open_host(Identity.generate(), CONFIG) as client:
+        connection = await client.connect(addr)
+        assert await connection.request("echo", ["still", "here"]) == ["still", "here"]
+
+
+async def test_request_response_and_connection_reuse() -> None:
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        connection = await client.connect(addr)
+        assert connection.remote_peer == host.peer_id
+        assert await connection.request("echo", {"n": [1, 2, 3]}) == {"n": [1, 2, 3]}
+        assert await client.connect(addr) is connection  # /p2p/<id> known: reused
+        results: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+
+                async def one(i: int = i) -> None:
+                    results.append(await connection.request("echo", i))
+
+                tg.start_soon(one)
+        assert sorted(results) == list(range(50))
+
+
+async def test_bulk_bytes_arrive_exactly_into_the_destination() -> None:
+    payload = bytes(range(256)) * 4096 * 3  # 3 MiB, several records, several windows
+    received = bytearray(len(payload))
+
+    async def sink(stream: Stream) -> None:
+        stream.set_receive_window(1 << 20)
+        await stream.receive_into(received)
+        assert await stream.receive_some() == b""
+        await stream.send_frame("done", eof=True)
+
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_stream_handler("/chaos/sink/1", sink)
+        connection = await client.connect(addr)
+        stream = connection.open_stream("sink")
+        await stream.send(payload, eof=True)
+        assert await stream.receive_frame() == "done"
+    assert received == payload
+
+
+async def test_a_stalled_bulk_stream_does_not_block_requests() -> None:
+    blocked = anyio.Event()
+
+    async def never_reads(stream: Stream) -> None:
+        blocked.set()
+        await anyio.sleep_forever()
+
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_stream_handler("/chaos/stuck/1", never_reads)
+        connection = await client.connect(addr)
+        stream = connection.open_stream("stuck")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.send, bytes(4 << 20))  # far beyond the window: the writer waits
+            await blocked.wait()
+            with anyio.fail_after(5):
+                assert await connection.request("echo", "through") == "through"
+            tg.cancel_scope.cancel()
+
+
+async def test_request_timeout_resets_the_stream_and_cancels_the_handler() -> None:
+    handler_cancelled = anyio.Event()
+
+    async def slow(connection: Connection, request: Any) -> Any:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            handler_cancelled.set()
+
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_request_handler("/chaos/slow/1", slow)
+        connection = await client.connect(addr)
+        with pytest.raises(RequestTimeout, match="no answer"):
+            await connection.request("slow", 1, timeout_s=0.2)
+        with anyio.fail_after(5):
+            await handler_cancelled.wait()
+        assert await connection.request("echo", "ok") == "ok"
+
+
+async def test_error_responses_carry_the_reason() -> None:
+    async def picky(connection: Connection, request: Any) -> Any:
+        raise RemoteProtocolError("request must be a list")
+
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_request_handler("/chaos/picky/1", picky)
+        connection = await client.connect(addr)
+        with pytest.raises(RemoteProtocolError, match="request must be a list"):
+            await connection.request("picky", 5)
+
+
+async def test_unsupported_protocol_fails_locally() -> None:
+    async with server() as (_host, addr), open_host(Identity.generate(), CONFIG) as client:
+        connection = await client.connect(addr)
+        with pytest.raises(ProtocolNotSupported, match="/chaos/nope"):
+            connection.open_stream("nope")
+        with pytest.raises(ProtocolNotSupported):
+            connection.open_stream("echo", majors=(2,))
+
+
+async def test_streams_beyond_the_limit_are_refused_and_the_connection_survives() -> None:
+    release = anyio.Event()
+
+    async def hold(stream: Stream) -> None:
+        await release.wait()
+
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_stream_handler("/chaos/hold/1", hold)
+        connection = await client.connect(addr)
+        streams = [connection.open_stream("hold") for _ in range(CONFIG.max_streams_per_connection + 1)]
+        for stream in streams:
+            await stream.send(b"x")
+        with anyio.fail_after(5), pytest.raises(StreamReset):
+            await streams[-1].receive_some()
+        release.set()
+        assert await connection.request("echo", "alive") == "alive"
+
+
+async def test_dialing_the_wrong_peer_id_is_refused_clearly() -> None:
+    async with server() as (_host, addr), open_host(Identity.generate(), CONFIG) as client:
+        someone_else = Identity.generate().peer_id
+        with pytest.raises(PeerIdMismatch, match=f"dialed {someone_else}"):
+            await client.connect(addr.with_peer(someone_else))
+        await assert_still_serving(addr)
+
+
+async def test_wrong_swarm_key_is_refused_and_right_key_works(caplog: pytest.LogCaptureFixture) -> None:
+    key = b"\x42" * 32
+    async with server(swarm_key=key) as (host, addr):
+        async with open_host(Identity.generate(), CONFIG, swarm_key=b"\x43" * 32) as outsider:
+            with pytest.raises(AdmissionDenied, match="not in this swarm"):
+                await outsider.connect(addr)
+        async with open_host(Identity.generate(), CONFIG) as no_key:
+            with pytest.raises(AdmissionDenied):
+                await no_key.connect(addr)
+        async with open_host(Identity.generate(), CONFIG, swarm_key=key) as member:
+            connection = await member.connect(addr)
+            assert await connection.request("echo", 1) == 1
+        assert host.statistics().handshakes_failed >= 1
+
+
+async def test_garbage_instead_of_a_handshake_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "chaosp2p.transport")
+    async with server() as (_host, addr):
+        hostile = await HostileClient.raw(addr)
+        await hostile.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        with anyio.fail_after(5):
+            await hostile.wait_closed_by_peer()
+        hostile.close()
+        await assert_still_serving(addr)
+    assert any("handshake" in r.message and "failed" in r.message for r in caplog.records)
+
+
+async def test_stalling_mid_handshake_is_dropped_after_the_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "chaosp2p.transport")
+    async with server() as (host, addr):
+        hostile = await HostileClient.raw(addr)
+        await hostile.send(b"\x00\x20" + b"\x01" * 10)  # a third of message 1, then silence
+        with anyio.fail_after(CONFIG.handshake_timeout_s + 5):
+            await hostile.wait_closed_by_peer()
+        hostile.close()
+        assert host.statistics().handshakes_timed_out == 1
+        await assert_still_serving(addr)
+    assert any("stalled mid-handshake" in r.message for r in caplog.records)
+
+
+async def test_too_many_pending_handshakes_are_refused() -> None:
+    config = TransportConfig(handshake_timeout_s=5.0, max_pending_handshakes=2)
+    async with server(config) as (host, addr):
+        stallers = [await HostileClient.raw(addr) for _ in range(3)]
+        with anyio.fail_after(5):
+            await stallers[2].wait_closed_by_peer()  # the third is closed at once
+        assert host.statistics().connections_refused_at_capacity >= 1
+        for staller in stallers:
+            staller.close()
+
+
+HOSTILE_RECORDS = {
+    "oversized length": (FrameType.DATA, Flag.SYN, 1, 0, b"", 1 << 30, "exceeds max_record_bytes"),
+    "unknown protocol index": (FrameType.DATA, Flag.SYN, 1, 7, b"hi", None, "unknown protocol index"),
+    "data on a never-opened stream": (FrameType.DATA, Flag.NONE, 5, 0, b"hi", None, "never opened"),
+    "garbage message": (FrameType.MESSAGE, Flag.NONE, 0, 0, b"\xc1\xc1", None, "undecodable"),
+    "message for an unknown protocol": (
+        FrameType.MESSAGE,
+        Flag.NONE,
+        0,
+        0,
+        pack(["/chaos/nope/1", b""]),
+        None,
+        "unknown protocol",
+    ),
+    "second hello": (FrameType.HELLO, Flag.NONE, 0, 0, b"\x95\x01\xa1x\x90\x90\xa0", None, "second Hello"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_RECORDS))
+async def test_hostile_records_close_only_that_connection(case: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "chaosp2p.transport")
+    kind, flags, stream_id, value, payload, claimed, reason = HOSTILE_RECORDS[case]
+    async with server() as (_host, addr):
+        hostile = await HostileClient.authenticated(addr)
+        await hostile.record(kind, flags, stream_id, value, payload, claimed_length=claimed)
+        with anyio.fail_after(5):
+            goodbye = await hostile.wait_closed_by_peer()
+        hostile.close()
+        assert goodbye, "the peer should say goodbye (GOAWAY) before closing"
+        await assert_still_serving(addr)
+    assert any(reason in r.message for r in caplog.records), [r.message for r in caplog.records]
+
+
+async def test_tampered_and_truncated_records_close_the_connection() -> None:
+    async with server() as (_host, addr):
+        hostile = await HostileClient.authenticated(addr)
+        await hostile.send(bytes(16) + b"\x00" * 16)  # a zero-length record with a forged tag
+        with anyio.fail_after(5):
+            await hostile.wait_closed_by_peer()
+        hostile.close()
+        truncated = await HostileClient.authenticated(addr)
+        await truncated.send(b"\x00\x00\x10\x00\x00")  # half a header, then hang up
+        truncated.close()
+        await assert_still_serving(addr)
+
+
+async def test_records_before_hello_are_refused() -> None:
+    async with server() as (_host, addr):
+        hostile = await HostileClient.authenticated(addr, hello=False)
+        await hostile.record(FrameType.PING, Flag.NONE, 0, 1, b"")
+        with anyio.fail_after(5):
+            await hostile.wait_closed_by_peer()
+        hostile.close()
+        await assert_still_serving(addr)
+
+
+async def test_peer_going_away_fails_open_streams_with_connection_closed() -> None:
+    async def hang(stream: Stream) -> None:
+        await anyio.sleep_forever()
+
+    async with open_host(Identity.generate(), CONFIG) as client:
+        async with server() as (host, addr):
+            host.set_stream_handler("/chaos/hang/1", hang)
+            connection = await client.connect(addr)
+            stream = connection.open_stream("hang")
+            await stream.send(b"x")
+        with anyio.fail_after(5), pytest.raises(ConnectionClosed):
+            await stream.receive_some()
+        assert connection.closed

@@ -1,0 +1,90 @@
+"""The test vectors in protocols/wire.md match the implementation, both ways."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from chaosp2p.protocols.hello import HELLO_CODEC
+from chaosp2p.protocols.noise import NoiseHandshake
+from chaosp2p.protocols.records import RecordHeader, parse_header
+from chaosp2p.runtime.status import STATUS_CODEC
+from chaosp2p.wire.framing import FrameDecoder, unpack
+from chaosp2p.wire.identity import Identity
+
+SPEC = Path(__file__).resolve().parents[2] / "protocols" / "wire.md"
+CODECS = {"hello": HELLO_CODEC, "status": STATUS_CODEC}
+
+
+def block(kind: str) -> list[str]:
+    match = re.search(rf"```{kind}\n(.*?)```", SPEC.read_text(), re.S)
+    assert match, f"no ```{kind} block in {SPEC}"
+    return [line for line in match.group(1).splitlines() if line.strip()]
+
+
+def from_json(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"hex"}:
+        return bytes.fromhex(value["hex"])
+    if isinstance(value, list):
+        return [from_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: from_json(v) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize("line", block("vectors"))
+def test_message_vectors(line: str) -> None:
+    codec_name, hex_text, json_text = line.split(" ", 2)
+    raw = bytes.fromhex(hex_text)
+    assert unpack(raw, max_bytes=1 << 20) == from_json(json.loads(json_text))
+    codec = CODECS[codec_name]
+    assert codec.encode(codec.decode(raw, max_bytes=1 << 20)) == raw
+
+
+def test_frame_and_header_vectors() -> None:
+    lines = {line.split()[0]: line.split()[1] for line in block("frame-vectors")}
+    decoder = FrameDecoder()
+    decoder.feed(bytes.fromhex(lines["frame"]))
+    assert decoder.next_frame() == [1, "x"]
+    header = parse_header(bytes.fromhex(lines["header"]), max_record_bytes=1 << 20)
+    assert (header.length, header.type.name, int(header.flags), header.stream_id, header.value) == (5, "DATA", 3, 3, 2)
+    assert RecordHeader(5, header.type, header.flags, 3, 2).pack().hex() == lines["header"]
+
+
+def test_noise_handshake_vector() -> None:
+    v = dict(line.split(" ", 1) for line in block("noise-vector"))
+
+    def x25519(name: str) -> X25519PrivateKey:
+        return X25519PrivateKey.from_private_bytes(bytes.fromhex(v[name]) * 32)
+
+    alice = Identity.from_seed(bytes.fromhex(v["initiator_identity_seed"]) * 32)
+    bob = Identity.from_seed(bytes.fromhex(v["responder_identity_seed"]) * 32)
+    assert str(alice.peer_id) == v["initiator_peer_id"] and str(bob.peer_id) == v["responder_peer_id"]
+    initiator = NoiseHandshake(
+        initiator=True,
+        identity=alice,
+        static_key=x25519("initiator_static"),
+        ephemeral_key=x25519("initiator_ephemeral"),
+    )
+    responder = NoiseHandshake(
+        initiator=False,
+        identity=bob,
+        static_key=x25519("responder_static"),
+        ephemeral_key=x25519("responder_ephemeral"),
+    )
+    message_1 = initiator.data_to_send()
+    assert message_1.hex() == v["message_1"]
+    responder.receive_data(message_1)
+    message_2 = responder.data_to_send()
+    assert message_2.hex() == v["message_2"]
+    initiator.receive_data(message_2)
+    message_3 = initiator.data_to_send()
+    assert message_3.hex() == v["message_3"]
+    responder.receive_data(message_3)
+    assert initiator.session().send_key.hex() == v["initiator_send_key"]
+    assert responder.session().send_key.hex() == v["responder_send_key"]
