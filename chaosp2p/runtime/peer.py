@@ -28,6 +28,7 @@ from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.events import EventHub
 from chaosp2p.runtime.status import STATUS_CODEC, ConnectionInfo, StatusReport, StatusRequest
 from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key
 from chaosp2p.wire.identity import Identity, PeerID
@@ -209,18 +210,19 @@ async def open_peer(
     swarm_key = load_swarm_key(config.swarm_key_path) if config.swarm_key_path else None
     clock = clock or MonotonicClock()
     rng = random.Random(seed)
-    async with anyio.create_task_group() as tg:
-        host = Host(identity=identity, config=config.transport, task_group=tg, swarm_key=swarm_key, clock=clock)
-        peer = Peer(config=config, host=host, task_group=tg, clock=clock, rng=rng)
-        try:
-            for addr in config.listen_addrs():
-                await host.listen(addr)
-            tg.start_soon(peer._bootstrap_loop, name="chaosp2p bootstrap")
-            yield peer
-        finally:
-            with anyio.CancelScope(shield=True):
-                await peer.aclose()
-            tg.cancel_scope.cancel()
+    with unwrap_single_error():
+        async with anyio.create_task_group() as tg:
+            host = Host(identity=identity, config=config.transport, task_group=tg, swarm_key=swarm_key, clock=clock)
+            peer = Peer(config=config, host=host, task_group=tg, clock=clock, rng=rng)
+            try:
+                for addr in config.listen_addrs():
+                    await host.listen(addr)
+                tg.start_soon(peer._bootstrap_loop, name="chaosp2p bootstrap")
+                yield peer
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await peer.aclose()
+                tg.cancel_scope.cancel()
 
 
 async def request_status(

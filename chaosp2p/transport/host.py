@@ -37,6 +37,7 @@ from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
 from chaosp2p.protocols.noise import NoiseHandshake, SessionKeys, prologue_for
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity, PeerID
@@ -482,11 +483,12 @@ async def open_host(
     clock: Clock | None = None,
 ) -> AsyncIterator[Host]:
     """Run a :class:`Host` for the duration of the block; every task it started ends with it."""
-    async with anyio.create_task_group() as tg:
-        host = Host(identity=identity, config=config, task_group=tg, swarm_key=swarm_key, clock=clock)
-        try:
-            yield host
-        finally:
-            with anyio.CancelScope(shield=True):
-                await host.aclose()
-            tg.cancel_scope.cancel()
+    with unwrap_single_error():
+        async with anyio.create_task_group() as tg:
+            host = Host(identity=identity, config=config, task_group=tg, swarm_key=swarm_key, clock=clock)
+            try:
+                yield host
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await host.aclose()
+                tg.cancel_scope.cancel()
