@@ -4,11 +4,12 @@ A lookup feeds on contacts other peers hand us, so this is where garbage is stop
 must name at least one address that parses as a multiaddr we can dial, an address that names a
 ``/p2p/`` peer must name the contact itself, and a response may not carry more contacts than the
 configured maximum. Parsing a multiaddr costs microseconds and the same addresses come back in
-almost every response, so verdicts are cached (bounded).
+almost every response, so verdicts are cached (bounded, shared: the verdict depends only on the text).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from chaosp2p.dht.messages import Contact
@@ -16,36 +17,36 @@ from chaosp2p.errors import ConfigError
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
-_INVALID = object()
+_INVALID = b"!"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _verdict(text: str) -> bytes | None:
+    """``None``: a valid address naming no peer; the raw PeerID it names; or ``_INVALID``.
+
+    A pure function of the text, so one bounded cache serves every machine in a process (a
+    simulation runs hundreds of machines that all see the same addresses).
+    """
+    try:
+        named = Multiaddr.parse(text).peer_id
+    except (ConfigError, ValueError):
+        return _INVALID
+    return named.raw if named is not None else None
 
 
 class AddressValidator:
-    """Decides whether an address list is acceptable for a peer; remembers parse results."""
+    """Decides whether an address list is acceptable for a peer."""
 
-    def __init__(self, *, max_addrs: int, cache_size: int = 8192) -> None:
+    def __init__(self, *, max_addrs: int) -> None:
         self.max_addrs = max_addrs
-        self._cache_size = cache_size
-        self._cache: dict[str, object] = {}
-
-    def _parse(self, text: str) -> object:
-        verdict = self._cache.get(text)
-        if verdict is None:
-            try:
-                verdict = Multiaddr.parse(text).peer_id or False
-            except (ConfigError, ValueError):
-                verdict = _INVALID
-            if len(self._cache) >= self._cache_size:
-                self._cache.clear()  # crude but bounded; the working set refills in one lookup
-            self._cache[text] = verdict
-        return verdict
 
     def valid(self, peer: PeerID, addrs: Sequence[str], *, allow_empty: bool = False) -> bool:
         """True if ``addrs`` are all dialable multiaddrs for ``peer`` and within the count limit."""
         if len(addrs) > self.max_addrs or (not addrs and not allow_empty):
             return False
         for text in addrs:
-            verdict = self._parse(text)
-            if verdict is _INVALID or (verdict is not False and verdict != peer):
+            verdict = _verdict(text)
+            if verdict is not None and (verdict is _INVALID or verdict != peer.raw):
                 return False
         return True
 
@@ -62,14 +63,16 @@ def filter_contacts(
     with bad addresses count as garbage.
     """
     good: list[Contact] = []
-    seen: set[PeerID] = set()
+    seen: set[bytes] = set()
+    own_raw = own.raw if own is not None else b""
     garbage = 0
     for contact in contacts:
-        if contact.peer_id == own:
+        raw = contact.peer_id.raw
+        if raw == own_raw:
             continue
-        if contact.peer_id in seen or not validator.valid(contact.peer_id, contact.addrs):
+        if raw in seen or not validator.valid(contact.peer_id, contact.addrs):
             garbage += 1
             continue
-        seen.add(contact.peer_id)
+        seen.add(raw)
         good.append(contact)
     return good, garbage

@@ -27,10 +27,16 @@ ID_BYTES = ID_BITS // 8
 SIGNED_PREFIX = b"/pk/"
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def node_id(peer: PeerID) -> int:
-    """The 256-bit DHT position of ``peer`` (cached: it is needed for every contact we see)."""
-    return int.from_bytes(hashlib.sha256(peer.raw).digest(), "big")
+    """The 256-bit DHT position of ``peer``."""
+    return _node_id_of_raw(peer.raw)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _node_id_of_raw(raw: bytes) -> int:
+    # Cached on the raw bytes (whose hash CPython caches) rather than the PeerID dataclass, whose
+    # hash is recomputed in Python on every call: this runs for every contact a lookup sees.
+    return int.from_bytes(hashlib.sha256(raw).digest(), "big")
 
 
 def key_id(key: bytes) -> int:

@@ -92,7 +92,9 @@ class LookupState:
         self.max_candidates = max_candidates or 8 * k
         self._sorted: list[Candidate] = []
         self._distances: list[int] = []
-        self._by_peer: dict[PeerID, Candidate] = {}
+        # Keyed by raw id bytes: their hash is cached, the PeerID dataclass's is not.
+        self._by_peer: dict[bytes, Candidate] = {}
+        self._own_raw = own.raw if own is not None else b""
         self.in_flight = 0
         self.messages = 0
         """Queries handed out so far."""
@@ -102,22 +104,22 @@ class LookupState:
 
     def add(self, contact: Contact, *, depth: int) -> bool:
         """Learn of ``contact``; True if it is new to this lookup."""
-        peer = contact.peer_id
-        if peer == self.own:
+        peer = contact.peer_id.raw
+        if peer == self._own_raw:
             return False
         known = self._by_peer.get(peer)
         if known is not None:
             if depth < known.depth and known.state is CandidateState.NEW:
                 known.depth = depth
             return False
-        distance = node_id(peer) ^ self.target
+        distance = node_id(contact.peer_id) ^ self.target
         if len(self._sorted) >= self.max_candidates:
             # Full: a newcomer only gets in by displacing the farthest candidate not yet asked.
             if distance >= self._distances[-1] or self._sorted[-1].state is not CandidateState.NEW:
                 return False
             dropped = self._sorted.pop()
             self._distances.pop()
-            del self._by_peer[dropped.contact.peer_id]
+            del self._by_peer[dropped.contact.peer_id.raw]
         candidate = Candidate(contact=contact, distance=distance, depth=depth)
         index = bisect.bisect_left(self._distances, distance)
         self._distances.insert(index, distance)
@@ -148,7 +150,7 @@ class LookupState:
 
     def answered(self, peer: PeerID, closer: Sequence[Contact]) -> None:
         """``peer`` answered and named ``closer`` (already validated)."""
-        candidate = self._by_peer.get(peer)
+        candidate = self._by_peer.get(peer.raw)
         if candidate is None or candidate.state is not CandidateState.IN_FLIGHT:
             return
         candidate.step("answer")
@@ -158,7 +160,7 @@ class LookupState:
 
     def failed(self, peer: PeerID) -> None:
         """``peer`` did not answer usefully."""
-        candidate = self._by_peer.get(peer)
+        candidate = self._by_peer.get(peer.raw)
         if candidate is None or candidate.state in (CandidateState.SUCCEEDED, CandidateState.FAILED):
             return
         if candidate.state is CandidateState.IN_FLIGHT:
@@ -188,7 +190,7 @@ class LookupState:
 
     def depth_of(self, peer: PeerID) -> int:
         """Depth of a candidate (0 for seeds)."""
-        candidate = self._by_peer.get(peer)
+        candidate = self._by_peer.get(peer.raw)
         return candidate.depth if candidate is not None else 0
 
     def hops(self) -> int:
@@ -200,7 +202,7 @@ class LookupState:
 
     def state_of(self, peer: PeerID) -> CandidateState | None:
         """A candidate's state, or None if unknown."""
-        candidate = self._by_peer.get(peer)
+        candidate = self._by_peer.get(peer.raw)
         return candidate.state if candidate is not None else None
 
 
@@ -272,13 +274,13 @@ async def lookup(
         return FindNode(request_id=request_id, sender_addrs=own_addrs, target=id_to_bytes(target_id))
 
     async def query(contact: Contact, stream: anyio.abc.ObjectSendStream[tuple[Contact, Message | None]]) -> None:
-        response: Message | None
-        try:
-            with anyio.fail_after(cfg.request_timeout_s):
-                response = await rpc(contact, build(next(request_ids)))
-        except (ChaosError, TimeoutError):
-            response = None
-        async with stream:
+        async with stream:  # closed even when the lookup cancels this task
+            response: Message | None
+            try:
+                with anyio.fail_after(cfg.request_timeout_s):
+                    response = await rpc(contact, build(next(request_ids)))
+            except (ChaosError, TimeoutError):
+                response = None
             await stream.send((contact, response))
 
     async with anyio.create_task_group() as group, send, receive:

@@ -470,7 +470,8 @@ class DHTMachine:
         return op.op_id
 
     def refresh(self, now: float) -> None:
-        """Refresh the routing table now (self-lookup plus one random lookup per stale bucket)."""
+        """Refresh the routing table now: a self-lookup plus a random lookup in every bucket that is
+        neither empty nor full and saw no lookup within ``refresh_interval_s``."""
         self._start_refresh(now)
 
     def held_record(self, now: float, key: bytes) -> Record | None:
@@ -696,8 +697,6 @@ class DHTMachine:
         good, garbage = filter_contacts(closer, validator=self._validator, own=self.peer_id)
         if garbage:
             self._counts["rejected_garbage_peers"] += garbage
-        for contact in good:
-            self._remember_addrs(contact.peer_id, contact.addrs)
         if op.kind is OpKind.FIND_PEER and op.found_peer is None:
             wanted = op.key
             if peer.raw == wanted:
@@ -727,6 +726,8 @@ class DHTMachine:
         op: _Operation | None,
     ) -> None:
         request_id = msg.request_id
+        if addrs and peer not in self.routing_table:
+            self._remember_addrs(peer, addrs)  # so the driver can resolve where to send this
         self._pending[request_id] = _Pending(peer=peer, kind=kind, op=op, addrs=addrs)
         self._pending_by_peer.setdefault(peer, set()).add(request_id)
         heapq.heappush(self._timeouts, (now + self.config.request_timeout_s, request_id))
@@ -984,7 +985,10 @@ class DHTMachine:
         indexes = self.routing_table.bucket_indexes()
         horizon = now - self.config.refresh_interval_s
         for index in range(indexes[0], 256):
-            if self._bucket_touched.get(index, -1e18) > horizon:
+            # Empty buckets: the self-lookup already asked the peers nearest to them. Full buckets
+            # have every contact they can use. Neither is worth a lookup of its own.
+            touched = self._bucket_touched.get(index, -1e18) > horizon
+            if touched or not 0 < len(self.routing_table.bucket(index)) < self.config.k:
                 continue
             target = own ^ ((1 << index) | self._rng.getrandbits(index))
             ops.append(self._new_op(now, OpKind.REFRESH, _Query.FIND_NODE, target, report=False))

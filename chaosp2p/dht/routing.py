@@ -21,9 +21,8 @@ prefers them. While one check runs in a bucket, further newcomers wait in its re
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from chaosp2p.dht.keys import bucket_index, node_id
@@ -102,11 +101,37 @@ class RoutingTable:
         return sorted(i for i, b in self._buckets.items() if b.entries)
 
     def closest(self, target: int, count: int, *, exclude: PeerID | None = None) -> list[Entry]:
-        """Up to ``count`` entries closest to ``target`` by XOR distance, closest first."""
-        entries: Iterable[Entry] = self._all.values()
-        if exclude is not None and exclude in self._all:
-            entries = [e for e in self._all.values() if e.peer_id != exclude]
-        return heapq.nsmallest(count, entries, key=lambda e: e.node_id ^ target)
+        """Up to ``count`` entries closest to ``target`` by XOR distance, closest first.
+
+        Walks the buckets in distance order instead of sorting the whole table. With ``x = target
+        ^ own`` and ``i`` its highest bit: entries of bucket ``i`` are closer than ``2**i``; entries
+        of every bucket below ``i`` lie in ``[2**i, 2**(i+1))``; bucket ``j > i`` lies in
+        ``[2**j, 2**(j+1))``. So: bucket ``i``, then all lower buckets together, then upward.
+        """
+        split = (target ^ self.own_id).bit_length() - 1
+        want = count + (1 if exclude is not None else 0)
+        out: list[Entry] = []
+
+        def take(entries: list[Entry]) -> None:
+            entries.sort(key=lambda e: e.node_id ^ target)
+            out.extend(entries)
+
+        buckets = self._buckets
+        if split >= 0:
+            home = buckets.get(split)
+            if home is not None and home.entries:
+                take(list(home.entries.values()))
+            if len(out) < want:
+                take([e for j, b in buckets.items() if j < split for e in b.entries.values()])
+        for j in range(split + 1, 256):
+            if len(out) >= want:
+                break
+            bucket = buckets.get(j)
+            if bucket is not None and bucket.entries:
+                take(list(bucket.entries.values()))
+        if exclude is not None:
+            out = [e for e in out if e.contact.peer_id != exclude]
+        return out[:count]
 
     # ------------------------------------------------------------------ updates
     def seen(self, now: float, peer: PeerID, addrs: tuple[str, ...]) -> PeerID | None:
@@ -184,8 +209,8 @@ class RoutingTable:
             if candidate is not None:
                 self._insert(bucket, candidate)
         if len(bucket.entries) < self.k and bucket.replacements:
-            _, replacement = bucket.replacements.popitem(last=True)
-            self._insert(bucket, replacement)
+            replacement = max(bucket.replacements.values(), key=lambda e: e.last_seen)
+            self._insert(bucket, replacement)  # also takes it out of the cache
         return True
 
     # ------------------------------------------------------------------ internals
