@@ -18,7 +18,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is in the test extra")
 def test_ruff_is_clean() -> None:
-    result = run("ruff", "check", "chaosp2p", "tests", "benchmarks", "examples")
+    folders = [name for name in ("chaosp2p", "tests", "benchmarks", "examples") if (ROOT / name).is_dir()]
+    result = run("ruff", "check", *folders)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
