@@ -37,6 +37,8 @@ class TransportConfig:
     idle_connection_timeout_s: float = 300.0
     """Close a connection with no streams and no messages in either direction for this long."""
     socket_buffer_bytes: int = 4 << 20
+    max_upload_bytes_per_s: float | None = None
+    """Cap on this host's total sending rate over all connections (``None``: unlimited)."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -57,6 +59,10 @@ class TransportConfig:
             "socket_buffer_bytes",
         )
         require(self.max_record_bytes <= 16 << 20, "max_record_bytes must be at most 16 MiB")
+        require(
+            self.max_upload_bytes_per_s is None or self.max_upload_bytes_per_s > 0,
+            "max_upload_bytes_per_s must be > 0 (or unset for no limit)",
+        )
         require(self.max_frame_bytes <= 64 << 20, "max_frame_bytes must be at most 64 MiB")
         require(
             self.initial_window_bytes <= self.max_window_bytes <= 1 << 30,

@@ -54,6 +54,7 @@ from chaosp2p.protocols.records import (
     parse_header,
 )
 from chaosp2p.transport.config import TransportConfig
+from chaosp2p.transport.shaper import TokenBucket
 from chaosp2p.transport.sockets import close_socket, receive_into, send_all
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.framing import pack, unpack
@@ -110,6 +111,7 @@ class Connection:
         message_handler: MessageHandler,
         remote_address: tuple[str, int],
         initial_bytes: bytes = b"",
+        shaper: TokenBucket | None = None,
     ) -> None:
         self.remote_peer = remote_peer
         self.is_dialer = is_dialer
@@ -118,6 +120,7 @@ class Connection:
         self.remote_hello: Hello | None = None
         self._sock = sock
         self._clock = clock
+        self._shaper = shaper
         self._sealer = RecordSealer(send_key)
         self._opener = RecordOpener(receive_key)
         self._mux = muxp.Mux(is_dialer=is_dialer, limits=config.mux_limits)
@@ -398,6 +401,8 @@ class Connection:
         if self.closed:
             raise ConnectionClosed(f"connection to {self.remote_peer.short()} is closed: {self._close_reason}")
         length = len(payload)
+        if self._shaper is not None and length:
+            await self._shaper.acquire(HEADER_BYTES + length + TAG_BYTES)
         header = RecordHeader(length, kind, flags, stream_id, value).pack()
         sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
         self._sealer.seal_into(header, payload, sealed)

@@ -38,6 +38,7 @@ from chaosp2p.protocols.noise import NoiseHandshake, SessionKeys, prologue_for
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import unwrap_single_error
+from chaosp2p.transport.shaper import TokenBucket
 from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity, PeerID
@@ -99,6 +100,15 @@ class Host:
         self._refused_at_capacity = 0
         self._protocol_errors = 0
         self.address_book: dict[PeerID, list[Multiaddr]] = {}
+        self._shaper = (
+            None
+            if config.max_upload_bytes_per_s is None
+            else TokenBucket(
+                config.max_upload_bytes_per_s,
+                burst_bytes=max(config.max_record_bytes * 2, config.max_upload_bytes_per_s / 50),
+                clock=self.clock,
+            )
+        )
 
     # ------------------------------------------------------------------ identity and addresses
     @property
@@ -329,6 +339,7 @@ class Host:
             message_handler=self._dispatch_message,
             remote_address=address,
             initial_bytes=leftover,
+            shaper=self._shaper,
         )
 
     async def _run_connection(
