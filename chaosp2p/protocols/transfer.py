@@ -22,7 +22,8 @@ Newcomer side (:class:`PullMachine`)::
     any non-final state --fail--> FAILED, --abort--> ABORTED
 
 * QUERYING: ask every source which versions of the run it holds; choose the pinned step, or else
-  the newest, and among sources holding it the digest group with the most bandwidth. Only sources
+  the newest, and among sources holding it the digest group with the most sources (then the most
+  bandwidth). Only sources
   in that group are used, so every byte comes from the same (run, step, manifest digest): a
   newcomer can never mix versions.
 * OPENING: open a lease on each chosen source; the fastest also sends the manifest body, which must
@@ -184,6 +185,7 @@ class SchedulingPlanner:
                 total_bytes,
                 sched,
                 max_shards=self.max_shards,
+                min_shard_bytes=align_bytes,
                 per_shard_overhead_s=self.per_shard_overhead_s,
                 downlink_bytes_per_s=self.downlink_bytes_per_s,
                 align_bytes=align_bytes,
@@ -193,6 +195,7 @@ class SchedulingPlanner:
                 list(ranges),
                 sched,
                 max_shards=self.max_shards,
+                min_shard_bytes=align_bytes,
                 per_shard_overhead_s=self.per_shard_overhead_s,
                 downlink_bytes_per_s=self.downlink_bytes_per_s,
                 align_bytes=align_bytes,
@@ -762,6 +765,7 @@ class PullMachine:
         self._hasher: Hasher | None = None
         self._chunk_state = bytearray()
         self._attempts: dict[int, int] = {}
+        self._orphans: list[int] = []
         self._verified_chunks = 0
         self._verified_bytes = 0
         self._resumed_bytes = 0
@@ -859,7 +863,7 @@ class PullMachine:
         if src.status is _SourceStatus.LEASED:
             self._drop(now, src, DropReason.FAILED, "payload aborted", None)
         self._release_request(src, request)
-        self._after_change(now, replan=True)
+        self._after_change(now)
 
     def note_activity(self, now: float, source: PeerID) -> None:
         """Bytes are arriving from ``source`` (optional; keeps a slow link from looking stalled)."""
@@ -925,7 +929,7 @@ class PullMachine:
                 for request in [r for r in src.inflight.values() if r.started]:
                     self._release_request(src, request)
                 src.quarantine_until = None
-                self._after_change(now, replan=True)
+                self._after_change(now)
                 if self.state in _FINAL:
                     return
             if src.status is not _SourceStatus.LEASED:
@@ -1110,6 +1114,7 @@ class PullMachine:
         src.inflight.pop(request.request_id, None)
         if self._chunk_state and self._chunk_state[request.chunk] == _INFLIGHT:
             self._chunk_state[request.chunk] = _UNASSIGNED
+            self._orphans.append(request.chunk)
         if not src.inflight:
             src.quarantine_until = None
 
@@ -1127,6 +1132,8 @@ class PullMachine:
                 return
             if replan:
                 self._replan(now, PlanReason.SOURCE_DROPPED)
+            elif self._orphans:
+                self._assign_orphans(now)
             if self.state is PullState.PULLING:
                 self._dispatch(now)
 
@@ -1167,7 +1174,7 @@ class PullMachine:
                 groups.setdefault((info.hash_algorithm, info.digest), []).append(s)
         key = max(
             groups,
-            key=lambda k: (sum(s.rate for s in groups[k]), len(groups[k]), k[1]),
+            key=lambda k: (len(groups[k]), sum(s.rate for s in groups[k]), k[1]),
         )
         chosen_group = sorted(groups[key], key=lambda s: -s.rate)
         self._chosen = chosen_group[0].versions[step]
@@ -1358,6 +1365,7 @@ class PullMachine:
                 self._dispatch(now)
             return
         self._chunk_state[chunk] = _UNASSIGNED
+        self._orphans.append(chunk)
         attempts = self._attempts[chunk] = self._attempts.get(chunk, 0) + 1
         detail = f"chunk {chunk} failed its {manifest.hash_algorithm} check"
         if attempts >= self.config.max_chunk_retries:
@@ -1366,7 +1374,7 @@ class PullMachine:
         elif src.status is _SourceStatus.LEASED:
             self._drop(now, src, DropReason.CORRUPT, detail, PenaltyReason.CORRUPT_DATA)
         else:
-            self._after_change(now, replan=True)
+            self._after_change(now)
 
     def _check_complete(self, now: float) -> bool:
         manifest = self._manifest
@@ -1391,6 +1399,7 @@ class PullMachine:
         manifest = self._manifest
         assert manifest is not None
         active = self._active()
+        self._orphans.clear()
         for src in active:
             src.queue.clear()
         states = self._chunk_state
@@ -1401,8 +1410,8 @@ class PullMachine:
         if not todo:
             return
         if not active:
-            if not any(s.quarantine_until is not None for s in self._sources.values()):
-                self._fail(now, TransferError(f"all sources failed with {len(todo)} chunks missing"))
+            self._orphans = todo
+            self._fail_unless_quarantined(now)
             return
         ranges = _coalesce(todo, manifest)
         estimates = [
@@ -1439,6 +1448,36 @@ class PullMachine:
         self._events.append(
             Planned(reason=reason, chunks=len(todo), shares=tuple((s.peer, len(s.queue)) for s in active))
         )
+
+    def _fail_unless_quarantined(self, now: float) -> None:
+        # Quarantined payloads may still verify their chunks; only give up once they are settled.
+        if not any(s.quarantine_until is not None for s in self._sources.values()):
+            missing = sum(1 for state in self._chunk_state if state != _VERIFIED)
+            self._fail(now, TransferError(f"all sources failed with {missing} chunks missing"))
+
+    def _assign_orphans(self, now: float) -> None:
+        """Give chunks freed outside a replan to the sources that would finish them first."""
+        manifest = self._manifest
+        assert manifest is not None
+        orphans = sorted({c for c in self._orphans if self._chunk_state[c] == _UNASSIGNED}, reverse=True)
+        self._orphans = []
+        if not orphans:
+            return
+        active = self._active()
+        if not active:
+            self._orphans = orphans
+            self._fail_unless_quarantined(now)
+            return
+        chunk_bytes = manifest.chunk_bytes
+
+        def finish(src: _Source) -> float:
+            backlog = len(src.queue) + len(src.inflight) + 1
+            return src.estimate.latency_s + backlog * chunk_bytes / max(src.rate, _MIN_RATE)
+
+        for chunk in orphans:
+            owner = min(active, key=finish)
+            owner.queue.appendleft(chunk)  # first: a lost chunk holds up completion
+            self._chunk_state[chunk] = _QUEUED
 
     def _dispatch(self, now: float) -> None:
         manifest = self._manifest
