@@ -64,11 +64,13 @@ class MalformedKey(ValueError):
     """A key that claims the signed namespace but does not name a valid owner."""
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def key_owner(key: bytes) -> PeerID | None:
     """The owner of a signed key, or ``None`` for an unsigned key.
 
     Raises :class:`MalformedKey` for a key under ``/pk/`` whose owner part is not the canonical
-    base58 text of a PeerID followed by ``/`` -- such keys can hold nothing.
+    base58 text of a PeerID followed by ``/`` -- such keys can hold nothing. Cached: every stored,
+    served and republished record asks, and the answer depends on the key alone.
     """
     if not key.startswith(SIGNED_PREFIX):
         return None

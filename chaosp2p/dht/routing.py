@@ -109,29 +109,30 @@ class RoutingTable:
         ``[2**j, 2**(j+1))``. So: bucket ``i``, then all lower buckets together, then upward.
         """
         split = (target ^ self.own_id).bit_length() - 1
-        want = count + (1 if exclude is not None else 0)
         out: list[Entry] = []
-
-        def take(entries: list[Entry]) -> None:
-            entries.sort(key=lambda e: e.node_id ^ target)
-            out.extend(entries)
-
         buckets = self._buckets
+
+        def take(entries: list[Entry]) -> bool:
+            entries.sort(key=lambda e: e.node_id ^ target)
+            for entry in entries:
+                if exclude is None or entry.contact.peer_id != exclude:
+                    out.append(entry)
+                    if len(out) >= count:
+                        return True
+            return False
+
         if split >= 0:
             home = buckets.get(split)
-            if home is not None and home.entries:
-                take(list(home.entries.values()))
-            if len(out) < want:
-                take([e for j, b in buckets.items() if j < split for e in b.entries.values()])
+            if home is not None and home.entries and take(list(home.entries.values())):
+                return out
+            lower = [e for j, b in buckets.items() if j < split for e in b.entries.values()]
+            if lower and take(lower):
+                return out
         for j in range(split + 1, 256):
-            if len(out) >= want:
-                break
             bucket = buckets.get(j)
-            if bucket is not None and bucket.entries:
-                take(list(bucket.entries.values()))
-        if exclude is not None:
-            out = [e for e in out if e.contact.peer_id != exclude]
-        return out[:count]
+            if bucket is not None and bucket.entries and take(list(bucket.entries.values())):
+                break
+        return out
 
     # ------------------------------------------------------------------ updates
     def seen(self, now: float, peer: PeerID, addrs: tuple[str, ...]) -> PeerID | None:
