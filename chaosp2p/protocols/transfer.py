@@ -360,14 +360,7 @@ class Failed:
 
 
 PullEvent = (
-    ManifestReady
-    | ResumeDiscarded
-    | Planned
-    | SourceDropped
-    | SourcePenalised
-    | TransferProgress
-    | Completed
-    | Failed
+    ManifestReady | ResumeDiscarded | Planned | SourceDropped | SourcePenalised | TransferProgress | Completed | Failed
 )
 
 
@@ -571,9 +564,7 @@ class SourceSession:
         if lease is None:
             return self._error(sender, msg.request_id, TransferErrorCode.NO_LEASE, "no such lease")
         if (lease.run, lease.step) != (msg.run, msg.step):
-            return self._error(
-                sender, msg.request_id, TransferErrorCode.BAD_REQUEST, "lease is for another snapshot"
-            )
+            return self._error(sender, msg.request_id, TransferErrorCode.BAD_REQUEST, "lease is for another snapshot")
         manifest = lease.pin.manifest
         if isinstance(msg, GetChunks):
             count = manifest.chunk_count
@@ -752,9 +743,7 @@ class PullMachine:
         )
         self.work_stealing = work_stealing
         self.state = PullState.IDLE
-        self._sources: dict[PeerID, _Source] = {
-            s.peer: _Source(estimate=s, rate=s.bytes_per_s) for s in sources
-        }
+        self._sources: dict[PeerID, _Source] = {s.peer: _Source(estimate=s, rate=s.bytes_per_s) for s in sources}
         self._pending: dict[int, _Pending] = {}
         self._next_request = 1
         self._outgoing: list[Outgoing] = []
@@ -827,8 +816,9 @@ class PullMachine:
         elif isinstance(message, ErrorReply):
             self._on_error(now, src, message)
         else:
-            self._drop(now, src, DropReason.PROTOCOL, f"unexpected {type(message).__name__}",
-                       PenaltyReason.PROTOCOL_VIOLATION)
+            self._drop(
+                now, src, DropReason.PROTOCOL, f"unexpected {type(message).__name__}", PenaltyReason.PROTOCOL_VIOLATION
+            )
         return None
 
     def payload_received(self, now: float, source: PeerID, slot: PayloadSlot, data: memoryview | bytes) -> None:
@@ -1088,9 +1078,7 @@ class PullMachine:
         if src.status in (_SourceStatus.DROPPED, _SourceStatus.DONE, _SourceStatus.UNUSED):
             return
         if release and src.lease_id is not None and src.status in (_SourceStatus.LEASED, _SourceStatus.OPENING):
-            self._outgoing.append(
-                Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id))
-            )
+            self._outgoing.append(Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id)))
         src.status = _SourceStatus.UNUSED if reason in (DropReason.NO_VERSION,) else _SourceStatus.DROPPED
         if penalty is not None:
             self._events.append(SourcePenalised(source=src.peer, reason=penalty, detail=detail))
@@ -1202,15 +1190,15 @@ class PullMachine:
         if pending is None or chosen is None:
             if msg.manifest_bytes:
                 # The payload that follows cannot be skipped safely: the stream is lost.
-                self._drop(now, src, DropReason.PROTOCOL, "unrequested manifest body",
-                           PenaltyReason.PROTOCOL_VIOLATION)
+                self._drop(now, src, DropReason.PROTOCOL, "unrequested manifest body", PenaltyReason.PROTOCOL_VIOLATION)
             return None
         if msg.hash_algorithm != chosen.hash_algorithm or msg.digest != chosen.digest:
             self._drop(now, src, DropReason.VERSION_MISMATCH, "snapshot changed since its version list", None)
             return None
         if pending.ask is _Ask.RENEW and msg.lease_id != src.lease_id:
-            self._drop(now, src, DropReason.PROTOCOL, "renewal answered with another lease",
-                       PenaltyReason.PROTOCOL_VIOLATION)
+            self._drop(
+                now, src, DropReason.PROTOCOL, "renewal answered with another lease", PenaltyReason.PROTOCOL_VIOLATION
+            )
             return None
         if src.status is _SourceStatus.OPENING:
             src.status = _SourceStatus.LEASED
@@ -1219,12 +1207,19 @@ class PullMachine:
         src.lease_ttl_s = msg.lease_ttl_s
         if pending.wants_body:
             if not 1 <= msg.manifest_bytes <= self.config.max_manifest_bytes:
-                self._drop(now, src, DropReason.PROTOCOL,
-                           f"manifest of {msg.manifest_bytes} bytes (limit {self.config.max_manifest_bytes})",
-                           PenaltyReason.BAD_MANIFEST)
+                self._drop(
+                    now,
+                    src,
+                    DropReason.PROTOCOL,
+                    f"manifest of {msg.manifest_bytes} bytes (limit {self.config.max_manifest_bytes})",
+                    PenaltyReason.BAD_MANIFEST,
+                )
                 return None
             slot = PayloadSlot(
-                source=src.peer, request_id=msg.request_id, kind=PayloadKind.MANIFEST, offset=0,
+                source=src.peer,
+                request_id=msg.request_id,
+                kind=PayloadKind.MANIFEST,
+                offset=0,
                 length=msg.manifest_bytes,
             )
             src.manifest_slot = slot
@@ -1277,7 +1272,10 @@ class PullMachine:
                 chosen = self._chosen
                 assert chosen is not None and src.lease_id is not None
                 msg = GetManifest(
-                    request_id=self._new_id(), run=self.run, step=chosen.step, include_manifest=True,
+                    request_id=self._new_id(),
+                    run=self.run,
+                    step=chosen.step,
+                    include_manifest=True,
                     lease_id=src.lease_id,
                 )
                 self._ask(now, src, msg, _Ask.RENEW, True)
@@ -1323,13 +1321,20 @@ class PullMachine:
     def _on_data_header(self, now: float, src: _Source, msg: DataHeader) -> PayloadSlot | None:
         request = src.inflight.get(msg.request_id) if self.state is PullState.PULLING else None
         if request is None or request.started or src.status is not _SourceStatus.LEASED:
-            self._drop(now, src, DropReason.PROTOCOL, f"data for unknown request {msg.request_id}",
-                       PenaltyReason.PROTOCOL_VIOLATION)
+            self._drop(
+                now,
+                src,
+                DropReason.PROTOCOL,
+                f"data for unknown request {msg.request_id}",
+                PenaltyReason.PROTOCOL_VIOLATION,
+            )
             return None
         if msg.offset != request.offset or msg.length != request.length:
             more = " (more than asked)" if msg.length > request.length else ""
             self._drop(
-                now, src, DropReason.PROTOCOL,
+                now,
+                src,
+                DropReason.PROTOCOL,
                 f"announced bytes {msg.offset}+{msg.length}, asked {request.offset}+{request.length}{more}",
                 PenaltyReason.PROTOCOL_VIOLATION,
             )
@@ -1337,7 +1342,10 @@ class PullMachine:
         request.started = True
         src.last_activity = now
         return PayloadSlot(
-            source=src.peer, request_id=request.request_id, kind=PayloadKind.DATA, offset=request.offset,
+            source=src.peer,
+            request_id=request.request_id,
+            kind=PayloadKind.DATA,
+            offset=request.offset,
             length=request.length,
         )
 
@@ -1500,8 +1508,12 @@ class PullMachine:
                     now,
                     src,
                     GetChunks(
-                        request_id=request_id, run=self.run, step=chosen.step, lease_id=src.lease_id,
-                        first_chunk=chunk, chunk_count=1,
+                        request_id=request_id,
+                        run=self.run,
+                        step=chosen.step,
+                        lease_id=src.lease_id,
+                        first_chunk=chunk,
+                        chunk_count=1,
                     ),
                 )
 

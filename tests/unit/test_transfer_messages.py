@@ -130,7 +130,12 @@ def test_bad_messages_are_remote_protocol_errors(obj: list[Any]) -> None:
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=20),
     lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
     max_leaves=20,
 )
@@ -159,7 +164,9 @@ def test_random_manifest_bodies_never_raise_anything_else(body: bytes) -> None:
 @given(msgpack_values)
 def test_random_manifest_structures_never_raise_anything_else(obj: Any) -> None:
     try:
-        check_manifest(decode_manifest(msgpack.packb([1, "r", 1, 10, 4, "xxh3_128", obj, b""]), max_bytes=1 << 16), CONFIG)
+        check_manifest(
+            decode_manifest(msgpack.packb([1, "r", 1, 10, 4, "xxh3_128", obj, b""]), max_bytes=1 << 16), CONFIG
+        )
     except RemoteProtocolError:
         pass
 
@@ -172,7 +179,12 @@ def good_manifest() -> Manifest:
         BufferSpec(name="c", dtype="bfloat16", shape=(), offset=128, length=2),
     )
     return Manifest(
-        run="r", step=3, total_bytes=130, chunk_bytes=64, hash_algorithm="xxh3_128", buffers=specs,
+        run="r",
+        step=3,
+        total_bytes=130,
+        chunk_bytes=64,
+        hash_algorithm="xxh3_128",
+        buffers=specs,
         chunk_hashes=bytes(16 * 3),
     )
 
