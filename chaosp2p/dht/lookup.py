@@ -6,6 +6,11 @@ asked. Each answer adds the contacts it names; a failure (timeout, unreachable, 
 the candidate failed. The lookup is done when the ``k`` closest candidates that have not failed
 have all answered -- nothing closer can still be learned.
 
+As in the Kademlia paper, once a whole round (``alpha`` answers in a row) brings nothing closer than
+the closest candidate already known, the lookup is in its end game: it widens its window to ``k``
+and asks all of the k closest not yet asked at once, instead of trickling through them ``alpha`` at
+a time (which would cost ``k / alpha`` more round trips on every store).
+
 :class:`LookupState` makes no I/O decisions: :class:`chaosp2p.dht.DHTMachine` sends its queries as
 datagrams over the simulated or real network, and :func:`lookup` below sends them through an
 ``async`` rpc function (DESIGN.md: "iterative lookup, network passed in as a function").
@@ -96,6 +101,9 @@ class LookupState:
         self._by_peer: dict[bytes, Candidate] = {}
         self._own_raw = own.raw if own is not None else b""
         self.in_flight = 0
+        self.window = alpha
+        """Requests allowed in flight: ``alpha``, widened to ``k`` once a round made no progress."""
+        self._fruitless = 0
         self.messages = 0
         """Queries handed out so far."""
         self.failures = 0
@@ -130,7 +138,7 @@ class LookupState:
     def next_queries(self) -> list[Contact]:
         """Contacts to ask now (marked in flight); empty when the window is full or nothing is left."""
         out: list[Contact] = []
-        if self.in_flight >= self.alpha:
+        if self.in_flight >= self.window:
             return out
         considered = 0
         for candidate in self._sorted:
@@ -142,7 +150,7 @@ class LookupState:
                 self.in_flight += 1
                 self.messages += 1
                 out.append(candidate.contact)
-                if self.in_flight >= self.alpha:
+                if self.in_flight >= self.window:
                     break
             if considered >= self.k:
                 break
@@ -155,8 +163,15 @@ class LookupState:
             return
         candidate.step("answer")
         self.in_flight -= 1
+        best_before = self._distances[0]
         for contact in closer:
             self.add(contact, depth=candidate.depth + 1)
+        if self._distances[0] < best_before:
+            self._fruitless = 0
+        else:
+            self._fruitless += 1
+            if self._fruitless >= self.alpha:
+                self.window = max(self.window, self.k)
 
     def failed(self, peer: PeerID) -> None:
         """``peer`` did not answer usefully."""

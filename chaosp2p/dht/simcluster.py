@@ -7,12 +7,15 @@ network carry the messages, and collects :class:`DHTOperationDone` events by ``(
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from chaosp2p.dht.config import DHTConfig
-from chaosp2p.dht.events import DHTOperationDone, OperationResult
+from chaosp2p.dht.events import DHTOperationDone, GetResult, OperationResult, StoreResult
+from chaosp2p.dht.keys import signed_key
 from chaosp2p.dht.machine import DHTMachine
 from chaosp2p.dht.messages import DHT_CODEC, PROTOCOL
 from chaosp2p.sim.network import LinkProfile, SimNetwork
@@ -146,3 +149,115 @@ class DHTSimCluster:
             del events[: self._events_seen]
             self._events_seen = 0
         return False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChurnReport:
+    """Outcome of :func:`run_churn_scenario`."""
+
+    peers: int
+    crashed: int
+    joined: int
+    gets: int
+    successes: int
+    wrong_values: int
+    """Gets that returned a value other than the one stored (must be 0: a miss is allowed, a lie is not)."""
+    incomplete: int
+    """Gets that did not finish within the wait (must be 0)."""
+    mean_hops: float
+    messages: int
+    virtual_s: float
+
+    @property
+    def success_rate(self) -> float:
+        """Fraction of gets that returned the stored value."""
+        return self.successes / self.gets if self.gets else 0.0
+
+
+def _store(machine: DHTMachine, key: bytes, value: bytes, now: float) -> int:
+    return machine.start_store(now, key, value)
+
+
+def store_random_keys(cluster: DHTSimCluster, count: int, rng: random.Random) -> dict[bytes, bytes]:
+    """Store ``count`` keys from random peers -- odd ones signed by their writer, even ones unsigned.
+
+    Returns key -> value. Stores run concurrently; raises ``AssertionError`` if one fails.
+    """
+    ops: list[tuple[PeerID, int]] = []
+    expected: dict[bytes, bytes] = {}
+    peers = cluster.alive()
+    for i in range(count):
+        writer = rng.choice(peers)
+        machine = cluster.machines[writer]
+        key = signed_key(writer, f"k{i}") if i % 2 else b"plain/%d" % i
+        value = b"value-%d-" % i + rng.randbytes(32)
+        expected[key] = value
+        ops.append((writer, cluster.call(writer, functools.partial(_store, machine, key, value))))
+    for result in cluster.wait_all(ops):
+        if not isinstance(result, StoreResult) or not result.ok:
+            raise AssertionError(f"store failed: {result}")
+    return expected
+
+
+def run_churn_scenario(
+    *,
+    seed: int,
+    size: int,
+    churn_fraction: float,
+    stored: int,
+    duration_s: float,
+    config: DHTConfig | None = None,
+    gets_per_step: int = 4,
+) -> ChurnReport:
+    """Build ``size`` peers, store ``stored`` keys, then replace ``churn_fraction`` of the peers.
+
+    During the churn, one random peer crashes and one newcomer joins per step (spread evenly over
+    ``duration_s`` of virtual time), with ``gets_per_step`` gets of random keys from random live
+    peers in between; afterwards every key is read once more from a random survivor.
+    """
+    rng = random.Random(seed)
+    cluster = DHTSimCluster(seed=seed, config=config)
+    cluster.build(size, refresh=False)
+    started = cluster.sim.now
+    expected = store_random_keys(cluster, stored, rng)
+    keys = sorted(expected)
+    churn_events = max(1, round(size * churn_fraction))
+    step_s = duration_s / churn_events
+    gets: list[tuple[PeerID, int, bytes]] = []
+
+    def start_get(key: bytes) -> None:
+        reader = rng.choice(cluster.alive())
+        machine = cluster.machines[reader]
+        gets.append((reader, cluster.call(reader, lambda now: machine.start_get(now, key)), key))
+
+    for _ in range(churn_events):
+        cluster.crash(rng.choice(cluster.alive()))
+        cluster.join()
+        for _ in range(gets_per_step):
+            start_get(rng.choice(keys))
+            cluster.sim.run_for(step_s / gets_per_step)
+    for key in keys:
+        start_get(key)
+    results = cluster.wait_all([(peer, op) for peer, op, _ in gets], timeout_s=60.0)
+    successes = wrong = incomplete = 0
+    hops: list[int] = []
+    for (_, _, key), result in zip(gets, results, strict=True):
+        if not isinstance(result, GetResult):
+            incomplete += 1
+        elif result.value == expected[key]:
+            successes += 1
+            hops.append(result.stats.hops)
+        elif result.value is not None:
+            wrong += 1
+    return ChurnReport(
+        peers=len(cluster.alive()),
+        crashed=len(cluster.crashed),
+        joined=churn_events,
+        gets=len(gets),
+        successes=successes,
+        wrong_values=wrong,
+        incomplete=incomplete,
+        mean_hops=sum(hops) / len(hops) if hops else 0.0,
+        messages=cluster.sim.stats.sent,
+        virtual_s=cluster.sim.now - started,
+    )

@@ -13,8 +13,7 @@ from chaosp2p.dht import (
     signed_key,
     state_provider_key,
 )
-from chaosp2p.dht.simcluster import DHTSimCluster
-from chaosp2p.wire.identity import PeerID
+from chaosp2p.dht.simcluster import ChurnReport, DHTSimCluster, run_churn_scenario
 
 SIM_CONFIG = dataclasses.replace(
     DHTConfig.local(),
@@ -24,89 +23,24 @@ SIM_CONFIG = dataclasses.replace(
 )
 
 
-def store_keys(cluster: DHTSimCluster, count: int, rng: random.Random) -> dict[bytes, bytes]:
-    """Store ``count`` keys (half signed by their writer) from random peers; return key -> value."""
-    ops: list[tuple[PeerID, int]] = []
-    expected: dict[bytes, bytes] = {}
-    peers = cluster.alive()
-    for i in range(count):
-        writer = rng.choice(peers)
-        machine = cluster.machines[writer]
-        key = signed_key(writer, f"k{i}") if i % 2 else b"plain/%d" % i
-        value = b"value-%d-" % i + bytes(rng.getrandbits(8) for _ in range(32))
-        expected[key] = value
-        ops.append((writer, cluster.call(writer, lambda now, k=key, v=value, m=machine: m.start_store(now, k, v))))
-    results = cluster.wait_all(ops)
-    for result in results:
-        assert isinstance(result, StoreResult) and result.accepted >= 15, result
-    return expected
-
-
-def churn_scenario(seed: int, size: int, *, churn_fraction: float, stored: int, duration_s: float) -> dict[str, float]:
-    rng = random.Random(seed)
-    cluster = DHTSimCluster(seed=seed, config=SIM_CONFIG)
-    cluster.build(size, refresh=False)
-    expected = store_keys(cluster, stored, rng)
-    keys = sorted(expected)
-
-    churn_events = round(size * churn_fraction)
-    step_s = duration_s / churn_events
-    get_ops: list[tuple[PeerID, int, bytes]] = []
-
-    def random_get() -> None:
-        reader = rng.choice(cluster.alive())
-        key = rng.choice(keys)
-        machine = cluster.machines[reader]
-        get_ops.append((reader, cluster.call(reader, lambda now: machine.start_get(now, key)), key))
-
-    # Churn: each step one random peer crashes and one newcomer joins, with gets in between.
-    for _ in range(churn_events):
-        cluster.crash(rng.choice(cluster.alive()))
-        cluster.join()
-        for _ in range(4):
-            random_get()
-            cluster.sim.run_for(step_s / 4)
-    # After the churn, every key is read from a random survivor.
-    for key in keys:
-        reader = rng.choice(cluster.alive())
-        machine = cluster.machines[reader]
-        get_ops.append((reader, cluster.call(reader, lambda now, m=machine, k=key: m.start_get(now, k)), key))
-    results = cluster.wait_all([(peer, op) for peer, op, _ in get_ops], timeout_s=30.0)
-
-    ok = 0
-    hops: list[int] = []
-    for (_, _, key), result in zip(get_ops, results, strict=True):
-        assert isinstance(result, GetResult), "every get must complete"
-        if result.value == expected[key]:
-            ok += 1
-            hops.append(result.stats.hops)
-        else:
-            assert result.value is None, "a get may miss, but must never return a wrong value"
-    crashed_originals = len(cluster.crashed)
-    return {
-        "gets": len(get_ops),
-        "success": ok / len(get_ops),
-        "mean_hops": sum(hops) / max(1, len(hops)),
-        "crashed": crashed_originals,
-        "messages": cluster.sim.stats.sent,
-        "peers": len(cluster.alive()),
-    }
-
-
 def test_get_success_above_99_percent_with_10_percent_churn_on_256_peers() -> None:
-    report = churn_scenario(seed=2505, size=256, churn_fraction=0.10, stored=100, duration_s=60.0)
-    assert report["crashed"] == 26 and report["peers"] == 256
-    assert report["gets"] == 26 * 4 + 100
-    assert report["success"] >= 0.99, report
-    assert report["mean_hops"] <= 4.0, report
+    report = run_churn_scenario(seed=2505, size=256, churn_fraction=0.10, stored=100, duration_s=60.0,
+                                config=SIM_CONFIG)
+    assert (report.crashed, report.joined, report.peers) == (26, 26, 256)
+    assert report.gets == 26 * 4 + 100
+    assert report.incomplete == 0 and report.wrong_values == 0
+    assert report.success_rate >= 0.99, report
+    assert report.mean_hops <= 4.0, report
 
 
 def test_same_seed_same_run() -> None:
-    first = churn_scenario(seed=77, size=64, churn_fraction=0.10, stored=20, duration_s=10.0)
-    second = churn_scenario(seed=77, size=64, churn_fraction=0.10, stored=20, duration_s=10.0)
-    assert first == second
-    third = churn_scenario(seed=78, size=64, churn_fraction=0.10, stored=20, duration_s=10.0)
-    assert third["messages"] != first["messages"]
+    def run(seed: int) -> ChurnReport:
+        return run_churn_scenario(seed=seed, size=64, churn_fraction=0.10, stored=20, duration_s=10.0,
+                                  config=SIM_CONFIG)
+
+    first = run(77)
+    assert run(77) == first
+    assert run(78).messages != first.messages
 
 
 def test_records_outlive_every_original_holder() -> None:

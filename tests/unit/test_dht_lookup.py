@@ -60,7 +60,7 @@ def run_sync(net: ToyNetwork, state: LookupState) -> None:
     queue: list[PeerID] = []
     while True:
         batch = state.next_queries()
-        assert state.in_flight <= state.alpha
+        assert state.in_flight <= state.window <= state.k
         queue.extend(c.peer_id for c in batch)
         if state.done or not queue:
             break
@@ -121,6 +121,28 @@ def test_done_needs_every_one_of_the_k_closest_to_answer() -> None:
     state.answered(nxt[0].peer_id, [])
     assert state.done
     assert state.messages == 4 and state.failures == 1
+
+
+def test_window_widens_to_k_after_a_fruitless_round() -> None:
+    peers = sorted((fake_peer(n) for n in range(12)), key=node_id)
+    state = LookupState(0, [contact(p) for p in peers], k=8, alpha=2)
+    first = state.next_queries()
+    assert len(first) == 2 and state.window == 2
+    state.answered(first[0].peer_id, [])
+    assert len(state.next_queries()) == 1  # one answer without progress: still alpha
+    state.answered(first[1].peer_id, [])  # a whole round (alpha answers) found nothing closer
+    assert state.window == 8
+    assert len(state.next_queries()) == 8 - 1 - 2  # the rest of the 8 closest, at once
+
+
+def test_progress_keeps_the_window_at_alpha() -> None:
+    ordered = sorted((fake_peer(n) for n in range(100, 143)), key=node_id)  # distance to 0 = node id
+    state = LookupState(0, [contact(p) for p in ordered[40:]], k=8, alpha=2)
+    for batch in (ordered[20:30], ordered[10:20], ordered[0:10]):
+        for i, asked in enumerate(state.next_queries()):
+            # The first answer of each round brings closer peers; the second brings nothing.
+            state.answered(asked.peer_id, [contact(p) for p in batch] if i == 0 else [])
+        assert state.window == 2
 
 
 def test_hops_follow_discovery_depth() -> None:
