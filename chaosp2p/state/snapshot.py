@@ -239,7 +239,7 @@ class SnapshotStore:
                 if array.dtype != dest.dtype:
                     if array.dtype.itemsize != dest.dtype.itemsize:
                         raise ConfigError(f"array {name!r} of {array.dtype} cannot hold {flat.dtype(name)}")
-                    array = np.ascontiguousarray(array).view(dest.dtype)
+                    array = np.asarray(array, order="C").view(dest.dtype)
                 np.copyto(dest, array, casting="no")
             return builder.seal()
         except BaseException:

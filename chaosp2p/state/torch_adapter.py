@@ -250,7 +250,7 @@ def _as_tensor(state: FlatState, name: str) -> Tensor:
     """A CPU tensor over the staged bytes of ``name`` (no copy)."""
     torch = _torch()
     dtype = torch_dtype(state.dtype(name))
-    array = np.ascontiguousarray(state.arrays[name])
+    array = np.asarray(state.arrays[name], order="C")  # keeps 0-d arrays 0-d
     if array.size == 0:
         empty: Tensor = torch.empty(array.shape, dtype=dtype)
         return empty
@@ -278,7 +278,7 @@ def load_torch(
     torch = _torch()
     if META_NAME not in state.arrays:
         raise TransferError("the snapshot has no PyTorch metadata record")
-    meta = decode_meta(np.ascontiguousarray(state.arrays[META_NAME]).tobytes())
+    meta = decode_meta(np.asarray(state.arrays[META_NAME]).tobytes())
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
         raise TransferError("unsupported PyTorch metadata record")
     copies: list[tuple[Tensor, Tensor]] = []
