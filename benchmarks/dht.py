@@ -197,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.extend(bench_size(case, size, ops, args.seed))
     print(f"DHT, simulated (virtual time; links: {'; '.join(f'{c.name} = {c.description}' for c in LINKS)})")
     print_table(rows)
+    if any(size <= DHTConfig().k for size in sizes):
+        print(f"(swarms of at most k = {DHTConfig().k} peers store every record on every peer: their gets are local)")
 
     churn = bench_churn(churn_sizes, args.seed)
     if churn:

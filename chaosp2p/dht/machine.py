@@ -325,6 +325,10 @@ class DHTMachine:
             return entry.contact.addrs
         return self._addr_book.get(peer, ())
 
+    def known_multiaddrs(self, peer: PeerID) -> tuple[Multiaddr, ...]:
+        """:meth:`known_addrs`, parsed -- the shape of the runtime driver's address resolver."""
+        return tuple(Multiaddr.parse(a) for a in self.known_addrs(peer))
+
     def add_contact(self, now: float, peer: PeerID, addrs: Sequence[str]) -> None:
         """The driver knows ``peer`` is at ``addrs`` (e.g. it resolved a bootstrap address).
 

@@ -26,6 +26,7 @@ from chaosp2p.dht import (
 )
 from chaosp2p.dht.keys import bucket_index, id_to_bytes, key_id, node_id
 from chaosp2p.dht.messages import (
+    DHT_CODEC,
     Contact,
     FindNode,
     FindValue,
@@ -59,7 +60,8 @@ def new_machine(n: int, config: DHTConfig | None = None, now: float = 0.0) -> DH
 class Net:
     """Delivers messages between machines instantly; peers in ``down`` are unreachable."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, roundtrip: bool = False) -> None:
+        self.roundtrip = roundtrip  # pass every message through the msgpack codec, as the runtime does
         self.machines: dict[PeerID, DHTMachine] = {}
         self.now = 0.0
         self.down: set[PeerID] = set()
@@ -87,7 +89,11 @@ class Net:
                 if target is None or out.to in self.down:
                     self.machines[sender].peer_unreachable(self.now, out.to)
                     continue
-                target.receive(self.now, sender, out.protocol, out.message)
+                message = out.message
+                if self.roundtrip:
+                    message = DHT_CODEC.decode(DHT_CODEC.encode(message), max_bytes=1 << 20)
+                    assert message == out.message
+                target.receive(self.now, sender, out.protocol, message)
 
     def run(self, seconds: float, step: float = 0.05) -> None:
         end = self.now + seconds
@@ -106,8 +112,8 @@ class Net:
         return None
 
 
-def swarm(size: int, config: DHTConfig | None = None) -> tuple[Net, list[DHTMachine]]:
-    net = Net()
+def swarm(size: int, config: DHTConfig | None = None, *, roundtrip: bool = False) -> tuple[Net, list[DHTMachine]]:
+    net = Net(roundtrip=roundtrip)
     machines = [net.add(new_machine(n, config)) for n in range(size)]
     first = machines[0]
     for machine in machines[1:]:
@@ -163,6 +169,8 @@ def test_ping_is_answered_and_the_sender_enters_the_table() -> None:
     assert [(o.to, o.message) for o in out] == [(other, Pong(request_id=7))]
     assert other in machine.routing_table
     assert machine.known_addrs(other) == (addr_of(1),)
+    assert [str(a) for a in machine.known_multiaddrs(other)] == [addr_of(1)]
+    assert machine.known_addrs(ident(5).peer_id) == ()
 
 
 def test_sender_with_garbage_addresses_is_answered_but_not_added() -> None:
@@ -292,6 +300,28 @@ def test_store_and_get_across_a_small_swarm() -> None:
     holders = sorted((m for m in machines if m.held_record(net.now, b"hello")), key=lambda m: node_id(m.peer_id))
     closest = sorted(machines, key=lambda m: node_id(m.peer_id) ^ key_id(b"hello"))[:20]
     assert {m.peer_id for m in closest} <= {m.peer_id for m in holders}
+
+
+def test_every_operation_works_through_the_wire_codec() -> None:
+    net, machines = swarm(30, roundtrip=True)
+    owner = machines[4]
+    key = signed_key(owner.peer_id, "x")
+    results = []
+    for machine, start in (
+        (owner, lambda now: owner.start_store(now, key, b"signed value")),
+        (machines[5], lambda now: machines[5].start_store(now, b"plain", b"plain value", version=3)),
+        (machines[6], lambda now: machines[6].start_add_provider(now, b"/prov/state/r/1")),
+        (machines[7], lambda now: machines[7].start_get(now, key)),
+        (machines[8], lambda now: machines[8].start_get(now, b"plain")),
+        (machines[9], lambda now: machines[9].start_get_providers(now, b"/prov/state/r/1")),
+        (machines[10], lambda now: machines[10].start_find_peer(now, machines[20].peer_id)),
+    ):
+        op = start(net.now)
+        net.flush()
+        results.append(net.done(machine.peer_id, op))
+    assert all(r is not None and r.ok for r in results), results  # type: ignore[attr-defined]
+    assert results[3].value == b"signed value" and results[4].value == b"plain value"  # type: ignore[union-attr]
+    assert sum(m.statistics().rejected_malformed for m in machines) == 0
 
 
 def test_store_without_version_supersedes_what_the_network_holds() -> None:
