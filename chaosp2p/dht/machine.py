@@ -426,7 +426,11 @@ class DHTMachine:
         return op.op_id
 
     def start_get(self, now: float, key: bytes) -> int:
-        """Find the newest valid record under ``key``; returns the op id (result: :class:`GetResult`)."""
+        """Find the newest valid record under ``key``; returns the op id (result: :class:`GetResult`).
+
+        The lookup stops once ``get_quorum`` peers returned a valid record; a record held locally
+        counts as one of them (with the default quorum of 1 it answers without any network).
+        """
         self._check_key(key)
         op = self._new_op(now, OpKind.GET, _Query.FIND_VALUE, key_id(key), key=key)
         local = self._store.get_record(now, key)
