@@ -10,11 +10,20 @@ released as soon as the last lease (pin) on it is released -- never while a tran
 
 The store is thread-safe: the training thread publishes while the network thread pins and
 releases. Copying and hashing happen outside the lock.
+
+Double buffering (``spare_buffers=1``): a freed snapshot buffer of the same size is kept and reused
+by the next publish, which then copies into memory that is already mapped -- on this kind of
+machine first-touch page faults cost more than the copy itself. A buffer is recycled only when no
+byte of it can still be observed: every lease hands out its own read-only exporter array, and the
+store waits (weak references) until every exporter -- and so every payload ``memoryview`` sliced
+from it that a driver may still be sending -- is gone.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -62,16 +71,31 @@ class SnapshotStatus:
 
 
 class _Snapshot:
-    __slots__ = ("body", "buffer", "digest", "manifest", "pins", "retired", "run", "step", "version", "view")
+    __slots__ = (
+        "allocator",
+        "body",
+        "buffer",
+        "digest",
+        "exporters",
+        "manifest",
+        "pins",
+        "retired",
+        "run",
+        "step",
+        "version",
+    )
 
-    def __init__(self, manifest: Manifest, body: bytes, digest: bytes, buffer: np.ndarray) -> None:
+    def __init__(
+        self, manifest: Manifest, body: bytes, digest: bytes, buffer: np.ndarray, allocator: Allocator
+    ) -> None:
         self.run = manifest.run
         self.step = manifest.step
         self.manifest = manifest
         self.body = body
         self.digest = digest
         self.buffer: np.ndarray | None = buffer
-        self.view: memoryview | None = as_bytes(buffer).toreadonly()
+        self.allocator = allocator
+        self.exporters = 0
         self.pins = 0
         self.retired = False
         self.version = VersionInfo(
@@ -88,16 +112,15 @@ class SnapshotLease:
 
     __slots__ = ("_released", "_snapshot", "_store", "data", "digest", "manifest", "manifest_body")
 
-    def __init__(self, store: SnapshotStore, snapshot: _Snapshot) -> None:
-        assert snapshot.view is not None
+    def __init__(self, store: SnapshotStore, snapshot: _Snapshot, data: memoryview) -> None:
         self._store = store
         self._snapshot = snapshot
         self._released = False
         self.manifest: Manifest = snapshot.manifest
         self.manifest_body: bytes = snapshot.body
         self.digest: bytes = snapshot.digest
-        self.data: memoryview = snapshot.view
-        """The snapshot's bytes, read-only."""
+        self.data: memoryview = data
+        """The snapshot's bytes, read-only (slices of it keep the memory valid on their own)."""
 
     def release(self) -> None:
         """Drop the pin; a retired snapshot's memory goes when its last pin does."""
@@ -113,7 +136,11 @@ class SnapshotLease:
 
 
 class SnapshotBuilder:
-    """A snapshot being filled: write every buffer through :meth:`view`, then :meth:`seal`."""
+    """A snapshot being filled: write every buffer through :meth:`view`, then :meth:`seal`.
+
+    Views obtained from the builder must not be kept after :meth:`seal` (the memory may be reused
+    once the snapshot is freed).
+    """
 
     def __init__(
         self,
@@ -122,8 +149,10 @@ class SnapshotBuilder:
         step: int,
         specs: tuple[BufferSpec, ...],
         buffer: np.ndarray,
+        allocator: Allocator,
     ) -> None:
         self._store = store
+        self._allocator = allocator
         self.run = run
         self.step = step
         self.specs = specs
@@ -163,7 +192,7 @@ class SnapshotBuilder:
         )
         body = encode_manifest(manifest)
         digest = manifest_digest(body, manifest.hash_algorithm)
-        return self._store._register(_Snapshot(manifest, body, digest, self.buffer))
+        return self._store._register(_Snapshot(manifest, body, digest, self.buffer, self._allocator))
 
     def abort(self) -> None:
         """Give up on this snapshot."""
@@ -181,15 +210,22 @@ class SnapshotStore:
         *,
         keep_latest: int = 1,
         allocator: Allocator | None = None,
+        spare_buffers: int = 0,
     ) -> None:
         if keep_latest < 1:
             raise ConfigError("keep_latest must be >= 1")
+        if spare_buffers < 0:
+            raise ConfigError("spare_buffers must be >= 0")
         self.config = config or TransferConfig()
         self.keep_latest = keep_latest
         self.allocator = allocator or default_allocator
         self._lock = threading.Lock()
         self._snapshots: dict[tuple[str, int], _Snapshot] = {}
         self._building: set[tuple[str, int]] = set()
+        self.spare_buffers = spare_buffers
+        self._spares: list[tuple[Allocator, np.ndarray]] = []
+        self._orphaned: list[_Snapshot] = []  # freed but still observable through an exporter
+        self._exits: deque[_Snapshot] = deque()
 
     # ---------------------------------------------------------------------------- publishing
     def begin(
@@ -217,8 +253,11 @@ class SnapshotStore:
             if key in self._snapshots or key in self._building:
                 raise ConfigError(f"run {run!r} step {step} is already published (snapshots are immutable)")
             self._building.add(key)
+        allocate = allocator or self.allocator
         try:
-            buffer = (allocator or self.allocator)(total)
+            buffer = self._take_spare(allocate, total)
+            if buffer is None:
+                buffer = allocate(total)
             if buffer.dtype != np.uint8 or buffer.ndim != 1 or buffer.shape[0] != total:
                 raise ConfigError("the allocator must return a 1-D uint8 array of the requested size")
             if not buffer.flags.c_contiguous or not buffer.flags.writeable:
@@ -226,7 +265,7 @@ class SnapshotStore:
         except BaseException:
             self._forget_building(run, step)
             raise
-        return SnapshotBuilder(self, run, step, specs, buffer)
+        return SnapshotBuilder(self, run, step, specs, buffer, allocate)
 
     def publish(self, run: str, step: int, state: Mapping[str, np.ndarray] | FlatState) -> SnapshotInfo:
         """Copy ``state`` into a new immutable snapshot (run, step) and offer it."""
@@ -263,10 +302,14 @@ class SnapshotStore:
         """Like :meth:`pin`, typed as the concrete :class:`SnapshotLease`."""
         with self._lock:
             snapshot = self._snapshots.get((run, step))
-            if snapshot is None or snapshot.retired:
+            if snapshot is None or snapshot.retired or snapshot.buffer is None:
                 return None
             snapshot.pins += 1
-        return SnapshotLease(self, snapshot)
+            snapshot.exporters += 1
+            exporter = snapshot.buffer.view()
+        exporter.flags.writeable = False
+        weakref.finalize(exporter, self._exporter_gone, snapshot)
+        return SnapshotLease(self, snapshot, as_bytes(exporter))
 
     # ---------------------------------------------------------------------------- management
     def latest(self, run: str) -> SnapshotInfo | None:
@@ -287,9 +330,16 @@ class SnapshotStore:
 
     @property
     def bytes_held(self) -> int:
-        """Bytes of snapshot memory the store still references (offered or pinned)."""
+        """Bytes of snapshot memory the store still references (offered or pinned), spares excluded."""
         with self._lock:
             return sum(s.manifest.total_bytes for s in self._snapshots.values())
+
+    @property
+    def spare_bytes(self) -> int:
+        """Bytes kept for reuse by the next publish (``spare_buffers``)."""
+        with self._lock:
+            self._drain_exits()
+            return sum(buffer.shape[0] for _, buffer in self._spares)
 
     def statistics(self) -> list[SnapshotStatus]:
         """Every held snapshot with its pin count."""
@@ -326,12 +376,47 @@ class SnapshotStore:
             self._free_if_unused(snapshot)
 
     def _free_if_unused(self, snapshot: _Snapshot) -> None:
-        # Caller holds the lock. Dropping the references frees the memory once no payload slice
+        # Caller holds the lock. Dropping our references frees the memory once no payload slice
         # handed to a driver is still alive (memoryviews keep their buffer alive on their own).
-        if snapshot.retired and snapshot.pins == 0:
-            self._snapshots.pop((snapshot.run, snapshot.step), None)
-            snapshot.buffer = None
-            snapshot.view = None
+        self._drain_exits()
+        if snapshot.retired and snapshot.pins == 0 and self._snapshots.get((snapshot.run, snapshot.step)) is snapshot:
+            del self._snapshots[(snapshot.run, snapshot.step)]
+            if snapshot.exporters == 0:
+                self._recycle(snapshot)
+            elif self.spare_buffers:
+                self._orphaned.append(snapshot)  # recycle when its last exporter dies
+            else:
+                snapshot.buffer = None
+
+    def _exporter_gone(self, snapshot: _Snapshot) -> None:
+        # Runs wherever the exporter dies -- possibly inside the garbage collector while this thread
+        # holds the lock -- so it only records the fact (deque.append is atomic).
+        self._exits.append(snapshot)
+
+    def _drain_exits(self) -> None:
+        # Caller holds the lock.
+        while self._exits:
+            snapshot = self._exits.popleft()
+            snapshot.exporters -= 1
+            if snapshot.exporters == 0 and snapshot in self._orphaned:
+                self._orphaned.remove(snapshot)
+                self._recycle(snapshot)
+
+    def _recycle(self, snapshot: _Snapshot) -> None:
+        # Caller holds the lock; nobody can observe the buffer any more.
+        buffer, snapshot.buffer = snapshot.buffer, None
+        if buffer is not None and len(self._spares) < self.spare_buffers:
+            self._spares.append((snapshot.allocator, buffer))
+
+    def _take_spare(self, allocator: Allocator, size: int) -> np.ndarray | None:
+        with self._lock:
+            self._drain_exits()
+            for i, (owner, buffer) in enumerate(self._spares):
+                if owner is allocator and buffer.shape[0] == size:
+                    del self._spares[i]
+                    buffer.flags.writeable = True
+                    return buffer
+        return None
 
 
 def _info(snapshot: _Snapshot) -> SnapshotInfo:

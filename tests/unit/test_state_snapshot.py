@@ -111,7 +111,7 @@ def test_lease_keeps_a_retired_snapshot_and_release_frees_it() -> None:
     store.publish("r", 1, live_state())
     lease = store.lease("r", 1)
     assert lease is not None
-    buffer_ref = weakref.ref(lease.data.obj)
+    buffer_ref = weakref.ref(lease.data.obj.base)  # the snapshot buffer behind the lease's exporter
     expected = bytes(lease.data)
     held = store.bytes_held
     store.publish("r", 2, live_state(2))  # retires step 1
@@ -207,3 +207,41 @@ def test_concurrent_publish_and_lease() -> None:
     assert errors == []
     gc.collect()
     assert [s.step for s in store.statistics()] == [49]
+
+
+def address(lease: object) -> int:
+    return int(lease.data.obj.base.__array_interface__["data"][0])  # type: ignore[attr-defined]
+
+
+def test_spare_buffer_is_reused_by_the_next_publish() -> None:
+    store = SnapshotStore(CONFIG, spare_buffers=1)
+    store.publish("r", 1, live_state(1))
+    lease = store.lease("r", 1)
+    first = address(lease)
+    lease.release()  # type: ignore[union-attr]
+    del lease
+    store.publish("r", 2, live_state(2))  # retires 1 -> its buffer becomes the spare
+    assert store.spare_bytes == store.latest("r").total_bytes  # type: ignore[union-attr]
+    store.publish("r", 3, live_state(3))  # reuses it
+    lease = store.lease("r", 3)
+    assert address(lease) == first
+    assert snapshot_arrays(store, "r", 3)["w"].tobytes() == live_state(3)["w"].tobytes()
+    assert verify_chunks(lease.manifest, lease.data) == []  # type: ignore[union-attr]
+
+
+def test_buffer_is_not_reused_while_a_payload_slice_is_alive() -> None:
+    store = SnapshotStore(CONFIG, spare_buffers=1)
+    store.publish("r", 1, live_state(1))
+    lease = store.lease("r", 1)
+    assert lease is not None
+    payload = lease.data[100:200]  # what a driver might still be sending
+    expected = bytes(payload)
+    lease.release()
+    del lease
+    store.publish("r", 2, live_state(2))
+    assert store.spare_bytes == 0  # step 1 is retired but still observable
+    store.publish("r", 3, live_state(3))  # must not overwrite step 1's memory
+    assert bytes(payload) == expected
+    del payload
+    gc.collect()
+    assert store.spare_bytes > 0

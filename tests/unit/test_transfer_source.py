@@ -263,7 +263,7 @@ def test_released_snapshot_buffer_is_freed() -> None:
     lease = open_lease(session)
     pinned = store.lease("r", 1)
     assert pinned is not None
-    ref = weakref.ref(pinned.data.obj)
+    ref = weakref.ref(pinned.data.obj.base)  # the snapshot buffer behind this lease's exporter
     pinned.release()
     del pinned
     store.retire("r")
