@@ -14,7 +14,8 @@ Faults a test can inject, mirroring what the real runtime sees:
 * ``stall(peer)``   -- like SIGSTOP: the peer neither runs timers nor reads; messages to it queue and
   are delivered when ``resume(peer)`` is called, just as TCP buffers them.
 * ``partition([...])`` / ``heal()`` -- messages across groups are silently lost.
-* per-link latency, jitter and loss via :class:`LinkProfile`.
+* per-link latency, jitter and loss via :class:`LinkProfile` (set per pair, or computed by a
+  ``link_fn(a, b)`` for large swarms with a latency model).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class SimNetwork:
         codecs: Mapping[str, MessageCodec] | None = None,
         record: bool = False,
         start_time: float = 0.0,
+        link_fn: Callable[[PeerID, PeerID], LinkProfile] | None = None,
     ) -> None:
         self.clock = VirtualClock(start_time)
         self.random = random.Random(seed)
@@ -92,6 +94,7 @@ class SimNetwork:
         self._record = record
         self._nodes: dict[PeerID, _Node] = {}
         self._links: dict[tuple[PeerID, PeerID], LinkProfile] = {}
+        self._link_fn = link_fn
         self._groups: dict[PeerID, int] | None = None
         self._queue: list[tuple[float, int, str, Any]] = []
         self._sequence = 0
@@ -175,6 +178,21 @@ class SimNetwork:
             self.run_until(min(deadline, self.now + step_s))
         return True
 
+    def call(self, peer: PeerID, action: Callable[[MessageMachine, float], Any]) -> Any:
+        """Run ``action(machine, now)`` on ``peer``'s machine as a driver would, then carry out its output.
+
+        This is how a test or harness starts operations (``start_get``, ``add_contact``, ...)
+        between deliveries.
+        """
+        node = self._nodes[peer]
+        result = action(node.machine, self.now)
+        self._after_call(peer)
+        return result
+
+    def poke(self, peer: PeerID) -> None:
+        """Collect output and re-arm timers after code outside the simulator touched ``peer``'s machine."""
+        self._after_call(peer)
+
     def inject(self, sender: PeerID, receiver: PeerID, protocol: str, message: Message) -> None:
         """Deliver ``message`` as if ``sender`` had sent it (for hostile-input tests)."""
         self._schedule_delivery(sender, receiver, protocol, message)
@@ -185,7 +203,10 @@ class SimNetwork:
         heapq.heappush(self._queue, (at, self._sequence, kind, payload))
 
     def _link(self, a: PeerID, b: PeerID) -> LinkProfile:
-        return self._links.get((a, b), self.default_link)
+        link = self._links.get((a, b))
+        if link is not None:
+            return link
+        return self.default_link if self._link_fn is None else self._link_fn(a, b)
 
     def _schedule_delivery(self, sender: PeerID, receiver: PeerID, protocol: str, message: Message) -> None:
         self.stats.sent += 1

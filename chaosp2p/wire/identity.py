@@ -82,6 +82,11 @@ class PeerID:
             return False
         return True
 
+    def __hash__(self) -> int:
+        # PeerIDs key the hottest maps (routing tables, member lists); hash the bytes directly
+        # instead of the dataclass's generated tuple hash.
+        return hash(self.raw)
+
     def short(self) -> str:
         """A short form for logs and tables: the last 8 characters."""
         return "…" + str(self)[-8:]
