@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -35,6 +35,7 @@ from chaosp2p.wire.protocol_ids import ProtocolId
 
 log = logging.getLogger("chaosp2p.runtime")
 
+T = TypeVar("T")
 AddressResolver = Callable[[PeerID], Sequence[Multiaddr]]
 EventSink = Callable[[Any], None]
 
@@ -88,10 +89,11 @@ class MachineDriver:
 
         return handle
 
-    def call(self, action: Callable[[float], None]) -> None:
-        """Run ``action(now)`` on the machine, then carry out its output."""
-        action(self._clock.now())
+    def call(self, action: Callable[[float], T]) -> T:
+        """Run ``action(now)`` on the machine, carry out its output, and return what it returned."""
+        result = action(self._clock.now())
         self.flush()
+        return result
 
     def flush(self) -> None:
         """Send queued messages, forward events, and re-arm the timer."""
