@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosp2p.configbase import from_table, require, require_positive
+from chaosp2p.dht.config import DHTConfig
 from chaosp2p.errors import ConfigError
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -47,6 +48,7 @@ class PeerConfig:
     bootstrap_retry_min_s: float = 0.5
     bootstrap_retry_max_s: float = 30.0
     transport: TransportConfig = field(default_factory=TransportConfig.local)
+    dht: DHTConfig = field(default_factory=DHTConfig.local)
 
     def __post_init__(self) -> None:
         require(self.profile in PROFILES, f"profile must be one of {PROFILES} (got {self.profile!r})")
@@ -86,7 +88,7 @@ class PeerConfig:
     @classmethod
     def local(cls, **changes: Any) -> PeerConfig:
         """Everything on one machine: loopback, short timeouts, fast failure detection."""
-        return cls(profile="local", transport=TransportConfig.local()).replace(**changes)
+        return cls(profile="local", transport=TransportConfig.local(), dht=DHTConfig.local()).replace(**changes)
 
     @classmethod
     def lan(cls, **changes: Any) -> PeerConfig:
@@ -101,6 +103,7 @@ class PeerConfig:
             listen=("/ip4/0.0.0.0/tcp/4001",),
             bootstrap_retry_max_s=120.0,
             transport=TransportConfig.wan(),
+            dht=DHTConfig.wan(),
         ).replace(**changes)
 
     @classmethod

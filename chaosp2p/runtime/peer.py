@@ -23,8 +23,10 @@ import anyio
 import anyio.abc
 
 from chaosp2p.clock import Clock, MonotonicClock
+from chaosp2p.dht import DHTMachine
 from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
 from chaosp2p.runtime.config import PeerConfig
+from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub
 from chaosp2p.runtime.status import STATUS_CODEC, ConnectionInfo, StatusReport, StatusRequest
 from chaosp2p.transport.connection import Connection
@@ -79,6 +81,13 @@ class Peer:
         self._connected_event = anyio.Event()
         host.on_connection_change(self._on_connection_change)
         host.set_request_handler("/chaos/status/1", self._serve_status)
+        self.dht = DHTService(
+            machine=DHTMachine(host.identity, rng=random.Random(rng.random()), config=config.dht, now=clock.now()),
+            host=host,
+            clock=clock,
+            task_group=task_group,
+            publish=self.publish,
+        )
 
     # ------------------------------------------------------------------ identity
     @property
@@ -217,6 +226,7 @@ async def open_peer(
             try:
                 for addr in config.listen_addrs():
                     await host.listen(addr)
+                peer.dht.start(config.bootstrap_addrs())
                 tg.start_soon(peer._bootstrap_loop, name="chaosp2p bootstrap")
                 yield peer
             finally:

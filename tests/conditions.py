@@ -1,0 +1,19 @@
+"""Waiting on a condition with a bound, for state that exposes no event to wait on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+
+async def eventually(condition: Callable[[], bool], *, timeout_s: float = 10.0, interval_s: float = 0.01) -> None:
+    """Return once ``condition()`` is true; raise ``TimeoutError`` after ``timeout_s``.
+
+    Polling is the honest tool here: counters and tables inside protocol machines change on
+    message arrival and have no event of their own. The bound keeps a broken condition from
+    hanging the suite.
+    """
+    with anyio.fail_after(timeout_s):
+        while not condition():  # noqa: ASYNC110 - see the docstring
+            await anyio.sleep(interval_s)
