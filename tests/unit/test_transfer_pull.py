@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chaosp2p.errors import ChecksumMismatch, ConfigError, LocalProtocolError, RemoteProtocolError, TransferError
 from chaosp2p.protocols.base import Outgoing
@@ -105,6 +107,7 @@ class FakeSource:
     stall_after_bytes: int | None = None
     corrupt_chunks: set[int] = field(default_factory=set)
     extra_bytes: int = 0
+    short_bytes: int = 0
     trailing_garbage_after_bytes: int | None = None
     corrupt_manifest: bool = False
     error_on_chunks: TransferErrorCode | None = None
@@ -163,12 +166,14 @@ class FakeNet:
             outgoing = self.machine.take_outgoing()
             if not events and not outgoing:
                 return
-            for event in events:  # events first: SourceDropped closes streams before new requests go out
-                self.events.append(event)
-                self.on_event(event)
+            # Messages first (a ReleaseLease is the last thing on a dropped source's stream), then
+            # events (SourceDropped closes that stream).
             for out in outgoing:
                 self.sent.append(out.message)
                 self.deliver_request(out.to, out.message)
+            for event in events:
+                self.events.append(event)
+                self.on_event(event)
 
     def on_event(self, event: Any) -> None:
         if isinstance(event, ManifestReady):
@@ -222,6 +227,10 @@ class FakeNet:
                 first = header.offset // CHUNK
                 if first in src.corrupt_chunks:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
+                if src.short_bytes:
+                    length = header.length - src.short_bytes
+                    header = DataHeader(request_id=header.request_id, offset=header.offset, length=length)
+                    data = data[:length]
                 if src.extra_bytes:
                     header = DataHeader(
                         request_id=header.request_id, offset=header.offset, length=header.length + src.extra_bytes
@@ -407,6 +416,15 @@ def test_source_announcing_more_than_asked_is_dropped() -> None:
     assert [(d.source, d.reason) for d in net.of(SourceDropped)] == [(sources[0].peer, DropReason.PROTOCOL)]
     assert "more than asked" in net.of(SourceDropped)[0].detail
     assert [p.reason for p in net.of(SourcePenalised)] == [PenaltyReason.PROTOCOL_VIOLATION]
+
+
+def test_chunk_of_the_wrong_length_is_refused() -> None:
+    sources = make_sources(3)
+    sources[2].short_bytes = 100
+    net = FakeNet(sources, make_machine(sources))
+    net.run()
+    assert_bit_exact(net.result(), make_state())
+    assert [(d.source, d.reason) for d in net.of(SourceDropped)] == [(sources[2].peer, DropReason.PROTOCOL)]
 
 
 def test_source_sending_bytes_after_a_payload_is_dropped() -> None:
@@ -719,3 +737,57 @@ def test_leases_are_renewed_while_the_driver_prepares_staging() -> None:
     renewals = [m for m in net.sent if isinstance(m, GetManifest) and m.lease_id is not None]
     assert len(renewals) >= 2
     assert not net.of(SourceDropped)
+
+
+faults = st.sampled_from(
+    ["honest", "crash", "stall", "corrupt", "extra", "short", "garbage", "busy", "manifest", "dead"]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(faults, min_size=1, max_size=5), st.integers(0, 2**16))
+def test_random_faults_never_commit_wrong_bytes(kinds: list[str], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sources = make_sources(len(kinds), rates=[float(r) for r in rng.uniform(2e5, 4e6, len(kinds))])
+    total = sources[0].store.latest(RUN).total_bytes  # type: ignore[union-attr]
+    for src, kind in zip(sources, kinds, strict=True):
+        at = int(rng.integers(0, total))
+        if kind == "crash":
+            src.crash_after_bytes = at
+        elif kind == "stall":
+            src.stall_after_bytes = at
+        elif kind == "corrupt":
+            src.corrupt_chunks = {int(c) for c in rng.integers(0, total // CHUNK + 1, 5)}
+        elif kind == "extra":
+            src.extra_bytes = 1
+        elif kind == "short":
+            src.short_bytes = 1
+        elif kind == "garbage":
+            src.trailing_garbage_after_bytes = at
+        elif kind == "busy":
+            src.error_on_chunks = TransferErrorCode.BUSY
+        elif kind == "manifest":
+            src.corrupt_manifest = True
+        elif kind == "dead":
+            src.dead = True
+    net = FakeNet(sources, make_machine(sources, work_stealing=bool(seed % 2)))
+    net.run(until=600.0)
+    if net.completed is not None:
+        assert_bit_exact(net.result(), make_state())
+        for src, kind in zip(sources, kinds, strict=True):
+            if kind in ("extra", "short", "busy", "dead"):
+                assert dict(net.completed.bytes_by_source)[src.peer] == 0
+    else:
+        assert net.failed is not None and isinstance(net.failed.error, TransferError)
+        assert "honest" not in kinds or len(kinds) > 1
+        with pytest.raises(LocalProtocolError):
+            if net.staging is not None:
+                net.staging.commit(net.failed)  # type: ignore[arg-type]
+            else:
+                raise LocalProtocolError("nothing staged")
+    if "honest" in kinds:
+        # One honest source is enough: every fault is survivable.
+        assert net.completed is not None, (kinds, net.failed)
+    settle(net)
+    alive = [s for s in sources if not (s.dead or s.stalled)]
+    assert leases_held(alive) == 0  # released explicitly, not left to expire
