@@ -704,10 +704,11 @@ class PullMachine:
     """Newcomer side: pulls one snapshot from several sources (see the module docstring).
 
     Driver order: ``start(now)``; feed every reply to ``receive`` and every announced payload to
-    ``payload_received`` (or ``payload_aborted``); after each input forward ``take_outgoing()`` and
-    act on ``take_events()``; call ``handle_timeout(now)`` at ``next_deadline()``. On
-    :class:`ManifestReady` allocate staging and call ``start_pull(now)``; commit on
-    :class:`Completed` only.
+    ``payload_received`` (or ``payload_aborted``); after each input send ``take_outgoing()`` (a
+    ``ReleaseLease`` is the last message for a dropped source), then act on ``take_events()``
+    (``SourceDropped``: close that source's stream); call ``handle_timeout(now)`` at
+    ``next_deadline()``. On :class:`ManifestReady` allocate staging and call ``start_pull(now)``;
+    commit on :class:`Completed` only.
     """
 
     protocols: Sequence[str] = (PROTOCOL,)
@@ -898,7 +899,8 @@ class PullMachine:
                 continue
             if self.state is PullState.PULLING and src.inflight:
                 times.append(src.last_activity + self.config.stall_timeout_s)
-            times.append(src.last_sent + src.lease_ttl_s / 3)
+            elif not src.inflight:
+                times.append(src.last_sent + src.lease_ttl_s / 3)
         if self.state is PullState.PULLING and self._next_check is not None:
             times.append(self._next_check)
         return min(times, default=None)
@@ -933,7 +935,9 @@ class PullMachine:
                 if self.state in _FINAL:
                     return
                 continue
-            if now >= src.last_sent + src.lease_ttl_s / 3 and src.lease_id is not None:
+            # Requests renew a lease; only an idle source needs an explicit renewal (one queued behind
+            # payloads on a busy stream could not be answered in time anyway).
+            if not src.inflight and now >= src.last_sent + src.lease_ttl_s / 3 and src.lease_id is not None:
                 chosen = self._chosen
                 assert chosen is not None
                 renew = GetManifest(
@@ -1134,7 +1138,7 @@ class PullMachine:
             return
         for info in msg.versions:
             if (
-                info.hash_algorithm in DIGEST_BYTES
+                _hash_available(info.hash_algorithm)
                 and len(info.digest) == DIGEST_BYTES[info.hash_algorithm]
                 and info.total_bytes <= self.config.max_state_bytes
                 and info.chunk_bytes <= self.config.max_chunk_bytes
@@ -1580,6 +1584,17 @@ class PullMachine:
         if pending is None and msg.request_id not in src.inflight:
             return  # a late answer to something already settled
         self._drop(now, src, DropReason.REFUSED, f"{msg.code.name}: {msg.detail}", None)
+
+
+def _hash_available(algorithm: str) -> bool:
+    """Known and installed (``blake3`` is optional): versions we cannot verify are ignored."""
+    if algorithm not in DIGEST_BYTES:
+        return False
+    try:
+        hash_function(algorithm)
+    except ConfigError:
+        return False
+    return True
 
 
 def _coalesce(chunks: list[int], manifest: Manifest) -> list[tuple[int, int]]:

@@ -354,6 +354,19 @@ def test_four_sources_bit_exact() -> None:
     assert leases_held(sources) == 0
 
 
+def test_blake3_snapshots_pull_bit_exact() -> None:
+    pytest.importorskip("blake3")
+    config = dataclasses.replace(CONFIG, hash_algorithm="blake3")
+    sources = make_sources(2, config=config)
+    sources[1].corrupt_chunks = {3}
+    net = FakeNet(sources, make_machine(sources, config=config))
+    net.run()
+    assert net.completed is not None and net.completed.manifest.hash_algorithm == "blake3"
+    assert len(net.completed.digest) == 32
+    assert_bit_exact(net.result(), make_state())
+    assert [p.reason for p in net.of(SourcePenalised)] == [PenaltyReason.CORRUPT_DATA]
+
+
 def test_progress_events_are_monotone_and_end_complete() -> None:
     sources = make_sources(2)
     net = FakeNet(sources, make_machine(sources))
