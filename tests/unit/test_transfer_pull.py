@@ -358,7 +358,7 @@ def test_blake3_snapshots_pull_bit_exact() -> None:
     pytest.importorskip("blake3")
     config = dataclasses.replace(CONFIG, hash_algorithm="blake3")
     sources = make_sources(2, config=config)
-    sources[1].corrupt_chunks = {3}
+    sources[1].corrupt_chunks = set(range(1000))
     net = FakeNet(sources, make_machine(sources, config=config))
     net.run()
     assert net.completed is not None and net.completed.manifest.hash_algorithm == "blake3"
