@@ -111,6 +111,7 @@ class FakeSource:
     trailing_garbage_after_bytes: int | None = None
     corrupt_manifest: bool = False
     error_on_chunks: TransferErrorCode | None = None
+    retire_before_open: bool = False
     dead: bool = False
     stalled: bool = False
 
@@ -205,6 +206,8 @@ class FakeNet:
     def source_handles(self, src: FakeSource, message: Message) -> None:
         if src.dead or src.stalled:
             return
+        if src.retire_before_open and isinstance(message, GetManifest):
+            src.store.retire(RUN)  # the version went away between the query and the lease
         if src.error_on_chunks is not None and isinstance(message, GetChunks):
             error = ErrorReply(request_id=message.request_id, code=src.error_on_chunks, detail="no")
             replies: list[Any] = [Outgoing(to=NEWCOMER, protocol="transfer", message=error)]
@@ -456,6 +459,17 @@ def test_error_replies_drop_the_source() -> None:
     net.run()
     assert_bit_exact(net.result(), make_state())
     assert [(d.source, d.reason) for d in net.of(SourceDropped)] == [(sources[0].peer, DropReason.REFUSED)]
+
+
+def test_version_gone_before_the_lease_drops_the_source_without_penalty() -> None:
+    sources = make_sources(3)
+    sources[1].retire_before_open = True
+    net = FakeNet(sources, make_machine(sources))
+    net.run()
+    assert_bit_exact(net.result(), make_state())
+    dropped = net.of(SourceDropped)
+    assert [(d.source, d.reason) for d in dropped] == [(sources[1].peer, DropReason.REFUSED)]
+    assert "UNKNOWN_RUN" in dropped[0].detail and not net.of(SourcePenalised)
 
 
 def test_corrupt_manifest_is_penalised_and_fetched_from_another_source() -> None:
