@@ -31,12 +31,18 @@ __version__ = "0.1.0"
 # name -> module that defines it; resolved lazily by __getattr__ below.
 _LAZY = {
     "PeerConfig": "chaosp2p.runtime.config",
-    "Peer": "chaosp2p.runtime.peer",
-    "open_peer": "chaosp2p.runtime.peer",
-    "request_status": "chaosp2p.runtime.peer",
-    "PeerConnected": "chaosp2p.runtime.peer",
-    "PeerDisconnected": "chaosp2p.runtime.peer",
-    "BootstrapFailed": "chaosp2p.runtime.peer",
+    "AsyncPeer": "chaosp2p.api",
+    "open_peer": "chaosp2p.api",
+    "Node": "chaosp2p.runtime.node",
+    "open_node": "chaosp2p.runtime.node",
+    "request_status": "chaosp2p.runtime.node",
+    "PeerConnected": "chaosp2p.runtime.node",
+    "PeerDisconnected": "chaosp2p.runtime.node",
+    "BootstrapFailed": "chaosp2p.runtime.node",
+    "SnapshotStore": "chaosp2p.state.snapshot",
+    "TransferConfig": "chaosp2p.protocols.transfer_config",
+    "TransferProgress": "chaosp2p.protocols.transfer",
+    "DHTConfig": "chaosp2p.dht.config",
     "TransportConfig": "chaosp2p.transport.config",
     "Identity": "chaosp2p.wire.identity",
     "PeerID": "chaosp2p.wire.identity",
@@ -44,8 +50,13 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from chaosp2p.api import AsyncPeer, open_peer
+    from chaosp2p.dht.config import DHTConfig
+    from chaosp2p.protocols.transfer import TransferProgress
+    from chaosp2p.protocols.transfer_config import TransferConfig
     from chaosp2p.runtime.config import PeerConfig
-    from chaosp2p.runtime.peer import BootstrapFailed, Peer, PeerConnected, PeerDisconnected, open_peer, request_status
+    from chaosp2p.runtime.node import BootstrapFailed, Node, PeerConnected, PeerDisconnected, open_node, request_status
+    from chaosp2p.state.snapshot import SnapshotStore
     from chaosp2p.transport.config import TransportConfig
     from chaosp2p.wire.identity import Identity, PeerID
     from chaosp2p.wire.multiaddr import Multiaddr
@@ -62,15 +73,17 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AdmissionDenied",
+    "AsyncPeer",
     "BootstrapFailed",
     "ChaosError",
     "ChecksumMismatch",
     "ConfigError",
     "ConnectionClosed",
+    "DHTConfig",
     "Identity",
     "LocalProtocolError",
     "Multiaddr",
-    "Peer",
+    "Node",
     "PeerConfig",
     "PeerConnected",
     "PeerDisconnected",
@@ -81,10 +94,14 @@ __all__ = [
     "ProtocolNotSupported",
     "RemoteProtocolError",
     "RequestTimeout",
+    "SnapshotStore",
     "StreamReset",
+    "TransferConfig",
     "TransferError",
+    "TransferProgress",
     "TransportConfig",
     "__version__",
+    "open_node",
     "open_peer",
     "request_status",
 ]

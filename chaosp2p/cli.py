@@ -21,9 +21,10 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from chaosp2p import __version__
+from chaosp2p.api import open_peer
 from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.runtime.config import PROFILES, PeerConfig
-from chaosp2p.runtime.peer import open_peer, request_status
+from chaosp2p.runtime.node import request_status
 from chaosp2p.runtime.status import StatusReport
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key, write_swarm_key
 

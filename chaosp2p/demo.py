@@ -7,8 +7,8 @@ from contextlib import AsyncExitStack
 import anyio
 from rich.console import Console
 
+from chaosp2p.api import AsyncPeer, open_peer
 from chaosp2p.runtime.config import PeerConfig
-from chaosp2p.runtime.peer import Peer, open_peer
 
 
 async def run_demo(peer_count: int, console: Console) -> None:
@@ -17,7 +17,7 @@ async def run_demo(peer_count: int, console: Console) -> None:
     async with AsyncExitStack() as stack:
         first = await stack.enter_async_context(open_peer(PeerConfig.local()))
         console.print(f"peer 1 listening on [cyan]{first.addrs[0]}[/]")
-        peers: list[Peer] = [first]
+        peers: list[AsyncPeer] = [first]
         for index in range(2, peer_count + 1):
             peer = await stack.enter_async_context(open_peer(PeerConfig.local(bootstrap=(str(first.addrs[0]),))))
             peers.append(peer)

@@ -23,6 +23,7 @@ from typing import Any
 from chaosp2p.configbase import from_table, require, require_positive
 from chaosp2p.dht.config import DHTConfig
 from chaosp2p.errors import ConfigError
+from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -49,6 +50,7 @@ class PeerConfig:
     bootstrap_retry_max_s: float = 30.0
     transport: TransportConfig = field(default_factory=TransportConfig.local)
     dht: DHTConfig = field(default_factory=DHTConfig.local)
+    transfer: TransferConfig = field(default_factory=TransferConfig.local)
 
     def __post_init__(self) -> None:
         require(self.profile in PROFILES, f"profile must be one of {PROFILES} (got {self.profile!r})")
@@ -88,7 +90,9 @@ class PeerConfig:
     @classmethod
     def local(cls, **changes: Any) -> PeerConfig:
         """Everything on one machine: loopback, short timeouts, fast failure detection."""
-        return cls(profile="local", transport=TransportConfig.local(), dht=DHTConfig.local()).replace(**changes)
+        return cls(
+            profile="local", transport=TransportConfig.local(), dht=DHTConfig.local(), transfer=TransferConfig.local()
+        ).replace(**changes)
 
     @classmethod
     def lan(cls, **changes: Any) -> PeerConfig:
@@ -104,6 +108,7 @@ class PeerConfig:
             bootstrap_retry_max_s=120.0,
             transport=TransportConfig.wan(),
             dht=DHTConfig.wan(),
+            transfer=TransferConfig.wan(),
         ).replace(**changes)
 
     @classmethod

@@ -63,6 +63,9 @@ from chaosp2p.wire.protocol_ids import ProtocolId, choose_version
 
 log = logging.getLogger("chaosp2p.transport")
 
+UNASSIGNED_STREAM_ID = 0
+"""An outbound stream's id until its SYN is sent (0 is never a valid stream id)."""
+
 MessageHandler = Callable[["Connection", str, bytes], None]
 InboundStreamHandler = Callable[[Stream], Awaitable[None]]
 
@@ -249,14 +252,12 @@ class Connection:
         """Open a stream speaking the highest of ``majors`` of ``protocol_name`` the remote serves.
 
         The SYN travels with the first bytes sent (or on the first receive), saving a round trip.
+        The stream id is assigned only then, under the send lock, so ids reach the wire in
+        increasing order however many streams are opened concurrently.
         """
         if self.closed:
             raise ConnectionClosed(f"connection to {self.remote_peer.short()} is closed: {self._close_reason}")
-        protocol = self._choose(protocol_name, majors)
-        stream_id = self._mux.open_stream()
-        stream = Stream(self, stream_id, protocol, outbound=True)
-        self._streams[stream_id] = stream
-        return stream
+        return Stream(self, UNASSIGNED_STREAM_ID, self._choose(protocol_name, majors), outbound=True)
 
     async def request(self, protocol_name: str, request: Any, *, timeout_s: float | None = None) -> Any:
         """Send one msgpack request on a new stream and return the decoded response.
@@ -324,34 +325,43 @@ class Connection:
             remaining = len(data) - offset
             if remaining == 0 and not (eof or stream._syn_pending):
                 return
-            allowed = self._sendable(stream)
-            if allowed == 0 and remaining > 0:
-                await stream._wait_window()
-                continue
-            count = min(allowed, remaining)
-            last = offset + count == len(data)
-            flags = Flag.NONE
-            value = 0
-            if stream._syn_pending:
-                flags |= Flag.SYN
-                value = self._remote_protocols.index(stream.protocol)
-            if last and eof:
-                flags |= Flag.FIN
             async with self._send_lock:
+                # Everything that decides this record happens under the lock: concurrent senders
+                # on one stream (or a reader sending the SYN) cannot both claim the SYN.
                 if stream._error is not None:
                     raise stream._error
-                self._mux.data_sent(stream.stream_id, count, fin=bool(flags & Flag.FIN))
-                stream._syn_pending = False
-                if flags & Flag.FIN:
-                    stream._sent_eof = True
-                await self._write_record_locked(
-                    FrameType.DATA, flags, stream.stream_id, value, data[offset : offset + count]
-                )
-            offset += count
-            if last:
-                if stream._sent_eof:
-                    self._maybe_forget(stream)
-                return
+                flags = Flag.NONE
+                value = 0
+                if stream._syn_pending:
+                    self._assign_stream_id(stream)
+                    flags |= Flag.SYN
+                    value = self._remote_protocols.index(stream.protocol)
+                allowed = self._sendable(stream)
+                if allowed > 0 or remaining == 0:
+                    count = min(allowed, remaining)
+                    last = offset + count == len(data)
+                    if last and eof:
+                        flags |= Flag.FIN
+                    self._mux.data_sent(stream.stream_id, count, fin=bool(flags & Flag.FIN))
+                    if flags & Flag.FIN:
+                        stream._sent_eof = True
+                    await self._write_record_locked(
+                        FrameType.DATA, flags, stream.stream_id, value, data[offset : offset + count]
+                    )
+                    offset += count
+                    if last:
+                        if stream._sent_eof:
+                            self._maybe_forget(stream)
+                        return
+                    continue
+            await stream._wait_window()
+
+    def _assign_stream_id(self, stream: Stream) -> None:
+        stream.stream_id = self._mux.open_stream()
+        stream._syn_pending = False
+        self._streams[stream.stream_id] = stream
+        if stream._window_target:
+            self.set_receive_window(stream, stream._window_target)
 
     def _sendable(self, stream: Stream) -> int:
         try:
@@ -367,6 +377,9 @@ class Connection:
 
     def set_receive_window(self, stream: Stream, target_bytes: int) -> None:
         """Raise ``stream``'s receive window (bounded by ``max_window_bytes``)."""
+        if stream._syn_pending:  # not on the wire yet: applied when the SYN goes out
+            stream._window_target = target_bytes
+            return
         grant = self._mux.set_receive_window(stream.stream_id, min(target_bytes, self.config.max_window_bytes))
         if grant:
             self._queue_window(stream.stream_id, grant)
@@ -406,13 +419,21 @@ class Connection:
         header = RecordHeader(length, kind, flags, stream_id, value).pack()
         sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
         self._sealer.seal_into(header, payload, sealed)
-        try:
-            await send_all(self._sock, (header, sealed))
-        except ConnectionClosed as exc:
-            self._mark_closed(str(exc))
-            raise
-        except anyio.ClosedResourceError:
-            raise ConnectionClosed(f"connection to {self.remote_peer.short()} closed") from None
+        # A record is all or nothing: cancelling the writer halfway would leave a torn record that
+        # desynchronizes the stream for every other user of the connection. So the write is
+        # shielded from cancellation, bounded instead by the dead-connection timeout.
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(self.config.dead_connection_timeout_s) as stalled:
+                    await send_all(self._sock, (header, sealed))
+            except ConnectionClosed as exc:
+                self._mark_closed(str(exc))
+                raise
+            except anyio.ClosedResourceError:
+                raise ConnectionClosed(f"connection to {self.remote_peer.short()} closed") from None
+        if stalled.cancelled_caught:
+            self._mark_closed("the remote stopped reading")
+            raise ConnectionClosed(f"connection to {self.remote_peer.short()}: the remote stopped reading")
         now = self._clock.now()
         self.last_sent = now
         if kind in (FrameType.DATA, FrameType.MESSAGE):

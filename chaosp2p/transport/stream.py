@@ -45,6 +45,7 @@ class Stream:
         self._direct: memoryview | None = None
         self._direct_filled = 0
         self._handler_scope: anyio.CancelScope | None = None
+        self._window_target = 0
 
     @property
     def remote_peer(self) -> PeerID:

@@ -9,10 +9,10 @@ import anyio
 import pytest
 
 from chaosp2p import PeerConfig, open_peer
+from chaosp2p.api import AsyncPeer
 from chaosp2p.dht import DHT_CODEC, make_record, signed_key
 from chaosp2p.dht.messages import Store
 from chaosp2p.errors import ConfigError
-from chaosp2p.runtime.peer import Peer
 
 from ..conditions import eventually
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def small_swarm(count: int) -> AsyncIterator[list[Peer]]:
+async def small_swarm(count: int) -> AsyncIterator[list[AsyncPeer]]:
     async with AsyncExitStack() as stack:
         first = await stack.enter_async_context(open_peer(PeerConfig.local()))
         peers = [first]

@@ -303,3 +303,35 @@ async def test_peer_going_away_fails_open_streams_with_connection_closed() -> No
         with anyio.fail_after(5), pytest.raises(ConnectionClosed):
             await stream.receive_some()
         assert connection.closed
+
+
+async def test_streams_opened_together_reach_the_wire_in_order() -> None:
+    """Ids are assigned when the SYN goes out, so a later-opened stream may speak first."""
+    async with server() as (_host, addr), open_host(Identity.generate(), CONFIG) as client:
+        connection = await client.connect(addr)
+        first, second = connection.open_stream("echo"), connection.open_stream("echo")
+        await second.send_frame("second", eof=True)
+        await first.send_frame("first", eof=True)
+        assert await second.receive_frame() == [0, "second"]
+        assert await first.receive_frame() == [0, "first"]
+
+
+async def test_concurrent_reader_and_writer_on_a_new_stream_send_one_syn() -> None:
+    async def reply_later(stream: Stream) -> None:
+        assert await stream.receive_frame() == "ping"
+        await stream.send_frame("pong", eof=True)
+
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_stream_handler("/chaos/later/1", reply_later)
+        connection = await client.connect(addr)
+        stream = connection.open_stream("later")
+        replies: list[object] = []
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                replies.append(await stream.receive_frame())
+
+            tg.start_soon(read)  # the reader may send the SYN before the writer gets to it
+            tg.start_soon(stream.send_frame, "ping")
+        assert replies == ["pong"]
+        assert await connection.request("echo", 1) == 1  # the connection survived

@@ -1,13 +1,15 @@
-"""The ``Peer``: one process's membership in a chaosp2p swarm.
+"""The ``Node``: one process's membership in a chaosp2p swarm, below the state layer.
 
-A peer composes the transport host with the protocol drivers and serves the status protocol. All
-of its background work runs in one task group, entered with :func:`open_peer`::
+A node composes the transport host with the overlay's protocol drivers (DHT, membership) and
+serves the status protocol. All of its background work runs in one task group, entered with
+:func:`open_node`. Applications use :func:`chaosp2p.open_peer`, whose :class:`chaosp2p.AsyncPeer`
+is a node that can also serve and load training state::
 
-    async with open_peer(PeerConfig.local(bootstrap=[addr])) as peer:
-        print(peer.peer_id, peer.addrs)
+    async with open_node(PeerConfig.local(bootstrap=[addr])) as node:
+        print(node.peer_id, node.addrs)
 
 Leaving the block says goodbye to every connected peer (bounded to about a second) and stops
-every task the peer started.
+every task the node started.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -37,6 +39,7 @@ from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.peer")
+N = TypeVar("N", bound="Node")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,8 +69,8 @@ class BootstrapFailed:
     at: float
 
 
-class Peer:
-    """A running peer. Create it with :func:`open_peer`."""
+class Node:
+    """A running peer without the state layer. Create it with :func:`open_node`."""
 
     def __init__(
         self, *, config: PeerConfig, host: Host, task_group: anyio.abc.TaskGroup, clock: Clock, rng: random.Random
@@ -79,6 +82,7 @@ class Peer:
         self._task_group = task_group
         self._events = EventHub()
         self._connected_event = anyio.Event()
+        self._bandwidth: dict[PeerID, float] = {}
         host.on_connection_change(self._on_connection_change)
         host.set_request_handler("/chaos/status/1", self._serve_status)
         self.dht = DHTService(
@@ -154,6 +158,22 @@ class Peer:
             await anyio.sleep(retry)
             delay = min(delay * 2, self.config.bootstrap_retry_max_s)
 
+    # ------------------------------------------------------------------ link knowledge
+    def link_estimate(self, peer: PeerID) -> tuple[float | None, float | None]:
+        """(bandwidth bytes/s, one-way latency s) toward ``peer`` as far as this node knows."""
+        bandwidth = self._bandwidth.get(peer)
+        connection = self.host.connection(peer)
+        rtt = None if connection is None else connection.rtt_s
+        return bandwidth, None if rtt is None else rtt / 2
+
+    def record_transfer(self, peer: PeerID, byte_count: int, seconds: float) -> None:
+        """Fold a finished transfer's rate into the bandwidth estimate for ``peer``."""
+        if byte_count <= 0 or seconds <= 0:
+            return
+        rate = byte_count / seconds
+        previous = self._bandwidth.get(peer)
+        self._bandwidth[peer] = rate if previous is None else 0.5 * previous + 0.5 * rate
+
     # ------------------------------------------------------------------ status
     def status_report(self) -> StatusReport:
         """What ``chaosp2p status`` shows for this peer."""
@@ -195,7 +215,7 @@ class Peer:
             self.publish(PeerDisconnected(peer_id=peer, reason=connection.close_reason, at=now))
 
     async def aclose(self) -> None:
-        """Say goodbye to every peer and stop (also done when the ``open_peer`` block ends)."""
+        """Say goodbye to every peer and stop (also done when the ``open_node`` block ends)."""
         await self.host.aclose()
 
 
@@ -206,14 +226,19 @@ def _identity_for(config: PeerConfig) -> Identity:
 
 
 @asynccontextmanager
-async def open_peer(
+async def open_node(
     config: PeerConfig | None = None,
     *,
     identity: Identity | None = None,
     clock: Clock | None = None,
     seed: int | None = None,
-) -> AsyncIterator[Peer]:
-    """Start a peer (listen, bootstrap, serve) for the duration of the block."""
+    node_class: type[N] = Node,  # type: ignore[assignment]
+) -> AsyncIterator[N]:
+    """Start a node (listen, bootstrap, serve) for the duration of the block.
+
+    ``node_class`` lets a higher layer add services: it is constructed before the node listens, so
+    every protocol it registers is advertised from the first connection on.
+    """
     config = config or PeerConfig.local()
     identity = identity or _identity_for(config)
     swarm_key = load_swarm_key(config.swarm_key_path) if config.swarm_key_path else None
@@ -222,7 +247,7 @@ async def open_peer(
     with unwrap_single_error():
         async with anyio.create_task_group() as tg:
             host = Host(identity=identity, config=config.transport, task_group=tg, swarm_key=swarm_key, clock=clock)
-            peer = Peer(config=config, host=host, task_group=tg, clock=clock, rng=rng)
+            peer = node_class(config=config, host=host, task_group=tg, clock=clock, rng=rng)
             try:
                 for addr in config.listen_addrs():
                     await host.listen(addr)

@@ -1,0 +1,99 @@
+"""The public async API: :func:`open_peer` and :class:`AsyncPeer`.
+
+An :class:`AsyncPeer` is a :class:`~chaosp2p.runtime.node.Node` (transport, DHT, membership,
+status) that can also serve and load training state::
+
+    async with chaosp2p.open_peer(chaosp2p.PeerConfig.local(bootstrap=[addr])) as peer:
+        await peer.serve_state(store, runs=["run-a"])           # as a source
+        loaded = await peer.load_state("run-a", progress=print)   # as a newcomer
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio.abc
+import numpy as np
+
+from chaosp2p.clock import Clock
+from chaosp2p.runtime.config import PeerConfig
+from chaosp2p.runtime.node import Node, open_node
+from chaosp2p.state.download import ProgressCallback
+from chaosp2p.state.service import LoadedState, StateService, load_into_torch
+from chaosp2p.state.snapshot import SnapshotStore
+from chaosp2p.transport.host import Host
+from chaosp2p.wire.identity import Identity
+from chaosp2p.wire.multiaddr import Multiaddr
+
+
+class AsyncPeer(Node):
+    """A running peer of a swarm. Create it with :func:`open_peer`."""
+
+    def __init__(
+        self, *, config: PeerConfig, host: Host, task_group: anyio.abc.TaskGroup, clock: Clock, rng: random.Random
+    ) -> None:
+        super().__init__(config=config, host=host, task_group=task_group, clock=clock, rng=rng)
+        self.state = StateService(self, config.transfer)
+
+    async def serve_state(self, store: SnapshotStore, *, runs: Iterable[str] = ()) -> None:
+        """Offer the snapshots in ``store`` to newcomers and announce this peer for ``runs``.
+
+        Keep training while serving: publish new steps with ``store.publish(run, step, arrays)``
+        (or :func:`chaosp2p.state.torch_adapter.publish_torch`); a snapshot being served stays
+        immutable until every transfer that uses it has finished.
+        """
+        await self.state.serve(store, runs=runs)
+
+    async def load_state(
+        self,
+        run: str,
+        *,
+        into: Mapping[str, np.ndarray] | None = None,
+        step: int | None = None,
+        sources: Sequence[Multiaddr | str] | None = None,
+        max_sources: int = 8,
+        progress: ProgressCallback | None = None,
+        resume_path: str | Path | None = None,
+    ) -> LoadedState:
+        """Download the newest state of ``run`` (or ``step``) from several peers in parallel.
+
+        Sources are the run's providers in the DHT unless ``sources`` names them. Every chunk is
+        hash-verified; nothing is committed until all of it verified, and then either copied into
+        ``into`` (existing arrays, checked first) or returned as new arrays. ``progress`` receives
+        :class:`~chaosp2p.state.TransferProgress` updates. With ``resume_path`` an interrupted
+        load continues from the verified chunks next time.
+        """
+        return await self.state.load(
+            run,
+            into=into,
+            step=step,
+            sources=sources,
+            max_sources=max_sources,
+            progress=progress,
+            resume_path=resume_path,
+        )
+
+    async def load_torch_state(
+        self, run: str, model: Any, optimizer: Any = None, **options: Any
+    ) -> LoadedState:
+        """:meth:`load_state`, then load the result into ``model`` and ``optimizer`` (checked first)."""
+        loaded = await self.load_state(run, **options)
+        load_into_torch(loaded, model, optimizer)
+        return loaded
+
+
+@asynccontextmanager
+async def open_peer(
+    config: PeerConfig | None = None,
+    *,
+    identity: Identity | None = None,
+    clock: Clock | None = None,
+    seed: int | None = None,
+) -> AsyncIterator[AsyncPeer]:
+    """Run a peer for the duration of the block (listen, bootstrap, serve; goodbye on exit)."""
+    async with open_node(config, identity=identity, clock=clock, seed=seed, node_class=AsyncPeer) as peer:
+        yield peer

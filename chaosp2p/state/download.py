@@ -1,0 +1,336 @@
+"""Newcomer side of ``/chaos/transfer/1``: pull one snapshot from several sources at once.
+
+Theory of operation: the :class:`~chaosp2p.protocols.transfer.PullMachine` decides everything --
+which version, which source sends which chunks, when a source is too slow, failed or lying. This
+driver only moves bytes. It keeps one stream per source with a *reader* task (header frames in;
+announced payloads read straight into the staging buffer, where the connection decrypts them in
+place) and a *sender* task (the machine's requests out, in order), plus one *timer* task for the
+machine's deadlines. After every input the driver pumps the machine's output: messages to the
+senders, events to the right place (allocate staging on ``ManifestReady``, reset a dropped
+source's stream at once so nothing more is written into staging, progress to the callback).
+
+The staging buffer is separate from any live state; the caller commits it only after
+``Completed``, so a failed or interrupted pull never touches what the newcomer already had.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+
+from chaosp2p.clock import Clock
+from chaosp2p.errors import ChaosError, RemoteProtocolError, TransferError
+from chaosp2p.protocols.transfer import (
+    Completed,
+    Failed,
+    ManifestReady,
+    PayloadKind,
+    PayloadSlot,
+    PullMachine,
+    SourceDropped,
+    SourceEstimate,
+    SourcePenalised,
+    TransferProgress,
+)
+from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer_messages import codec as TRANSFER_CODEC
+from chaosp2p.state.buffers import StagingBuffer
+from chaosp2p.state.manifest import Manifest
+from chaosp2p.state.resume import checkpoint, load_resume
+from chaosp2p.transport.groups import unwrap_single_error
+from chaosp2p.transport.host import Host
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.messages import Message
+from chaosp2p.wire.multiaddr import Multiaddr
+
+log = logging.getLogger("chaosp2p.state")
+
+T = TypeVar("T")
+ProgressCallback = Callable[[TransferProgress], None]
+StagingFactory = Callable[[Manifest], StagingBuffer]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullResult:
+    """A completed, fully verified pull: commit ``staging`` with ``completed``."""
+
+    completed: Completed
+    staging: StagingBuffer
+    penalised: tuple[SourcePenalised, ...]
+    dropped: tuple[SourceDropped, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceAddress:
+    """A source to pull from: who, where, and what the cluster monitor knows of the link."""
+
+    peer: PeerID
+    addrs: tuple[Multiaddr, ...] = ()
+    bytes_per_s: float = 100e6
+    latency_s: float = 0.001
+
+
+class _SourceLink:
+    """The stream to one source and the messages waiting to go out on it."""
+
+    def __init__(self, source: SourceAddress) -> None:
+        self.source = source
+        self.stream: Stream | None = None
+        self.outbox: list[Message] = []
+        self.wake = anyio.Event()
+        self.dropped = False
+        self.scope = anyio.CancelScope()
+
+
+class PullDriver:
+    """Runs one :class:`PullMachine` over real streams. Use :func:`pull_state`."""
+
+    def __init__(
+        self,
+        *,
+        host: Host,
+        clock: Clock,
+        machine: PullMachine,
+        sources: Sequence[SourceAddress],
+        make_staging: StagingFactory,
+        progress: ProgressCallback | None,
+        window_bytes: int,
+        resume_path: Path | None,
+    ) -> None:
+        self._host = host
+        self._clock = clock
+        self.machine = machine
+        self._links = {s.peer: _SourceLink(s) for s in sources}
+        self._make_staging = make_staging
+        self._progress = progress
+        self._window_bytes = window_bytes
+        self._resume_path = resume_path
+        self._wake_timer = anyio.Event()
+        self._finished = anyio.Event()
+        self.staging: StagingBuffer | None = None
+        self.completed: Completed | None = None
+        self.error: TransferError | None = None
+        self.penalised: list[SourcePenalised] = []
+        self.dropped: list[SourceDropped] = []
+        self._task_group: anyio.abc.TaskGroup | None = None
+
+    async def run(self) -> PullResult:
+        """Pull until the machine completes or fails."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._task_group = tg
+                for link in self._links.values():
+                    tg.start_soon(self._run_link, link, name=f"chaosp2p pull from {link.source.peer.short()}")
+                tg.start_soon(self._timer)
+                self._input(self.machine.start)
+                await self._finished.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            for link in self._links.values():
+                if link.stream is not None and not self.completed:
+                    link.stream.reset()
+            self._save_progress()
+        if self.error is not None:
+            raise self.error
+        if self.completed is None or self.staging is None:
+            raise TransferError("the pull ended without completing")
+        return PullResult(
+            completed=self.completed,
+            staging=self.staging,
+            penalised=tuple(self.penalised),
+            dropped=tuple(self.dropped),
+        )
+
+    # ------------------------------------------------------------------ machine input and output
+    def _input(self, method: Callable[..., T], *args: Any) -> T:
+        """Call ``method(now, *args)`` on the machine, then carry out what it produced."""
+        result = method(self._clock.now(), *args)
+        self._pump()
+        return result
+
+    def _pump(self) -> None:
+        for out in self.machine.take_outgoing():
+            link = self._links.get(out.to)
+            if link is not None and not link.dropped:
+                link.outbox.append(out.message)
+                link.wake.set()
+        for event in self.machine.take_events():
+            self._on_event(event)
+        self._wake_timer.set()
+
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, ManifestReady):
+            self.staging = self._make_staging(event.manifest)
+            log.info(
+                "pulling %s step %d: %.1f MiB from %d sources",
+                self.machine.run,
+                event.manifest.step,
+                event.manifest.total_bytes / 2**20,
+                len(event.sources),
+            )
+            self.machine.start_pull(self._clock.now())
+            self._pump()
+        elif isinstance(event, SourceDropped):
+            self.dropped.append(event)
+            log.info("dropping source %s: %s %s", event.source.short(), event.reason.value, event.detail)
+            link = self._links.get(event.source)
+            if link is not None:
+                link.dropped = True
+                link.wake.set()
+                if link.stream is not None:
+                    link.stream.reset()  # stops any further decryption into staging at once
+                link.scope.cancel()
+        elif isinstance(event, SourcePenalised):
+            self.penalised.append(event)
+            log.warning("source %s misbehaved (%s): %s", event.source, event.reason.value, event.detail)
+        elif isinstance(event, TransferProgress):
+            if self._progress is not None:
+                try:
+                    self._progress(event)
+                except Exception:
+                    log.exception("progress callback failed")
+        elif isinstance(event, Completed):
+            self.completed = event
+            self._finished.set()
+        elif isinstance(event, Failed):
+            self.error = event.error
+            self._finished.set()
+
+    async def _timer(self) -> None:
+        while True:
+            self._wake_timer = anyio.Event()
+            deadline = self.machine.next_deadline()
+            now = self._clock.now()
+            if deadline is not None and deadline <= now:
+                self._input(self.machine.handle_timeout)
+                await anyio.lowlevel.checkpoint()
+                continue
+            with anyio.move_on_after(math.inf if deadline is None else deadline - now):
+                await self._wake_timer.wait()
+
+    # ------------------------------------------------------------------ one source
+    async def _run_link(self, link: _SourceLink) -> None:
+        peer = link.source.peer
+        with link.scope:
+            try:
+                while not link.outbox:  # connect only once the machine has something to ask
+                    link.wake = anyio.Event()
+                    await link.wake.wait()
+                    if link.dropped:
+                        return
+                connection = await self._host.connection_to(peer, link.source.addrs)
+                link.stream = connection.open_stream("transfer")
+                link.stream.set_receive_window(self._window_bytes)
+                with unwrap_single_error():
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._send_loop, link)
+                        await self._read_loop(link)
+                        tg.cancel_scope.cancel()
+            except RemoteProtocolError as exc:
+                if not link.dropped:
+                    self._input(self.machine.source_misbehaved, peer, exc)
+            except ChaosError as exc:
+                if not link.dropped:
+                    self._input(self.machine.source_failed, peer, str(exc))
+
+    async def _send_loop(self, link: _SourceLink) -> None:
+        assert link.stream is not None
+        while True:
+            while link.outbox:
+                await link.stream.send_message(TRANSFER_CODEC, link.outbox.pop(0))
+            link.wake = anyio.Event()
+            await link.wake.wait()
+
+    async def _read_loop(self, link: _SourceLink) -> None:
+        stream = link.stream
+        assert stream is not None
+        peer = link.source.peer
+        while True:
+            message = await stream.receive_message(TRANSFER_CODEC)
+            if message is None:
+                raise ChaosError("the source closed the transfer stream")
+            slot = self._input(self.machine.receive, peer, "transfer", message)
+            if isinstance(slot, PayloadSlot):
+                await self._receive_payload(link, stream, slot)
+
+    async def _receive_payload(self, link: _SourceLink, stream: Stream, slot: PayloadSlot) -> None:
+        peer = link.source.peer
+        if slot.kind is PayloadKind.DATA:
+            assert self.staging is not None
+            buffer: memoryview | bytearray = self.staging.slot_view(slot)
+        else:
+            buffer = bytearray(slot.length)
+        try:
+            await stream.receive_into(buffer)
+        except BaseException:
+            self._input(self.machine.payload_aborted, peer, slot)
+            raise
+        self._input(self.machine.payload_received, peer, slot, memoryview(buffer))
+
+    def _save_progress(self) -> None:
+        if self._resume_path is None or self.staging is None or self.completed is not None:
+            return
+        try:
+            checkpoint(self.machine, self.staging, self._resume_path)
+            log.info("saved pull progress to %s; run again to resume", self._resume_path)
+        except (OSError, ChaosError) as exc:
+            log.warning("could not save pull progress to %s: %s", self._resume_path, exc)
+
+
+async def pull_state(
+    host: Host,
+    *,
+    run: str,
+    sources: Sequence[SourceAddress],
+    config: TransferConfig,
+    clock: Clock,
+    step: int | None = None,
+    make_staging: StagingFactory | None = None,
+    progress: ProgressCallback | None = None,
+    resume_path: str | Path | None = None,
+    downlink_bytes_per_s: float | None = None,
+) -> PullResult:
+    """Pull run ``run`` (its newest common step, or ``step``) from ``sources`` into a staging buffer.
+
+    With ``resume_path``, verified chunks are remembered there (and the staging data next to it),
+    so an interrupted pull continues where it stopped.
+    """
+    path = Path(resume_path) if resume_path is not None else None
+    resume = load_resume(path) if path is not None and path.exists() else None
+    if make_staging is None:
+        staging_path = None if path is None else path.with_suffix(path.suffix + ".data")
+
+        def make_staging(manifest: Manifest) -> StagingBuffer:
+            return StagingBuffer(manifest, path=staging_path)
+
+    machine = PullMachine(
+        run=run,
+        sources=[SourceEstimate(peer=s.peer, bytes_per_s=s.bytes_per_s, latency_s=s.latency_s) for s in sources],
+        config=config,
+        step=step,
+        resume=resume,
+        downlink_bytes_per_s=downlink_bytes_per_s,
+    )
+    window = min(host.config.max_window_bytes, config.chunk_bytes * (config.max_inflight_chunks_per_source + 1))
+    driver = PullDriver(
+        host=host,
+        clock=clock,
+        machine=machine,
+        sources=sources,
+        make_staging=make_staging,
+        progress=progress,
+        window_bytes=window,
+        resume_path=path,
+    )
+    result = await driver.run()
+    if path is not None:
+        path.unlink(missing_ok=True)
+    return result

@@ -1,0 +1,102 @@
+"""Source side of ``/chaos/transfer/1``: serve snapshots to newcomers over streams.
+
+Theory of operation: each newcomer opens one stream per pull. The driver reads request frames and
+hands each to the :class:`~chaosp2p.protocols.transfer.SourceSession` machine, which validates it
+against the catalog (version known, range inside the snapshot, lease held) and says what to send:
+a header message, and for data a read-only slice of the immutable snapshot that goes straight from
+snapshot memory into the encrypted records -- no copy of the state is made per request. When the
+stream ends, every lease that newcomer held is released, so retired snapshots can be freed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import anyio.abc
+
+from chaosp2p.clock import Clock
+from chaosp2p.errors import ChaosError, RemoteProtocolError
+from chaosp2p.protocols.transfer import OutgoingPayload, SnapshotCatalog, SourceSession
+from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer_messages import (
+    PROTOCOL_ID,
+    ErrorReply,
+    GetChunks,
+    GetManifest,
+    GetRange,
+    GetVersions,
+    TransferErrorCode,
+)
+from chaosp2p.protocols.transfer_messages import codec as TRANSFER_CODEC
+from chaosp2p.transport.host import Host
+from chaosp2p.transport.stream import Stream
+
+log = logging.getLogger("chaosp2p.state")
+
+
+class StateServer:
+    """Answers transfer requests from one snapshot catalog (set with :meth:`offer`)."""
+
+    def __init__(self, *, host: Host, clock: Clock, config: TransferConfig, task_group: anyio.abc.TaskGroup) -> None:
+        self._clock = clock
+        self._config = config
+        self._task_group = task_group
+        self.session: SourceSession | None = None
+        self._wake = anyio.Event()
+        host.set_stream_handler(PROTOCOL_ID, self._serve_stream)
+
+    def offer(self, catalog: SnapshotCatalog) -> None:
+        """Serve ``catalog`` from now on (replacing any earlier one; its leases are released)."""
+        if self.session is not None:
+            self.session.close()
+        else:
+            self._task_group.start_soon(self._lease_timer, name="chaosp2p transfer leases")
+        self.session = SourceSession(catalog, self._config)
+
+    async def _serve_stream(self, stream: Stream) -> None:
+        peer = stream.remote_peer
+        try:
+            while True:
+                message = await stream.receive_message(TRANSFER_CODEC)
+                if message is None:
+                    return
+                session = self.session
+                if session is None:
+                    if isinstance(message, _REQUESTS):  # anything else (a lease release) needs no answer
+                        await stream.send_message(TRANSFER_CODEC, _no_state(message))
+                    continue
+                for out in session.respond(self._clock.now(), peer, message):
+                    await stream.send_message(TRANSFER_CODEC, out.message)
+                    if isinstance(out, OutgoingPayload):
+                        await stream.send(out.payload)
+                self._wake.set()
+        except RemoteProtocolError as exc:
+            log.warning("transfer request from %s rejected: %s", peer, exc)
+            raise
+        except ChaosError as exc:
+            log.info("transfer stream from %s ended: %s", peer, exc)
+        finally:
+            if self.session is not None:
+                self.session.peer_unreachable(self._clock.now(), peer)
+
+    async def _lease_timer(self) -> None:
+        while True:
+            self._wake = anyio.Event()
+            session = self.session
+            deadline = None if session is None else session.next_deadline()
+            now = self._clock.now()
+            if session is not None and deadline is not None and deadline <= now:
+                session.handle_timeout(now)
+                continue
+            with anyio.move_on_after(None if deadline is None else deadline - now):
+                await self._wake.wait()
+
+
+_REQUESTS = (GetVersions, GetManifest, GetChunks, GetRange)
+
+
+def _no_state(message: GetVersions | GetManifest | GetChunks | GetRange) -> ErrorReply:
+    return ErrorReply(
+        request_id=message.request_id, code=TransferErrorCode.UNKNOWN_RUN, detail="this peer serves no state"
+    )

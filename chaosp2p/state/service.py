@@ -1,0 +1,163 @@
+"""Serving and loading training state through the swarm (the state layer's part of a peer).
+
+A peer that serves state offers a :class:`~chaosp2p.state.snapshot.SnapshotStore` over
+``/chaos/transfer/1`` and announces itself in the DHT as a provider of each run it serves. A
+newcomer finds a run's providers in the DHT, asks them which steps they hold, and pulls the newest
+step they have in common from all of them at once; nothing it already had changes unless every
+byte of the new state verified.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chaosp2p.errors import ChaosError, ConfigError, TransferError
+from chaosp2p.protocols.transfer import Completed
+from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.runtime.node import Node
+from chaosp2p.state.download import ProgressCallback, PullResult, SourceAddress, StagingFactory, pull_state
+from chaosp2p.state.manifest import FlatState
+from chaosp2p.state.serve import StateServer
+from chaosp2p.state.snapshot import SnapshotStore
+from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+
+log = logging.getLogger("chaosp2p.state")
+
+DEFAULT_BANDWIDTH_BYTES_PER_S = 100e6
+"""Assumed link bandwidth when the cluster monitor has no estimate yet (work stealing corrects it)."""
+
+
+def run_provider_key(run: str) -> bytes:
+    """The DHT provider key under which the holders of training run ``run`` announce themselves."""
+    if not run or "/" in run or len(run) > 256:
+        raise ConfigError("a run id is 1-256 characters without '/'")
+    return f"/prov/state/{run}".encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadedState:
+    """A committed state: the run, step and arrays, and how the pull went."""
+
+    run: str
+    step: int
+    state: FlatState
+    completed: Completed
+    result: PullResult
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The loaded named arrays."""
+        return dict(self.state.arrays)
+
+
+class StateService:
+    """``serve_state`` / ``load_state`` for one node."""
+
+    def __init__(self, node: Node, config: TransferConfig) -> None:
+        self._node = node
+        self.config = config
+        self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node._task_group)
+        self.store: SnapshotStore | None = None
+
+    async def serve(self, store: SnapshotStore, *, runs: Iterable[str] = ()) -> None:
+        """Offer ``store``'s snapshots and announce this peer as a provider of ``runs``."""
+        self.store = store
+        self.server.offer(store)
+        for run in runs:
+            await self.announce(run)
+
+    async def announce(self, run: str) -> None:
+        """Tell the swarm (DHT provider record) that this peer serves ``run``."""
+        result = await self._node.dht.add_provider(run_provider_key(run))
+        if not result.ok:
+            log.warning("announcing run %r reached no DHT peer yet; it is retried on republish", run)
+
+    async def find_sources(self, run: str, *, limit: int) -> list[SourceAddress]:
+        """Providers of ``run`` from the DHT (ourselves excluded), best links first."""
+        providers = await self._node.dht.get_providers(run_provider_key(run))
+        sources = []
+        for record in providers:
+            if record.provider == self._node.peer_id:
+                continue
+            addrs = tuple(Multiaddr.parse(a) for a in record.addrs)
+            sources.append(self._estimate(record.provider, addrs))
+        sources.sort(key=lambda s: -s.bytes_per_s)
+        return sources[:limit]
+
+    def _estimate(self, peer: PeerID, addrs: tuple[Multiaddr, ...]) -> SourceAddress:
+        bandwidth, latency = self._node.link_estimate(peer)
+        return SourceAddress(
+            peer=peer,
+            addrs=addrs,
+            bytes_per_s=bandwidth or DEFAULT_BANDWIDTH_BYTES_PER_S,
+            latency_s=latency if latency is not None else 0.001,
+        )
+
+    async def load(
+        self,
+        run: str,
+        *,
+        into: Mapping[str, np.ndarray] | None = None,
+        step: int | None = None,
+        sources: Sequence[Multiaddr | str] | None = None,
+        max_sources: int = 8,
+        progress: ProgressCallback | None = None,
+        resume_path: str | Path | None = None,
+        make_staging: StagingFactory | None = None,
+    ) -> LoadedState:
+        """Pull ``run`` from several sources in parallel and commit it (see :meth:`AsyncPeer.load_state`)."""
+        chosen = await self._sources(run, sources, max_sources)
+        if not chosen:
+            raise TransferError(f"no peer serves run {run!r} (no provider records in the DHT)")
+        log.info("loading run %r from %d sources", run, len(chosen))
+        result = await pull_state(
+            self._node.host,
+            run=run,
+            sources=chosen,
+            config=self.config,
+            clock=self._node.clock,
+            step=step,
+            make_staging=make_staging,
+            progress=progress,
+            resume_path=resume_path,
+        )
+        completed = result.completed
+        for peer, count in completed.bytes_by_source:
+            if count and completed.elapsed_s > 0:
+                self._node.record_transfer(peer, count, completed.elapsed_s)
+        if into is not None:
+            result.staging.commit_into(completed, into)
+            state = FlatState.from_arrays(into)
+        else:
+            state = result.staging.commit(completed)
+        return LoadedState(run=run, step=completed.step, state=state, completed=completed, result=result)
+
+    async def _sources(
+        self, run: str, explicit: Sequence[Multiaddr | str] | None, limit: int
+    ) -> list[SourceAddress]:
+        if explicit is None:
+            return await self.find_sources(run, limit=limit)
+        chosen = []
+        for item in explicit:
+            addr = Multiaddr.parse(item) if isinstance(item, str) else item
+            try:
+                connection = await self._node.host.connect(addr)
+            except ChaosError as exc:
+                log.warning("state source %s unreachable: %s", addr, exc)
+                continue
+            chosen.append(self._estimate(connection.remote_peer, (addr.without_peer(),)))
+        return chosen[:limit]
+
+
+def load_into_torch(loaded: LoadedState, model: Any, optimizer: Any = None) -> None:
+    """Load a committed state into ``model`` (and ``optimizer``), checking every tensor first."""
+    from chaosp2p.state.torch_adapter import load_torch
+
+    load_torch(loaded.state, model, optimizer)
