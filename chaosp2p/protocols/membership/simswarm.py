@@ -1,0 +1,214 @@
+"""A swarm of membership machines on :class:`~chaosp2p.sim.network.SimNetwork`, for tests and benchmarks.
+
+Not used by the runtime. It builds peers with deterministic identities and addresses, joins them
+through random earlier peers, injects the faults the real acceptance test uses (crash = kill -9,
+stall = SIGSTOP, restart = same PeerID in a new process, partitions), and answers the questions
+simulations ask: has every live peer converged on the same membership view, how long did failure
+detection take, how many suspicions hit peers that were in fact fine.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from chaosp2p.protocols.membership.config import MembershipConfig
+from chaosp2p.protocols.membership.events import MemberState, PeerFailed, PeerSuspected
+from chaosp2p.protocols.membership.machine import MembershipMachine
+from chaosp2p.protocols.membership.messages import PROTOCOL, codec
+from chaosp2p.sim.network import LinkProfile, SimNetwork
+from chaosp2p.wire.identity import Identity, PeerID
+
+_GONE = (MemberState.FAILED, MemberState.LEFT, None)
+
+
+def sim_peer_id(index: int, *, namespace: int = 0) -> PeerID:
+    """A deterministic PeerID for simulated peer ``index``."""
+    seed = (namespace << 32 | (index + 1)).to_bytes(32, "big")
+    return Identity.from_seed(seed).peer_id
+
+
+def sim_addr(index: int) -> str:
+    """A deterministic, valid listen multiaddr for simulated peer ``index``."""
+    return f"/ip4/10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}/tcp/4001"
+
+
+@dataclass(slots=True)
+class _Fault:
+    start: float
+    end: float | None = None
+
+
+@dataclass(slots=True)
+class SwarmPeer:
+    """One simulated peer (its current incarnation of the process)."""
+
+    index: int
+    peer_id: PeerID
+    addr: str
+    machine: MembershipMachine
+    faults: list[_Fault] = field(default_factory=list)
+
+
+class MembershipSwarm:
+    """Many :class:`MembershipMachine` s on one :class:`SimNetwork`, with fault injection."""
+
+    def __init__(
+        self,
+        *,
+        config: MembershipConfig,
+        seed: int,
+        default_link: LinkProfile | None = None,
+        count_bytes: bool = False,
+    ) -> None:
+        self.config = config
+        self.random = random.Random(seed)
+        self.net = SimNetwork(
+            seed=seed, default_link=default_link, codecs={PROTOCOL: codec} if count_bytes else None
+        )
+        self.peers: dict[PeerID, SwarmPeer] = {}
+        self._down: set[PeerID] = set()
+        self._next_index = 0
+        self._seed = seed
+
+    # ------------------------------------------------------------------ building
+    def spawn(self, *, contact: PeerID | None = None, peer_id: PeerID | None = None) -> SwarmPeer:
+        """Start a new peer (or restart ``peer_id`` as a new process) and join it via ``contact``."""
+        if peer_id is not None and peer_id in self.peers:
+            index = self.peers[peer_id].index
+        else:
+            index = self._next_index
+            self._next_index += 1
+            peer_id = sim_peer_id(index, namespace=self._seed & 0xFFFF)
+        machine = MembershipMachine(
+            local_peer=peer_id,
+            addrs=(sim_addr(index),),
+            config=self.config,
+            rng=random.Random(self.random.getrandbits(64)),
+            now=self.net.now,
+        )
+        peer = SwarmPeer(index=index, peer_id=peer_id, addr=sim_addr(index), machine=machine)
+        old = self.peers.get(peer_id)
+        if old is not None:
+            peer.faults = old.faults
+        self.peers[peer_id] = peer
+        self._down.discard(peer_id)
+        if contact is not None:
+            # Before ``add``: the network collects the machine's first output when it attaches it.
+            machine.add_contact(self.net.now, contact, (self.peers[contact].addr,))
+        self.net.add(peer_id, machine)
+        return peer
+
+    def grow(self, count: int, *, spacing_s: float = 0.02) -> list[SwarmPeer]:
+        """Add ``count`` peers, each joining through a random peer already running."""
+        added = []
+        for _ in range(count):
+            running = self.running()
+            contact = self.random.choice(running) if running else None
+            added.append(self.spawn(contact=contact))
+            self.net.run_for(spacing_s)
+        return added
+
+    # ------------------------------------------------------------------ faults
+    def crash(self, peer: PeerID) -> None:
+        """kill -9: the process vanishes (its connections are refused from now on)."""
+        self.net.crash(peer)
+        self.peers[peer].faults.append(_Fault(self.net.now))
+        self._down.add(peer)
+
+    def stall(self, peer: PeerID) -> None:
+        """SIGSTOP: the process stops running but its connections stay open."""
+        self.net.stall(peer)
+        self.peers[peer].faults.append(_Fault(self.net.now))
+        self._down.add(peer)
+
+    def resume(self, peer: PeerID) -> None:
+        """SIGCONT after :meth:`stall`."""
+        self.net.resume(peer)
+        self.peers[peer].faults[-1].end = self.net.now
+        self._down.discard(peer)
+
+    def restart(self, peer: PeerID, *, contact: PeerID) -> SwarmPeer:
+        """Start a crashed peer again: same PeerID and address, fresh process state."""
+        fault = self.peers[peer].faults[-1]
+        fault.end = self.net.now
+        return self.spawn(contact=contact, peer_id=peer)
+
+    def leave(self, peer: PeerID) -> None:
+        """Graceful leave, then the process exits."""
+        self.call(peer, self.peers[peer].machine.leave)
+        self.net.crash(peer)
+        self.peers[peer].faults.append(_Fault(self.net.now))
+        self._down.add(peer)
+
+    def call(self, peer: PeerID, action: Callable[[float], object]) -> None:
+        """Run ``action(now)`` on ``peer``'s machine and send what it queued, as a driver would."""
+        machine = self.peers[peer].machine
+        action(self.net.now)
+        for out in machine.take_outgoing():
+            self.net.inject(peer, out.to, out.protocol, out.message)
+        for event in machine.take_events():
+            self.net.events.append((self.net.now, peer, event))
+
+    def partition(self, groups: Iterable[Iterable[PeerID]]) -> None:
+        """Split the network; messages across groups are lost silently."""
+        self.net.partition(groups)
+
+    def heal(self) -> None:
+        """End the partition."""
+        self.net.heal()
+
+    # ------------------------------------------------------------------ questions
+    def running(self) -> list[PeerID]:
+        """Peers whose process is running and not stalled."""
+        return [p for p in self.peers if p not in self._down]
+
+    def healthy_at(self, peer: PeerID, when: float) -> bool:
+        """Was ``peer`` running (not crashed, stalled, left) at ``when``?"""
+        for fault in self.peers[peer].faults:
+            if fault.start <= when and (fault.end is None or when < fault.end):
+                return False
+        return peer in self.peers
+
+    def converged(self) -> bool:
+        """Every running peer sees exactly the running peers alive and every other peer gone."""
+        running = self.running()
+        live = set(running)
+        others = [p for p in self.peers if p not in live]
+        for p in running:
+            machine = self.peers[p].machine
+            state_of = machine.state_of
+            if any(state_of(q) is not MemberState.ALIVE for q in running):
+                return False
+            if any(state_of(q) not in _GONE for q in others):
+                return False
+        return True
+
+    def all_see(self, subject: PeerID, states: tuple[MemberState | None, ...]) -> bool:
+        """Every running peer other than ``subject`` holds ``subject`` in one of ``states``."""
+        return all(self.peers[p].machine.state_of(subject) in states for p in self.running() if p != subject)
+
+    def run_until(self, condition: Callable[[], bool], *, timeout_s: float, step_s: float = 0.05) -> float | None:
+        """Run until ``condition()`` holds; the virtual seconds it took, or ``None`` on timeout."""
+        start = self.net.now
+        ok = self.net.run_until_true(condition, timeout_s=timeout_s, step_s=step_s)
+        return self.net.now - start if ok else None
+
+    def false_suspicions(self, since: float = 0.0) -> int:
+        """PeerSuspected/PeerFailed events, raised by running peers, about peers that were healthy."""
+        count = 0
+        for at, observer, event in self.net.events:
+            if at < since or not isinstance(event, (PeerSuspected, PeerFailed)):
+                continue
+            if self.healthy_at(observer, at) and self.healthy_at(event.peer, at):
+                count += 1
+        return count
+
+    def detection_times(self, subject: PeerID, since: float) -> list[float]:
+        """For each observer, seconds from ``since`` to its first PeerFailed about ``subject``."""
+        first: dict[PeerID, float] = {}
+        for at, observer, event in self.net.events:
+            if at >= since and isinstance(event, PeerFailed) and event.peer == subject and observer not in first:
+                first[observer] = at - since
+        return sorted(first.values())
