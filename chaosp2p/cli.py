@@ -10,48 +10,28 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sys
-from pathlib import Path
-from typing import Any
 
 import anyio
 import click
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
 from chaosp2p import __version__
 from chaosp2p.api import open_peer
+from chaosp2p.cli_common import (
+    BACKENDS,
+    announce_ready,
+    fail,
+    load_config,
+    peer_options,
+    setup_logging,
+)
+from chaosp2p.cli_state import state as state_commands
 from chaosp2p.errors import ChaosError, ConfigError
-from chaosp2p.runtime.config import PROFILES, PeerConfig
+from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import request_status
 from chaosp2p.runtime.status import StatusReport
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key, write_swarm_key
-
-console = Console(stderr=True)
-BACKENDS = ("trio", "asyncio")
-
-
-def _setup_logging(level: str) -> None:
-    if console.is_terminal:
-        handler: logging.Handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
-        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
-    else:  # logs going to a file or a pipe: one plain line per record, easy to grep
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
-
-
-def _load_config(profile: str, **changes: Any) -> PeerConfig:
-    changes = {k: v for k, v in changes.items() if v not in (None, ())}
-    if profile.endswith(".toml") or Path(profile).is_file():
-        return PeerConfig.from_toml(profile, **changes)
-    return PeerConfig.profile_named(profile, **changes)
-
-
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    sys.exit(2)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,41 +42,7 @@ def main() -> None:
 
 # ---------------------------------------------------------------------------------------------- peer
 @main.command()
-@click.option(
-    "--listen",
-    "listen",
-    multiple=True,
-    metavar="MULTIADDR",
-    help="Address to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (repeatable). Default: the profile's.",
-)
-@click.option(
-    "--bootstrap",
-    "bootstrap",
-    multiple=True,
-    metavar="MULTIADDR",
-    help="A peer to join through, e.g. /ip4/10.0.0.5/tcp/4001/p2p/12D3KooW... (repeatable).",
-)
-@click.option(
-    "--identity",
-    "identity_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Ed25519 key file; created with mode 0600 if missing, so the PeerID stays stable.",
-)
-@click.option(
-    "--swarm-key",
-    "swarm_key_path",
-    type=click.Path(dir_okay=False, exists=True),
-    default=None,
-    help="Pre-shared swarm key: only peers with the same key can connect.",
-)
-@click.option(
-    "--profile",
-    default="local",
-    show_default=True,
-    metavar="NAME|FILE.toml",
-    help=f"Built-in profile ({', '.join(PROFILES)}) or a TOML profile file such as peers/lan.toml.",
-)
+@peer_options
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False),
@@ -106,7 +52,6 @@ def main() -> None:
 @click.option(
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
-@click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS))
 def peer(
     listen: tuple[str, ...],
     bootstrap: tuple[str, ...],
@@ -118,33 +63,23 @@ def peer(
     backend: str,
 ) -> None:
     """Run a peer until interrupted (Ctrl-C or SIGTERM shut it down cleanly)."""
-    _setup_logging(log_level)
+    setup_logging(log_level)
     try:
-        config = _load_config(
+        config = load_config(
             profile, listen=listen, bootstrap=bootstrap, identity_path=identity_path, swarm_key_path=swarm_key_path
         )
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         anyio.run(_run_peer, config, ready_file, backend=backend)
     except ChaosError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 async def _run_peer(config: PeerConfig, ready_file: str | None) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_peer(config) as node:
-            click.echo(f"peer id: {node.peer_id}")
-            for addr in node.addrs:
-                click.echo(f"listening on {addr}")
-            sys.stdout.flush()
-            if ready_file:
-                # Write then rename, so a script polling for the file never reads half of it.
-                partial = anyio.Path(ready_file + ".partial")
-                await partial.write_text(
-                    json.dumps({"peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
-                )
-                await partial.rename(ready_file)
+            await announce_ready(node.peer_id, node.addrs, ready_file)
             async for signum in signals:
                 logging.getLogger("chaosp2p.peer").info("received %s, shutting down", signal.Signals(signum).name)
                 break
@@ -165,14 +100,14 @@ async def _run_peer(config: PeerConfig, ready_file: str | None) -> None:
 @click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS))
 def status(addr: str, as_json: bool, swarm_key_path: str | None, timeout_s: float, backend: str) -> None:
     """Ask the peer at MULTIADDR for its id, addresses, connections and uptime."""
-    _setup_logging("warning")
+    setup_logging("warning")
     try:
         swarm_key = load_swarm_key(swarm_key_path) if swarm_key_path else None
         report = anyio.run(_status, addr, swarm_key, timeout_s, backend=backend)
     except TimeoutError:
-        _fail(f"no status answer from {addr} within {timeout_s:g} s")
+        fail(f"no status answer from {addr} within {timeout_s:g} s")
     except ChaosError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -225,7 +160,7 @@ def keygen(path: str) -> None:
     try:
         identity = load_or_create_identity(path)
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     click.echo(str(identity.peer_id))
 
 
@@ -236,7 +171,7 @@ def swarm_key(path: str) -> None:
     try:
         write_swarm_key(path)
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     click.echo(f"wrote swarm key to {path} (mode 0600)")
 
 
@@ -248,14 +183,16 @@ def demo(peer_count: int, backend: str) -> None:
     """Run a local swarm on loopback with the built-in defaults and narrate what happens."""
     from chaosp2p.demo import run_demo
 
-    _setup_logging("warning")
+    setup_logging("warning")
     if peer_count < 2:
-        _fail("the demo needs at least 2 peers")
+        fail("the demo needs at least 2 peers")
     try:
         anyio.run(run_demo, peer_count, Console(), backend=backend)
     except ChaosError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
+
+main.add_command(state_commands)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -75,8 +75,10 @@ class DHTService:
             task_group=task_group,
             resolve=machine.known_multiaddrs,
             on_event=self._on_event,
+            after_flush=self._after_flush,
             name="dht",
         )
+        self._changed = anyio.Event()
         host.on_connection_change(self._on_connection)
 
     def start(self, bootstrap: Sequence[Multiaddr]) -> None:
@@ -128,7 +130,21 @@ class DHTService:
         """The DHT machine's counters."""
         return self.machine.statistics()
 
+    @property
+    def ready(self) -> bool:
+        """True once the routing table knows at least one other peer."""
+        return len(self.machine.routing_table) > 0
+
+    async def wait_ready(self) -> None:
+        """Return once the routing table knows another peer (bound it with ``anyio.fail_after``)."""
+        while not self.ready:
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
     # ------------------------------------------------------------------ plumbing
+    def _after_flush(self) -> None:
+        self._changed.set()
+
     async def _run(self, start: Callable[[float], int], kind: type[R]) -> R:
         done = anyio.Event()
         # Register the waiter before flushing: an operation answered from local state completes

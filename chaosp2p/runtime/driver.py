@@ -56,6 +56,7 @@ class MachineDriver:
         task_group: anyio.abc.TaskGroup,
         resolve: AddressResolver | None = None,
         on_event: EventSink | None = None,
+        after_flush: Callable[[], None] | None = None,
         name: str = "machine",
     ) -> None:
         self.host = host
@@ -66,6 +67,7 @@ class MachineDriver:
         self._task_group = task_group
         self._resolve = resolve or (lambda peer: ())
         self._on_event = on_event or (lambda event: None)
+        self._after_flush = after_flush
         self._wake = anyio.Event()
         self._queues: dict[PeerID, deque[tuple[str, bytes]]] = {}
         self._senders: set[PeerID] = set()
@@ -106,6 +108,8 @@ class MachineDriver:
                     self._on_event(event)
                 except Exception:
                     log.exception("%s event handler failed", self.name)
+        if self._after_flush is not None:
+            self._after_flush()
         self._wake.set()
 
     # ------------------------------------------------------------------ timers

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 
 from chaosp2p.errors import ChaosError, ConfigError, TransferError
@@ -30,6 +31,8 @@ from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.state")
 
+ANNOUNCE_RETRY_MIN_S = 0.5
+ANNOUNCE_RETRY_MAX_S = 30.0
 DEFAULT_BANDWIDTH_BYTES_PER_S = 100e6
 """Assumed link bandwidth when the cluster monitor has no estimate yet (work stealing corrects it)."""
 
@@ -65,22 +68,45 @@ class StateService:
         self.config = config
         self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node._task_group)
         self.store: SnapshotStore | None = None
+        self._announced: dict[str, anyio.Event] = {}
 
     async def serve(self, store: SnapshotStore, *, runs: Iterable[str] = ()) -> None:
-        """Offer ``store``'s snapshots and announce this peer as a provider of ``runs``."""
+        """Offer ``store``'s snapshots and announce this peer as a provider of ``runs``.
+
+        Announcing happens in the background (the DHT may still be bootstrapping) and is retried
+        until at least one DHT peer holds the provider record; :meth:`wait_announced` waits for it.
+        """
         self.store = store
         self.server.offer(store)
         for run in runs:
-            await self.announce(run)
+            key = run_provider_key(run)  # validates the run id before anything starts
+            if run not in self._announced:
+                self._announced[run] = anyio.Event()
+                self._node._task_group.start_soon(self._announce_until_heard, run, key, name=f"announce {run}")
 
-    async def announce(self, run: str) -> None:
-        """Tell the swarm (DHT provider record) that this peer serves ``run``."""
-        result = await self._node.dht.add_provider(run_provider_key(run))
-        if not result.ok:
-            log.warning("announcing run %r reached no DHT peer yet; it is retried on republish", run)
+    async def wait_announced(self, run: str) -> None:
+        """Return once the swarm's DHT holds this peer's provider record for ``run``."""
+        await self._announced[run].wait()
+
+    async def _announce_until_heard(self, run: str, key: bytes) -> None:
+        delay = ANNOUNCE_RETRY_MIN_S
+        while True:
+            await self._node.dht.wait_ready()
+            result = await self._node.dht.add_provider(key)
+            if result.ok:
+                log.info("announced run %r to %d DHT peers", run, result.accepted)
+                self._announced[run].set()
+                return
+            log.warning("announcing run %r reached no DHT peer; retrying in %.1f s", run, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, ANNOUNCE_RETRY_MAX_S)
 
     async def find_sources(self, run: str, *, limit: int) -> list[SourceAddress]:
         """Providers of ``run`` from the DHT (ourselves excluded), best links first."""
+        with anyio.move_on_after(self._node.config.transport.connect_timeout_s * 4):
+            await self._node.dht.wait_ready()
+        if not self._node.dht.ready:
+            raise TransferError("cannot look up sources: this peer reached no DHT peer (check --bootstrap)")
         providers = await self._node.dht.get_providers(run_provider_key(run))
         sources = []
         for record in providers:
@@ -139,9 +165,7 @@ class StateService:
             state = result.staging.commit(completed)
         return LoadedState(run=run, step=completed.step, state=state, completed=completed, result=result)
 
-    async def _sources(
-        self, run: str, explicit: Sequence[Multiaddr | str] | None, limit: int
-    ) -> list[SourceAddress]:
+    async def _sources(self, run: str, explicit: Sequence[Multiaddr | str] | None, limit: int) -> list[SourceAddress]:
         if explicit is None:
             return await self.find_sources(run, limit=limit)
         chosen = []

@@ -1,0 +1,105 @@
+"""Pieces every ``chaosp2p`` command shares: logging, profiles, peer options, errors, ready files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import anyio
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+
+from chaosp2p.runtime.config import PROFILES, PeerConfig
+from chaosp2p.wire.multiaddr import Multiaddr
+
+console = Console(stderr=True)
+BACKENDS = ("trio", "asyncio")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def setup_logging(level: str) -> None:
+    """Rich logs on a terminal; one plain, greppable line per record when logging to a file or pipe."""
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+def load_config(profile: str, **changes: Any) -> PeerConfig:
+    """A PeerConfig from a built-in profile name or a TOML file, with command-line changes on top."""
+    changes = {k: v for k, v in changes.items() if v not in (None, ())}
+    if profile.endswith(".toml") or Path(profile).is_file():
+        return PeerConfig.from_toml(profile, **changes)
+    return PeerConfig.profile_named(profile, **changes)
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``message`` as an error and exit with status 2."""
+    console.print(f"[bold red]error:[/] {message}")
+    sys.exit(2)
+
+
+def peer_options(function: F) -> F:
+    """Options of every command that runs a peer: addresses, identity, admission, profile, backend."""
+    options = [
+        click.option(
+            "--listen",
+            "listen",
+            multiple=True,
+            metavar="MULTIADDR",
+            help="Address to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (repeatable). Default: the profile's.",
+        ),
+        click.option(
+            "--bootstrap",
+            "bootstrap",
+            multiple=True,
+            metavar="MULTIADDR",
+            help="A peer to join through, e.g. /ip4/10.0.0.5/tcp/4001/p2p/12D3KooW... (repeatable).",
+        ),
+        click.option(
+            "--identity",
+            "identity_path",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Ed25519 key file; created with mode 0600 if missing, so the PeerID stays stable.",
+        ),
+        click.option(
+            "--swarm-key",
+            "swarm_key_path",
+            type=click.Path(dir_okay=False, exists=True),
+            default=None,
+            help="Pre-shared swarm key: only peers with the same key can connect.",
+        ),
+        click.option(
+            "--profile",
+            default="local",
+            show_default=True,
+            metavar="NAME|FILE.toml",
+            help=f"Built-in profile ({', '.join(PROFILES)}) or a TOML profile file such as peers/lan.toml.",
+        ),
+        click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS)),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+async def announce_ready(peer_id: object, addrs: Sequence[Multiaddr], ready_file: str | None) -> None:
+    """Print the peer's id and addresses, and write them to ``ready_file`` (atomically) if given."""
+    click.echo(f"peer id: {peer_id}")
+    for addr in addrs:
+        click.echo(f"listening on {addr}")
+    sys.stdout.flush()
+    if ready_file:
+        # Write then rename, so a script polling for the file never reads half of it.
+        partial = anyio.Path(ready_file + ".partial")
+        await partial.write_text(json.dumps({"peer_id": str(peer_id), "addrs": [str(a) for a in addrs]}))
+        await partial.rename(ready_file)

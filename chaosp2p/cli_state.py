@@ -1,0 +1,193 @@
+"""``chaosp2p state serve`` and ``chaosp2p state pull``: seed and fetch checkpoints through the swarm."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+import anyio
+import click
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from chaosp2p.api import open_peer
+from chaosp2p.cli_common import announce_ready, console, fail, load_config, peer_options, setup_logging
+from chaosp2p.errors import ChaosError, ConfigError
+from chaosp2p.protocols.transfer import TransferProgress
+from chaosp2p.runtime.config import PeerConfig
+from chaosp2p.state.checkpoint_file import read_checkpoint, write_checkpoint
+from chaosp2p.state.snapshot import SnapshotStore
+
+
+@click.group()
+def state() -> None:
+    """Seed and fetch training state (checkpoints) through the swarm."""
+
+
+@state.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False, exists=True))
+@click.option("--run", "run", required=True, help="Training run id the state belongs to.")
+@click.option("--step", default=0, show_default=True, help="Training step (version) of this state.")
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write {peer_id, addrs} as JSON here once serving.",
+)
+@peer_options
+def serve(
+    checkpoint: str, run: str, step: int, ready_file: str | None, backend: str, profile: str, **peer: Any
+) -> None:
+    """Serve CHECKPOINT (.npz, .pt) as run RUN's state to newcomers until interrupted."""
+    setup_logging("info")
+    try:
+        config = load_config(profile, **peer)
+        flat = read_checkpoint(checkpoint)
+        store = SnapshotStore(config.transfer)
+        info = store.publish(run, step, flat)
+    except ConfigError as exc:
+        fail(str(exc))
+    console.print(
+        f"serving run [bold]{run}[/] step {step}: {info.total_bytes / 2**20:.1f} MiB, {len(flat.arrays)} arrays"
+    )
+    try:
+        anyio.run(_serve, config, store, run, ready_file, backend=backend)
+    except ChaosError as exc:
+        fail(str(exc))
+
+
+async def _serve(config: PeerConfig, store: SnapshotStore, run: str, ready_file: str | None) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_peer(config) as peer:
+            await peer.serve_state(store, runs=[run])
+            await announce_ready(peer.peer_id, peer.addrs, ready_file)
+            async for _ in signals:
+                break
+
+
+@state.command()
+@click.option("--run", "run", required=True, help="Training run id to fetch.")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Where to write it (.npz or .pt).")
+@click.option("--step", type=int, default=None, help="A particular step (default: the newest all sources hold).")
+@click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    metavar="MULTIADDR",
+    help="Pull from these peers instead of looking the run up in the DHT (repeatable).",
+)
+@click.option("--max-sources", default=8, show_default=True, help="Use at most this many sources.")
+@click.option(
+    "--resume",
+    "resume_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Remember verified chunks here so an interrupted pull resumes.",
+)
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Give up after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of a table.")
+@peer_options
+def pull(
+    run: str,
+    out: str,
+    step: int | None,
+    sources: tuple[str, ...],
+    max_sources: int,
+    resume_path: str | None,
+    timeout_s: float,
+    as_json: bool,
+    backend: str,
+    profile: str,
+    **peer: Any,
+) -> None:
+    """Fetch run RUN's state from several peers in parallel and write it to --out."""
+    setup_logging("warning")
+    if not sources and not peer.get("bootstrap"):
+        fail("give --bootstrap (to find the run's sources in the DHT) or --source")
+    try:
+        config = load_config(profile, **peer)
+        summary = anyio.run(
+            _pull, config, run, out, step, sources, max_sources, resume_path, timeout_s, as_json, backend=backend
+        )
+    except TimeoutError:
+        fail(f"the pull did not finish within {timeout_s:g} s")
+    except ChaosError as exc:
+        fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        console.print(
+            f"wrote run [bold]{run}[/] step {summary['step']} to {out}: {summary['bytes'] / 2**20:.1f} MiB in "
+            f"{summary['seconds']:.2f} s ({summary['bytes_per_s'] / 1e6:.0f} MB/s) "
+            f"from {len(summary['sources'])} sources"
+        )
+
+
+async def _pull(
+    config: PeerConfig,
+    run: str,
+    out: str,
+    step: int | None,
+    sources: tuple[str, ...],
+    max_sources: int,
+    resume_path: str | None,
+    timeout_s: float,
+    quiet: bool,
+) -> dict[str, Any]:
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[detail]}"),
+        console=console,
+        disable=quiet,
+    )
+    bar: TaskID | None = None
+
+    def update(report: TransferProgress) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress.add_task(f"{run} step {report.step}", total=report.bytes_total, detail="")
+        active = [s for s in report.sources if s.active]
+        detail = "  ".join(f"{s.peer.short()} {s.rate_bytes_per_s / 1e6:.0f} MB/s" for s in active[:4])
+        progress.update(bar, completed=report.bytes_done, detail=detail)
+
+    started = time.perf_counter()
+    with anyio.fail_after(timeout_s):
+        async with open_peer(config) as peer:
+            with progress:
+                loaded = await peer.load_state(
+                    run,
+                    step=step,
+                    sources=list(sources) or None,
+                    max_sources=max_sources,
+                    progress=update,
+                    resume_path=resume_path,
+                )
+                if bar is not None:
+                    progress.update(bar, completed=loaded.completed.manifest.total_bytes)
+    elapsed = time.perf_counter() - started
+    await anyio.to_thread.run_sync(write_checkpoint, out, loaded.state)
+    total = loaded.completed.manifest.total_bytes
+    return {
+        "run": run,
+        "step": loaded.step,
+        "out": out,
+        "bytes": total,
+        "seconds": elapsed,
+        "bytes_per_s": total / elapsed if elapsed > 0 else None,
+        "sources": {str(peer): count for peer, count in loaded.completed.bytes_by_source},
+        "penalised": [str(p.source) for p in loaded.result.penalised],
+        "dropped": [str(d.source) for d in loaded.result.dropped],
+    }
