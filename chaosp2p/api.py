@@ -77,9 +77,7 @@ class AsyncPeer(Node):
             resume_path=resume_path,
         )
 
-    async def load_torch_state(
-        self, run: str, model: Any, optimizer: Any = None, **options: Any
-    ) -> LoadedState:
+    async def load_torch_state(self, run: str, model: Any, optimizer: Any = None, **options: Any) -> LoadedState:
         """:meth:`load_state`, then load the result into ``model`` and ``optimizer`` (checked first)."""
         loaded = await self.load_state(run, **options)
         load_into_torch(loaded, model, optimizer)
