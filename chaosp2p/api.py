@@ -20,11 +20,11 @@ import anyio.abc
 import numpy as np
 
 from chaosp2p.clock import Clock
+from chaosp2p.protocols.transfer import SnapshotCatalog
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import Node, open_node
 from chaosp2p.state.download import ProgressCallback
 from chaosp2p.state.service import LoadedState, StateService, load_into_torch
-from chaosp2p.state.snapshot import SnapshotStore
 from chaosp2p.transport.host import Host
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -39,7 +39,7 @@ class AsyncPeer(Node):
         super().__init__(config=config, host=host, task_group=task_group, clock=clock, rng=rng)
         self.state = StateService(self, config.transfer)
 
-    async def serve_state(self, store: SnapshotStore, *, runs: Iterable[str] = ()) -> None:
+    async def serve_state(self, store: SnapshotCatalog, *, runs: Iterable[str] = ()) -> None:
         """Offer the snapshots in ``store`` to newcomers and announce this peer for ``runs``.
 
         Keep training while serving: publish new steps with ``store.publish(run, step, arrays)``

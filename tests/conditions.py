@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -16,4 +16,13 @@ async def eventually(condition: Callable[[], bool], *, timeout_s: float = 10.0, 
     """
     with anyio.fail_after(timeout_s):
         while not condition():  # noqa: ASYNC110 - see the docstring
+            await anyio.sleep(interval_s)
+
+
+async def eventually_async(
+    condition: Callable[[], Awaitable[bool]], *, timeout_s: float = 10.0, interval_s: float = 0.1
+) -> None:
+    """:func:`eventually` for a condition that must itself talk to the network (e.g. a DHT lookup)."""
+    with anyio.fail_after(timeout_s):
+        while not await condition():  # noqa: ASYNC110 - polling a remote state, see eventually()
             await anyio.sleep(interval_s)

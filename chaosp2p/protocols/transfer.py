@@ -694,6 +694,7 @@ class _Source:
     window_bytes: int = 0
     planned_rate: float = 0.0
     bytes_verified: int = 0
+    dropped_because: str = ""
 
     @property
     def peer(self) -> PeerID:
@@ -1084,6 +1085,7 @@ class PullMachine:
         if release and src.lease_id is not None and src.status in (_SourceStatus.LEASED, _SourceStatus.OPENING):
             self._outgoing.append(Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id)))
         src.status = _SourceStatus.UNUSED if reason in (DropReason.NO_VERSION,) else _SourceStatus.DROPPED
+        src.dropped_because = f"{reason.value}: {detail}" if detail else reason.value
         if penalty is not None:
             self._events.append(SourcePenalised(source=src.peer, reason=penalty, detail=detail))
         self._events.append(SourceDropped(source=src.peer, reason=reason, detail=detail))
@@ -1465,7 +1467,10 @@ class PullMachine:
         # Quarantined payloads may still verify their chunks; only give up once they are settled.
         if not any(s.quarantine_until is not None for s in self._sources.values()):
             missing = sum(1 for state in self._chunk_state if state != _VERIFIED)
-            self._fail(now, TransferError(f"all sources failed with {missing} chunks missing"))
+            why = "; ".join(
+                f"{src.peer.short()} {src.dropped_because}" for src in self._sources.values() if src.dropped_because
+            )
+            self._fail(now, TransferError(f"all sources failed with {missing} chunks missing ({why})"))
 
     def _assign_orphans(self, now: float) -> None:
         """Give chunks freed outside a replan to the sources that would finish them first."""

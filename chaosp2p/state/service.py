@@ -19,13 +19,12 @@ import anyio
 import numpy as np
 
 from chaosp2p.errors import ChaosError, ConfigError, TransferError
-from chaosp2p.protocols.transfer import Completed
+from chaosp2p.protocols.transfer import Completed, SnapshotCatalog
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.runtime.node import Node
 from chaosp2p.state.download import ProgressCallback, PullResult, SourceAddress, StagingFactory, pull_state
 from chaosp2p.state.manifest import FlatState
 from chaosp2p.state.serve import StateServer
-from chaosp2p.state.snapshot import SnapshotStore
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -67,10 +66,10 @@ class StateService:
         self._node = node
         self.config = config
         self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node._task_group)
-        self.store: SnapshotStore | None = None
+        self.store: SnapshotCatalog | None = None
         self._announced: dict[str, anyio.Event] = {}
 
-    async def serve(self, store: SnapshotStore, *, runs: Iterable[str] = ()) -> None:
+    async def serve(self, store: SnapshotCatalog, *, runs: Iterable[str] = ()) -> None:
         """Offer ``store``'s snapshots and announce this peer as a provider of ``runs``.
 
         Announcing happens in the background (the DHT may still be bootstrapping) and is retried

@@ -2,7 +2,10 @@
 
 anyio task groups wrap whatever escapes them in an exception group. When exactly one error
 escaped -- the common case, e.g. ``AdmissionDenied`` raised inside ``async with open_peer(...)`` --
-callers should see that error itself, so ``except ChaosError`` works as documented.
+callers should see that error itself, so ``except ChaosError`` works as documented. When several
+tasks failed *only* with chaosp2p errors (a reader and a writer both seeing the same connection
+drop), the first one stands for all of them. Anything else -- a cancellation among them, or a bug
+-- stays a group, so nothing is silently swallowed.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from chaosp2p.errors import ChaosError
 
 if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
     from exceptiongroup import BaseExceptionGroup
@@ -25,13 +30,22 @@ def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException | No
     return current
 
 
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
 @contextmanager
 def unwrap_single_error() -> Iterator[None]:
-    """Re-raise a lone exception from an exception group as itself."""
+    """Re-raise a lone exception, or the first of several chaosp2p errors, from an exception group."""
     try:
         yield
     except BaseExceptionGroup as group:
         error = single_error(group)
         if error is None:
-            raise
+            leaves = _leaves(group)
+            if not all(isinstance(leaf, ChaosError) for leaf in leaves):
+                raise
+            error = leaves[0]
         raise error from error.__cause__

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 READY_TIMEOUT_S = 20.0
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, timeout_s: float = 30.0, check: bool = False) -> subprocess.CompletedProcess[str]:
@@ -99,20 +100,14 @@ class Swarm:
         extra: Sequence[str] = (),
         wait_ready: bool = True,
         identity: Path | None = None,
+        command: Sequence[str] = ("peer", "--listen", "/ip4/127.0.0.1/tcp/0"),
+        module: str = "chaosp2p",
     ) -> PeerProcess:
+        """Start ``python -m MODULE COMMAND ... --ready-file F`` and wait until it listens."""
         workdir = self.root / f"peer{len(self.peers)}"
         workdir.mkdir()
         ready = workdir / "ready.json"
-        args = [
-            sys.executable,
-            "-m",
-            "chaosp2p",
-            "peer",
-            "--listen",
-            "/ip4/127.0.0.1/tcp/0",
-            "--ready-file",
-            str(ready),
-        ]
+        args = [sys.executable, "-m", module, *command, "--ready-file", str(ready)]
         for addr in bootstrap:
             args += ["--bootstrap", addr]
         if identity is not None:
@@ -120,17 +115,19 @@ class Swarm:
         args += list(extra)
         with (workdir / "stdout.log").open("w") as stdout, (workdir / "stderr.log").open("w") as stderr:
             # The child keeps its own copies of the descriptors; ours close right away.
-            process = subprocess.Popen(args, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, text=True)
+            process = subprocess.Popen(
+                args, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, text=True, cwd=ROOT
+            )
         peer = PeerProcess(process, workdir)
         self.peers.append(peer)
         if wait_ready:
             wait_until(
                 lambda: ready.exists() or process.poll() is not None,
                 timeout_s=READY_TIMEOUT_S,
-                what=f"peer {len(self.peers)} to listen",
+                what=f"process {len(self.peers)} to listen",
             )
             if process.poll() is not None:
-                pytest.fail(f"peer exited with {process.returncode}: {peer.log()}")
+                pytest.fail(f"process exited with {process.returncode}: {peer.log()}")
             info = json.loads(ready.read_text())
             peer.peer_id, peer.addrs = info["peer_id"], info["addrs"]
         return peer

@@ -1,0 +1,165 @@
+"""End to end: state served by real ``chaosp2p state serve`` processes, pulled by a newcomer.
+
+Sources are separate processes on 127.0.0.1 whose uploads are capped (so a pull takes long enough
+to interrupt it halfway); the newcomer is either the ``chaosp2p state pull`` command or, where the
+test must act at a precise moment, a peer inside the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from chaosp2p import PeerConfig, open_peer
+from chaosp2p.api import AsyncPeer
+from chaosp2p.errors import TransferError
+from chaosp2p.protocols.transfer import TransferProgress
+
+from ..conditions import eventually_async
+from .processes import PeerProcess, Swarm, cli, swarm
+
+__all__ = ["swarm"]
+
+RUN = "e2e-run"
+STEP = 42
+UPLOAD_CAP_BYTES_PER_S = 24_000_000
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """~48 MiB of model + Adam-like state in an .npz, several tensors, odd sizes included."""
+    rng = np.random.default_rng(7)
+    path = tmp_path_factory.mktemp("ckpt") / "model.npz"
+    arrays = {
+        "layer1.weight": rng.standard_normal((1024, 4096), dtype=np.float32),
+        "layer1.weight.exp_avg": rng.standard_normal((1024, 4096), dtype=np.float32),
+        "layer1.weight.exp_avg_sq": rng.random((1024, 4096), dtype=np.float32),
+        "layer1.bias": rng.standard_normal(4096).astype(np.float64),
+        "step": np.array(STEP, dtype=np.int64),
+        "odd": rng.integers(0, 255, size=12345, dtype=np.uint8),
+    }
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.fixture
+def capped_profile(tmp_path: Path) -> Path:
+    path = tmp_path / "capped.toml"
+    path.write_text(f'profile = "local"\n[transport]\nmax_upload_bytes_per_s = {UPLOAD_CAP_BYTES_PER_S}\n')
+    return path
+
+
+def same_arrays(a: Path, b: Path) -> bool:
+    with np.load(a) as left, np.load(b) as right:
+        return set(left.files) == set(right.files) and all(np.array_equal(left[k], right[k]) for k in left.files)
+
+
+def start_sources(swarm: Swarm, checkpoint: Path, count: int, profile: Path | None = None) -> Iterator[PeerProcess]:
+    first: PeerProcess | None = None
+    for _ in range(count):
+        extra = ["--profile", str(profile)] if profile is not None else []
+        source = swarm.start(
+            command=("state", "serve", str(checkpoint), "--run", RUN, "--step", str(STEP)),
+            bootstrap=[first.addr] if first else [],
+            extra=extra,
+        )
+        first = first or source
+        yield source
+
+
+async def providers_known(peer: AsyncPeer, count: int) -> None:
+    """Wait until the DHT lists ``count`` providers (they announce in the background after bootstrap)."""
+
+    async def enough() -> bool:
+        return len(await peer.state.find_sources(RUN, limit=64)) >= count
+
+    await eventually_async(enough, timeout_s=20)
+
+
+def test_four_sources_newcomer_loads_bit_exact_through_the_cli(swarm: Swarm, checkpoint: Path, tmp_path: Path) -> None:
+    sources = list(start_sources(swarm, checkpoint, 4))
+    out = tmp_path / "pulled.npz"
+
+    def pulled() -> bool:
+        result = cli("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", sources[0].addr, "--json",
+                     timeout_s=60)
+        if result.returncode != 0:
+            return False
+        summary = json.loads(result.stdout)
+        return len(summary["sources"]) == 4  # retried until all four have announced themselves
+
+    from .processes import wait_until
+
+    wait_until(pulled, timeout_s=30, what="a pull that uses all four sources", interval_s=0.5)
+    assert same_arrays(checkpoint, out)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_source_killed_halfway_the_load_still_completes_bit_exact(
+    swarm: Swarm, checkpoint: Path, capped_profile: Path, tmp_path: Path
+) -> None:
+    sources = list(start_sources(swarm, checkpoint, 4, capped_profile))
+    by_id = {s.peer_id: s for s in sources}
+    killed: list[str] = []
+
+    def kill_one_at_half(report: TransferProgress) -> None:
+        if killed or report.fraction < 0.5:
+            return
+        active = [s for s in report.sources if s.active and s.bytes_done > 0]
+        victim = by_id[str(active[0].peer)]
+        victim.signal(signal.SIGKILL)
+        killed.append(victim.peer_id)
+
+    async with open_peer(PeerConfig.local(bootstrap=(sources[0].addr,))) as newcomer:
+        await providers_known(newcomer, 4)
+        with anyio.fail_after(60):
+            loaded = await newcomer.load_state(RUN, progress=kill_one_at_half)
+    assert killed, "the transfer finished before any source could be killed"
+    assert killed[0] in {str(d.source) for d in loaded.result.dropped}
+    assert loaded.step == STEP
+    with np.load(checkpoint) as original:
+        for name in original.files:
+            assert np.array_equal(loaded.arrays[name], original[name]), name
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_corrupt_source_is_detected_penalised_and_worked_around(
+    swarm: Swarm, checkpoint: Path, tmp_path: Path
+) -> None:
+    good = list(start_sources(swarm, checkpoint, 3))
+    corrupt = swarm.start(
+        module="tests.e2e.corrupt_source",
+        command=(str(checkpoint), "--run", RUN, "--step", str(STEP)),
+        bootstrap=[good[0].addr],
+    )
+    async with open_peer(PeerConfig.local(bootstrap=(good[0].addr,))) as newcomer:
+        addrs = [s.addr for s in [*good, corrupt]]
+        with anyio.fail_after(60):
+            loaded = await newcomer.load_state(RUN, sources=addrs)
+    assert corrupt.peer_id in {str(p.source) for p in loaded.result.penalised}
+    assert all(str(p.source) == corrupt.peer_id for p in loaded.result.penalised)
+    with np.load(checkpoint) as original:
+        for name in original.files:
+            assert np.array_equal(loaded.arrays[name], original[name]), name
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_existing_state_is_untouched_when_the_only_source_lies(swarm: Swarm, checkpoint: Path) -> None:
+    corrupt = swarm.start(
+        module="tests.e2e.corrupt_source", command=(str(checkpoint), "--run", RUN, "--step", str(STEP))
+    )
+    with np.load(checkpoint) as original:
+        live = {name: np.zeros_like(original[name]) for name in original.files}
+    async with open_peer(PeerConfig.local()) as newcomer:
+        with anyio.fail_after(60), pytest.raises(TransferError, match=r"all sources failed.*corrupt"):
+            await newcomer.load_state(RUN, sources=[corrupt.addr], into=live)
+    assert all(not array.any() for array in live.values())  # nothing was written into the live state
