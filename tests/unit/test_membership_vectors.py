@@ -53,6 +53,7 @@ EXPECTED: dict[str, Message] = {
         updates=(ALIVE_A, MemberUpdate(kind=UpdateKind.SUSPECT, peer=B, incarnation=5, origin=A)),
         infos=(INFO_A,),
         digest=0x0123456789ABCDEF,
+        info_digest=0x7EDCBA9876543210,
     ),
     "ack": Ack(seq=7),
     "ping-req": PingReq(seq=9, target=B),

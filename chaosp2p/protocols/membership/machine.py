@@ -101,10 +101,12 @@ _PROBE, _HEARTBEAT, _CHECK = 0, 1, 2
 
 _RTT_ALPHA = 0.125  # TCP's SRTT gain
 _BANDWIDTH_ALPHA = 0.3
-_INFO_CHANGE = 0.25  # republish link summaries when a figure moved by a quarter
+_INFO_CHANGE = 0.25  # republish link summaries when a figure moved by a quarter...
+_INFO_RTT_FLOOR_S = 0.001  # ...and an RTT by a millisecond at least (LAN RTTs jitter by more than 25 %)
 _PUSH_PULL_EXPIRY_S_MULT = 4.0
 _DIGEST_QUIET_PROBES = 2  # our view must have been stable this many probe intervals before a digest sync
 _LINK_SAMPLE_MULT = 8  # link candidates sampled per refresh, per link slot
+_UPDATE_SIZE_ESTIMATE = 100  # bytes of one piggybacked update with one address, for the info budget
 
 
 @dataclass(slots=True)
@@ -117,6 +119,7 @@ class _Member:
     record: MemberUpdate
     suspected_at: float | None = None
     info: InfoUpdate | None = None
+    info_hash: int = 0  # _member_hash(peer, info.version), 0 without info
     rtt_s: float | None = None
     bandwidth: float | None = None
     bandwidth_at: float | None = None
@@ -281,6 +284,9 @@ class MembershipMachine:
         self._digest_changed_at = now
         self._last_digest_sync = -math.inf
         self._digest_toggle(now, local_peer, incarnation)
+        # The same over (peer, info version) of live members with info: the monitor's view.
+        self._info_digest = _member_hash(local_peer, 0)
+        self._info_digest_changed_at = now
 
         self._updates: BroadcastQueue[MemberUpdate] = BroadcastQueue()
         self._infos: BroadcastQueue[InfoUpdate] = BroadcastQueue()
@@ -646,7 +652,7 @@ class MembershipMachine:
         updates, infos = self._piggyback(sender)
         self._send(sender, Ack(seq=msg.seq, updates=updates, infos=infos))
         if msg.digest:
-            self._check_digest(now, sender, msg.digest)
+            self._check_digest(now, sender, msg.digest, msg.info_digest)
 
     def _on_ack(self, now: float, sender: PeerID, msg: Ack) -> None:
         self._apply_piggyback(now, sender, msg.updates, msg.infos)
@@ -756,6 +762,21 @@ class MembershipMachine:
         counters = self._counters
         peer = update.peer
         incarnation = update.incarnation
+        member = self._members.get(peer)
+        if member is not None and type(incarnation) is int:
+            # Fast path: most gossip is news we already hold (every update arrives many times).
+            if incarnation < member.incarnation:
+                return
+            if incarnation == member.incarnation and update.kind is member.record.kind:
+                if update.kind is not UpdateKind.SUSPECT:
+                    return
+                suspicion = self._suspicions.get(peer)
+                if (
+                    suspicion is None
+                    or len(suspicion.confirmers) > suspicion.k
+                    or (update.origin or sender) in suspicion.confirmers
+                ):
+                    return
         if type(incarnation) is not int or not 0 <= incarnation <= MAX_INCARNATION:
             counters.rejected_updates += 1
             return
@@ -763,7 +784,6 @@ class MembershipMachine:
             self._about_me(update, sender)
             return
         kind = update.kind
-        member = self._members.get(peer)
         if (
             merging
             and member is not None
@@ -845,15 +865,18 @@ class MembershipMachine:
         self._digest ^= _member_hash(peer, incarnation)
         self._digest_changed_at = now
 
-    def _check_digest(self, now: float, sender: PeerID, digest: int) -> None:
+    def _check_digest(self, now: float, sender: PeerID, digest: int, info_digest: int) -> None:
         # A prober's view differs from ours while ours has been quiet for a while: one of us missed
         # some gossip (the epidemic has a tail). Exchange full state, at most once per interval.
         cfg = self.config
-        if (
-            digest == self._digest
-            or now - self._last_digest_sync < cfg.digest_sync_interval_s
-            or now - self._digest_changed_at < _DIGEST_QUIET_PROBES * cfg.probe_interval_s
-        ):
+        if now - self._last_digest_sync < cfg.digest_sync_interval_s:
+            return
+        quiet = _DIGEST_QUIET_PROBES * cfg.probe_interval_s
+        members_differ = digest != self._digest and now - self._digest_changed_at >= quiet
+        infos_differ = (
+            info_digest != 0 and info_digest != self._info_digest and now - self._info_digest_changed_at >= quiet
+        )
+        if not (members_differ or infos_differ):
             return
         self._last_digest_sync = now
         self._send_push_pull(now, sender, join=False)
@@ -885,16 +908,17 @@ class MembershipMachine:
     def _apply_info(self, now: float, sender: PeerID, info: InfoUpdate) -> None:
         counters = self._counters
         version = info.version
+        member = self._members.get(info.peer)
+        if member is not None and member.info is not None and type(version) is int and version <= member.info.version:
+            return  # fast path: old news
         if type(version) is not int or not 0 <= version <= MAX_INCARNATION:
             counters.rejected_updates += 1
             return
         peer = info.peer
         if peer == self.local_peer:
             if version >= self._info_version and version + 1 < MAX_INCARNATION and info != self._self_info():
-                self._info_version = version  # _publish_info bumps past it
-                self._publish_info()
+                self._publish_info(past=version)
             return
-        member = self._members.get(peer)
         if member is None:
             counters.ignored_unknown += 1
             return
@@ -911,6 +935,11 @@ class MembershipMachine:
             counters.rejected_updates += 1
             return
         member.info = info
+        new_hash = _member_hash(peer, version)
+        if member.state in _LIVE:
+            self._info_digest ^= member.info_hash ^ new_hash
+            self._info_digest_changed_at = now
+        member.info_hash = new_hash
         self._infos.put(peer.raw, info, _info_size(info))
 
     # ================================================================== state changes
@@ -940,6 +969,9 @@ class MembershipMachine:
                 self._digest_toggle(now, member.peer, member.incarnation)
             if is_live:
                 self._digest_toggle(now, member.peer, incarnation)
+        if was_live != is_live and member.info_hash:
+            self._info_digest ^= member.info_hash
+            self._info_digest_changed_at = now
         if member.state is not state:
             self._alive_cache = None
             member.since = now
@@ -1038,6 +1070,8 @@ class MembershipMachine:
         if member.state in _LIVE:
             self._live_count -= 1
             self._digest_toggle(self._last_now, peer, member.incarnation)
+            self._info_digest ^= member.info_hash
+            self._info_digest_changed_at = self._last_now
         del self._members[peer]
         self._alive_cache = None
         self._suspicions.pop(peer, None)
@@ -1062,8 +1096,11 @@ class MembershipMachine:
         seq = self._next_seq()
         self._probes[seq] = _Probe(seq=seq, target=target, sent_at=now, purpose=purpose)
         updates, infos = self._piggyback(target, extra)
-        digest = self._digest if extra is not None else 0
-        self._send(target, Ping(seq=seq, updates=updates, infos=infos, digest=digest))
+        if extra is None:
+            self._send(target, Ping(seq=seq, updates=updates, infos=infos))
+        else:
+            digest, info_digest = self._digest, self._info_digest
+            self._send(target, Ping(seq=seq, updates=updates, infos=infos, digest=digest, info_digest=info_digest))
         self._schedule(now + self._probe_timeout(), _T_DIRECT, seq)
 
     def _on_direct_timeout(self, now: float, seq: int) -> None:
@@ -1220,17 +1257,22 @@ class MembershipMachine:
         for a, b in zip(old, new, strict=True):
             if a.peer != b.peer or a.up != b.up:
                 return True
-            for x, y in ((a.rtt_s, b.rtt_s), (a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s)):
-                if abs(x - y) > _INFO_CHANGE * max(x, y):
-                    return True
+            if abs(a.rtt_s - b.rtt_s) > max(_INFO_CHANGE * max(a.rtt_s, b.rtt_s), _INFO_RTT_FLOOR_S):
+                return True
+            x, y = a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s
+            if abs(x - y) > _INFO_CHANGE * max(x, y):
+                return True
         return False
 
     # ================================================================== dissemination
     def _queue_update(self, update: MemberUpdate) -> None:
         self._updates.put(update.peer.raw, update, _update_size(update))
 
-    def _publish_info(self) -> None:
-        self._info_version += 1
+    def _publish_info(self, *, past: int = 0) -> None:
+        old = self._info_version
+        self._info_version = max(old, past) + 1
+        self._info_digest ^= _member_hash(self.local_peer, old) ^ _member_hash(self.local_peer, self._info_version)
+        self._info_digest_changed_at = self._last_now
         info = self._self_info()
         self._infos.put(self.local_peer.raw, info, _info_size(info))
 
@@ -1262,7 +1304,7 @@ class MembershipMachine:
             )
         infos: list[InfoUpdate] = []
         if self._infos:
-            used = sum(_update_size(u) for u in updates)
+            used = _UPDATE_SIZE_ESTIMATE * len(updates)
             infos = self._infos.take(
                 max_items=cfg.max_info_items_per_message,
                 max_bytes=max(1, budget - used),

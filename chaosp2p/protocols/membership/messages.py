@@ -173,13 +173,15 @@ class Ping(Message):
     infos: tuple[InfoUpdate, ...] = ()
     digest: int = 0
     """SWIM probes: 64-bit digest of the sender's live membership (0 = none; heartbeats omit it)."""
+    info_digest: int = 0
+    """SWIM probes: 64-bit digest of the info versions the sender holds (0 = none)."""
 
     def validate(self) -> None:
-        """Bounds of seq, piggyback and digest."""
+        """Bounds of seq, piggyback and digests."""
         _check_seq(self.seq)
         _check_piggyback(self.updates, self.infos)
-        if not 0 <= self.digest <= MAX_SEQ:
-            raise _reject(f"digest out of range: {self.digest}")
+        if not (0 <= self.digest <= MAX_SEQ and 0 <= self.info_digest <= MAX_SEQ):
+            raise _reject("digest out of range")
 
 
 @codec.register(MembershipMessageType.ACK)

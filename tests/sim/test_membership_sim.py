@@ -1,0 +1,201 @@
+"""Membership at scale on SimNetwork: churn, partitions, faults, lossy links. Deterministic by seed.
+
+Every bound here is in *virtual* seconds, so the tests are exact replays, not timing races. The
+false-suspicion counts are PeerSuspected/PeerFailed events raised by a running peer about a peer
+that was running at that moment (see ``MembershipSwarm.false_suspicions``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from chaosp2p.protocols.membership import (
+    LinkDown,
+    MembershipConfig,
+    MemberState,
+    PeerFailed,
+    PeerJoined,
+    PeerLeft,
+)
+from chaosp2p.protocols.membership.simswarm import MembershipSwarm
+from chaosp2p.sim.network import LinkProfile
+
+LAN = MembershipConfig.lan()
+LOCAL = MembershipConfig.local()
+GONE = (MemberState.FAILED, MemberState.LEFT, None)
+
+
+def formed(count: int, config: MembershipConfig, *, seed: int, link: LinkProfile | None = None) -> MembershipSwarm:
+    swarm = MembershipSwarm(config=config, seed=seed, default_link=link)
+    swarm.grow(count)
+    took = swarm.run_until(swarm.converged, timeout_s=60, step_s=1.0)
+    assert took is not None, "the swarm never converged after forming"
+    return swarm
+
+
+def test_256_peers_converge_under_10_percent_churn() -> None:
+    swarm = formed(256, LAN, seed=7)
+    rng = random.Random(11)
+    start = swarm.net.now
+    crashed = []
+    for _ in range(26):  # 10 %: 26 crashes and 26 joins, one of each per second
+        victim = rng.choice(swarm.running())
+        crashed.append(victim)
+        swarm.crash(victim)
+        swarm.net.run_for(0.5)
+        swarm.grow(1)
+        swarm.net.run_for(0.5)
+    churn_end = swarm.net.now
+    took = swarm.run_until(swarm.converged, timeout_s=60, step_s=1.0)
+    assert took is not None, "no single view 60 s after the churn"
+    # Suspicion of a crashed peer takes suspicion_min (about 9.6 s at n=256) once confirmed.
+    assert took <= 2 * LAN.suspicion_min_s(256)
+    assert len(swarm.running()) == 256
+    for victim in crashed:
+        assert swarm.all_see(victim, GONE)
+    assert swarm.false_suspicions(since=start) == 0
+    # Every crash was detected by every running peer that knew the victim before it crashed.
+    failed = [e for at, _, e in swarm.net.events if isinstance(e, PeerFailed) and at >= start]
+    assert {e.peer for e in failed} == set(crashed)
+    assert churn_end - start == pytest.approx(26.0, abs=0.6)
+
+
+def test_256_peers_partition_heals_back_to_one_view() -> None:
+    swarm = formed(256, LAN, seed=3)
+    running = swarm.running()
+    west, east = running[:128], running[128:]
+    swarm.partition([west, east])
+
+    def split() -> bool:
+        return all(
+            swarm.peers[p].machine.state_of(q) is MemberState.FAILED
+            for side, other in ((west, east), (east, west))
+            for p in side
+            for q in other
+        )
+
+    took = swarm.run_until(split, timeout_s=120, step_s=1.0)
+    assert took is not None, "the halves never declared each other failed"
+    healed_at = swarm.net.now
+    swarm.heal()
+    took = swarm.run_until(swarm.converged, timeout_s=60, step_s=1.0)
+    assert took is not None, "two views 60 s after the partition healed"
+    assert took <= 2 * LAN.reconnect_interval_s
+    # Healing verifies what the other half says instead of believing it: nobody on either side is
+    # suspected because the other half held it dead.
+    assert swarm.false_suspicions(since=healed_at) == 0
+    rejoined = [e for at, _, e in swarm.net.events if isinstance(e, PeerJoined) and at >= healed_at]
+    assert len(rejoined) >= 2 * 128 * 128  # everyone saw the whole other half come back
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_local_profile_detects_kill_and_sigstop_within_3_s_and_restarted_peer_rejoins(seed: int) -> None:
+    swarm = formed(5, LOCAL, seed=seed)
+    swarm.net.run_for(2.0)
+    killed, stopped = list(swarm.peers)[1:3]
+    observers = [p for p in swarm.peers if p not in (killed, stopped)]
+    t0 = swarm.net.now
+    swarm.crash(killed)
+    swarm.stall(stopped)
+    took = swarm.run_until(
+        lambda: all(swarm.peers[o].machine.state_of(v) is MemberState.FAILED for o in observers for v in (killed, stopped)),
+        timeout_s=3.0,
+        step_s=0.01,
+    )
+    assert took is not None, "not both failed within 3 s on the local profile"
+    assert max(swarm.detection_times(killed, t0) + swarm.detection_times(stopped, t0)) < 1.0
+    # Every observer also saw the stalled peer's link go down before it was declared failed.
+    for o in observers:
+        downs = [e for at, p, e in swarm.net.events if p == o and isinstance(e, LinkDown) and e.peer == stopped]
+        if downs:
+            assert downs[0].reason == "timeout"
+    assert swarm.false_suspicions(since=t0) == 0
+    swarm.net.run_for(1.0)
+    # kill -9'd peer restarts (same PeerID, new process); the stopped one gets SIGCONT.
+    swarm.restart(killed, contact=observers[0])
+    swarm.resume(stopped)
+    took = swarm.run_until(swarm.converged, timeout_s=3.0, step_s=0.01)
+    assert took is not None, "restarted/resumed peers did not rejoin"
+    assert swarm.peers[killed].machine.incarnation >= 1
+    assert swarm.peers[stopped].machine.incarnation >= 1
+
+
+def test_lossy_jittery_links_cause_no_false_failures() -> None:
+    link = LinkProfile(latency_s=0.002, jitter_s=0.010, loss=0.02)
+    swarm = formed(64, LAN, seed=5, link=link)
+    start = swarm.net.now
+    swarm.net.run_for(120.0)
+    false_failures = [
+        e
+        for at, o, e in swarm.net.events
+        if at >= start and isinstance(e, PeerFailed) and swarm.healthy_at(e.peer, at)
+    ]
+    assert false_failures == []
+    assert swarm.converged()
+    # Suspicions do happen with 2 % loss, and every one of them was refuted.
+    stats = [swarm.peers[p].machine.statistics() for p in swarm.running()]
+    raised = sum(s.suspicions_raised for s in stats)
+    assert raised <= 10
+    assert sum(s.rate_limited for s in stats) == 0
+
+
+def test_runs_are_deterministic_from_the_seed() -> None:
+    def trace() -> list[tuple[float, bytes, str]]:
+        swarm = formed(48, LAN, seed=9)
+        swarm.crash(list(swarm.peers)[5])
+        swarm.net.run_for(20.0)
+        return [(round(at, 9), p.raw, repr(e)) for at, p, e in swarm.net.events]
+
+    assert trace() == trace()
+
+
+def test_resources_and_link_summaries_converge_everywhere() -> None:
+    swarm = formed(64, LAN, seed=4)
+    for index, p in enumerate(list(swarm.peers)[:8]):
+        swarm.call(p, lambda now, m=swarm.peers[p].machine, i=index: m.set_local_resources(now, gpus=i + 1))
+    swarm.net.run_for(3 * LAN.info_report_interval_s)
+    reference = {m.peer_id: (m.info_version, m.resources) for m in swarm.peers[swarm.running()[0]].machine.members()}
+    for p in swarm.running():
+        machine = swarm.peers[p].machine
+        view = {m.peer_id: (m.info_version, m.resources) for m in machine.members() if not m.is_local}
+        for subject, (version, resources) in view.items():
+            own = swarm.peers[subject].machine.member(subject)
+            assert own is not None and (version, resources) == (own.info_version, own.resources)
+        assert set(view) | {p} == set(reference)
+    topology = swarm.peers[swarm.running()[-1]].machine.topology()
+    assert len(topology.nodes) == 64
+    assert {link.source for link in topology.links} == set(swarm.peers)
+    assert all(link.up for link in topology.links)
+
+
+def test_links_prefer_the_nearby_region() -> None:
+    swarm = MembershipSwarm(config=LAN, seed=6)
+    swarm.grow(48)
+    peers = list(swarm.peers)
+    region = {p: i % 2 for i, p in enumerate(peers)}
+    for a in peers:
+        for b in peers:
+            if a != b and region[a] != region[b]:
+                swarm.net.set_link(a, b, LinkProfile(latency_s=0.040), both_ways=False)
+    swarm.net.run_for(240.0)
+    links = [(p, link.target) for p in peers for link in swarm.peers[p].machine.links()]
+    assert len(links) == 48 * LAN.max_link_degree
+    near = sum(1 for a, b in links if region[a] == region[b])
+    assert near / len(links) >= 0.9
+
+
+def test_graceful_leaves_are_seen_at_once() -> None:
+    swarm = formed(64, LAN, seed=8)
+    leaving = list(swarm.peers)[10:15]
+    t0 = swarm.net.now
+    for p in leaving:
+        swarm.leave(p)
+    swarm.net.run_for(0.01)  # one link latency
+    for p in swarm.running():
+        for q in leaving:
+            assert swarm.peers[p].machine.state_of(q) is MemberState.LEFT
+    lefts = [(at, e) for at, _, e in swarm.net.events if isinstance(e, PeerLeft) and at >= t0]
+    assert len(lefts) == 5 * 59
+    assert swarm.false_suspicions(since=t0) == 0
