@@ -7,6 +7,7 @@ that was running at that moment (see ``MembershipSwarm.false_suspicions``).
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -99,8 +100,13 @@ def test_local_profile_detects_kill_and_sigstop_within_3_s_and_restarted_peer_re
     t0 = swarm.net.now
     swarm.crash(killed)
     swarm.stall(stopped)
+
+    def both_failed() -> bool:
+        states = [swarm.peers[o].machine.state_of(v) for o in observers for v in (killed, stopped)]
+        return all(state is MemberState.FAILED for state in states)
+
     took = swarm.run_until(
-        lambda: all(swarm.peers[o].machine.state_of(v) is MemberState.FAILED for o in observers for v in (killed, stopped)),
+        both_failed,
         timeout_s=3.0,
         step_s=0.01,
     )
@@ -154,7 +160,8 @@ def test_runs_are_deterministic_from_the_seed() -> None:
 def test_resources_and_link_summaries_converge_everywhere() -> None:
     swarm = formed(64, LAN, seed=4)
     for index, p in enumerate(list(swarm.peers)[:8]):
-        swarm.call(p, lambda now, m=swarm.peers[p].machine, i=index: m.set_local_resources(now, gpus=i + 1))
+        machine = swarm.peers[p].machine
+        swarm.call(p, functools.partial(machine.set_local_resources, gpus=index + 1))
     swarm.net.run_for(3 * LAN.info_report_interval_s)
     reference = {m.peer_id: (m.info_version, m.resources) for m in swarm.peers[swarm.running()[0]].machine.members()}
     for p in swarm.running():

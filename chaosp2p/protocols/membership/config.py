@@ -253,7 +253,7 @@ class MembershipConfig:
             info_report_interval_s=1.0,
             gossip_interval_s=0.05,
             retransmit_mult=3,
-            push_pull_interval_s=5.0,
+            push_pull_interval_s=15.0,
             digest_sync_interval_s=1.0,
             join_retry_interval_s=0.2,
             reconnect_interval_s=1.0,

@@ -61,11 +61,12 @@ class MembershipSwarm:
         seed: int,
         default_link: LinkProfile | None = None,
         count_bytes: bool = False,
+        record: bool = False,
     ) -> None:
         self.config = config
         self.random = random.Random(seed)
         self.net = SimNetwork(
-            seed=seed, default_link=default_link, codecs={PROTOCOL: codec} if count_bytes else None
+            seed=seed, default_link=default_link, codecs={PROTOCOL: codec} if count_bytes else None, record=record
         )
         self.peers: dict[PeerID, SwarmPeer] = {}
         self._down: set[PeerID] = set()
