@@ -564,20 +564,22 @@ def test_absurd_incarnation_jumps_are_accepted_only_from_the_member_itself() -> 
     assert s.machine.member(x).incarnation == jump  # type: ignore[union-attr]
 
 
-def test_oversized_and_foreign_messages_are_rejected_whole() -> None:
+def test_oversized_payloads_are_cut_and_counted_and_foreign_messages_rejected() -> None:
     s = Scripted(LAN, puppets=2)
-    many = tuple(alive(i) for i in range(10, 10 + LAN.max_gossip_items_per_message + 1))
+    cap = LAN.max_gossip_items_per_message
+    many = tuple(alive(i) for i in range(10, 10 + cap + 5))
     s.inject(s.puppets[0], Ping(seq=1, updates=many))
     stats = s.machine.statistics()
-    assert stats.rejected_messages == 1 and all(s.machine.state_of(u.peer) is None for u in many)
-    assert not s.sent_to(s.puppets[0], Ack)  # a rejected PING is not answered
-    big_state = tuple(alive(i % 200 + 10, i) for i in range(LAN.max_push_pull_members + 1))
+    assert stats.rejected_updates == 5
+    assert [s.machine.state_of(u.peer) for u in many] == [MemberState.ALIVE] * cap + [None] * 5
+    assert s.sent_to(s.puppets[0], Ack)  # the PING itself is still answered
+    big_state = tuple(alive(i % 200 + 10, i) for i in range(LAN.max_push_pull_members + 7))
     s.inject(s.puppets[0], PushPull(seq=1, join=True, members=big_state))
-    assert s.machine.statistics().rejected_messages == 2
+    assert s.machine.statistics().rejected_updates == 5 + 7
     s.machine.receive(s.now, s.puppets[0], "dht", Ping(seq=1))
     s.machine.receive(s.now, s.me, PROTOCOL, Ping(seq=1))
     s.inject(s.puppets[0], PingReq(seq=1, target=s.me))
-    assert s.machine.statistics().rejected_messages == 5
+    assert s.machine.statistics().rejected_messages == 3
 
 
 def test_bad_info_records_are_rejected() -> None:

@@ -739,9 +739,15 @@ class MembershipMachine:
     def _apply_piggyback(
         self, now: float, sender: PeerID, updates: tuple[MemberUpdate, ...], infos: tuple[InfoUpdate, ...]
     ) -> None:
+        # More items than we accept: use the first ones, count the rest as rejected, and still
+        # answer the message -- a peer configured differently must not look dead to us.
         cfg = self.config
-        if len(updates) > cfg.max_gossip_items_per_message or len(infos) > cfg.max_info_items_per_message:
-            raise RemoteProtocolError("membership: too many piggybacked items")
+        excess = max(0, len(updates) - cfg.max_gossip_items_per_message)
+        excess += max(0, len(infos) - cfg.max_info_items_per_message)
+        if excess:
+            self._counters.rejected_updates += excess
+            updates = updates[: cfg.max_gossip_items_per_message]
+            infos = infos[: cfg.max_info_items_per_message]
         for update in updates:
             self._apply_update(now, sender, update, merging=False)
         for info in infos:
@@ -751,8 +757,10 @@ class MembershipMachine:
         self, now: float, sender: PeerID, members: tuple[MemberUpdate, ...], infos: tuple[InfoUpdate, ...]
     ) -> None:
         cap = self.config.max_push_pull_members
-        if len(members) > cap or len(infos) > cap:
-            raise RemoteProtocolError("membership: push-pull state too large")
+        excess = max(0, len(members) - cap) + max(0, len(infos) - cap)
+        if excess:
+            self._counters.rejected_updates += excess
+            members, infos = members[:cap], infos[:cap]
         for update in members:
             self._apply_update(now, sender, update, merging=True)
         for info in infos:
