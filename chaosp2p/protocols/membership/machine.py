@@ -35,12 +35,10 @@ CPU), after which in-flight probes are discarded instead of blamed on their targ
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
@@ -81,6 +79,22 @@ from chaosp2p.protocols.membership.messages import (
     UpdateKind,
 )
 from chaosp2p.protocols.membership.ratelimit import RateLimiter
+from chaosp2p.protocols.membership.records import (
+    CHECK,
+    HEARTBEAT,
+    PROBE,
+    ContactRecord,
+    Counters,
+    LinkRecord,
+    MemberRecord,
+    ProbeRecord,
+    RelayRecord,
+    SuspicionRecord,
+    check_addrs,
+    info_size,
+    member_hash,
+    update_size,
+)
 from chaosp2p.protocols.membership.state import transition
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
@@ -96,129 +110,15 @@ _LIVE = (_ALIVE, _SUSPECT)
 _T_PROBE, _T_HEARTBEAT, _T_GOSSIP, _T_PUSH_PULL, _T_RECONNECT, _T_LINKS, _T_INFO, _T_SWEEP = range(8)
 _T_DIRECT, _T_CHECK_END, _T_RELAY, _T_SUSPICION, _T_JOIN = range(8, 13)
 
-# Why a PING was sent.
-_PROBE, _HEARTBEAT, _CHECK = 0, 1, 2
 
 _RTT_ALPHA = 0.125  # TCP's SRTT gain
 _BANDWIDTH_ALPHA = 0.3
 _INFO_CHANGE = 0.25  # republish link summaries when a figure moved by a quarter...
 _INFO_RTT_FLOOR_S = 0.001  # ...and an RTT by a millisecond at least (LAN RTTs jitter by more than 25 %)
 _PUSH_PULL_EXPIRY_S_MULT = 4.0
-_DIGEST_QUIET_PROBES = 2  # our view must have been stable this many probe intervals before a digest sync
+_DIGEST_QUIETPROBES = 2  # our view must have been stable this many probe intervals before a digest sync
 _LINK_SAMPLE_MULT = 8  # link candidates sampled per refresh, per link slot
 _UPDATE_SIZE_ESTIMATE = 100  # bytes of one piggybacked update with one address, for the info budget
-
-
-@dataclass(slots=True)
-class _Member:
-    peer: PeerID
-    state: MemberState
-    incarnation: int
-    addrs: tuple[str, ...]
-    since: float
-    record: MemberUpdate
-    suspected_at: float | None = None
-    info: InfoUpdate | None = None
-    info_hash: int = 0  # _member_hash(peer, info.version), 0 without info
-    rtt_s: float | None = None
-    bandwidth: float | None = None
-    bandwidth_at: float | None = None
-    bandwidth_asked_at: float | None = None
-
-
-@dataclass(slots=True)
-class _Suspicion:
-    incarnation: int
-    start: float
-    min_s: float
-    max_s: float
-    k: int
-    confirmers: set[PeerID]
-    deadline: float = 0.0
-
-
-@dataclass(slots=True)
-class _Probe:
-    seq: int
-    target: PeerID
-    sent_at: float
-    purpose: int
-    relays: tuple[PeerID, ...] = ()
-    nacks: int = 0
-
-
-@dataclass(slots=True)
-class _Relay:
-    requester: PeerID
-    request_seq: int
-    target: PeerID
-
-
-@dataclass(slots=True)
-class _Link:
-    peer: PeerID
-    since: float
-    up: bool = False
-    missed: int = 0
-
-
-@dataclass(slots=True)
-class _Contact:
-    addrs: tuple[str, ...]
-    attempts: int = 0
-    next_try: float = 0.0
-
-
-@dataclass(slots=True)
-class _Counters:
-    messages_received: int = 0
-    messages_sent: int = 0
-    rate_limited: int = 0
-    rejected_messages: int = 0
-    rejected_updates: int = 0
-    ignored_unknown: int = 0
-    probes_sent: int = 0
-    indirect_probes_sent: int = 0
-    probes_failed: int = 0
-    suspicions_raised: int = 0
-    suspicions_refuted: int = 0
-    refutations: int = 0
-    failures_declared: int = 0
-    late_acks: int = 0
-    nacks_received: int = 0
-    push_pulls_sent: int = 0
-    push_pulls_received: int = 0
-    local_pauses: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
-
-
-def check_addrs(addrs: Sequence[str], peer: PeerID, config: MembershipConfig) -> str | None:
-    """Why ``addrs`` are not acceptable as ``peer``'s listen addresses, or ``None`` if they are."""
-    if len(addrs) > config.max_addrs_per_member:
-        return f"{len(addrs)} addresses (max {config.max_addrs_per_member})"
-    for addr in addrs:
-        if type(addr) is not str or len(addr) > config.max_addr_chars:
-            return "address too long"
-        try:
-            parsed = Multiaddr.parse(addr)
-        except ConfigError as exc:
-            return str(exc)
-        if parsed.peer_id is not None and parsed.peer_id != peer:
-            return "address names another peer"
-    return None
-
-
-def _member_hash(peer: PeerID, incarnation: int) -> int:
-    data = peer.raw + incarnation.to_bytes(8, "big")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
-
-
-def _update_size(update: MemberUpdate) -> int:
-    return 50 + sum(len(a) + 2 for a in update.addrs) + (40 if update.origin is not None else 0)
-
-
-def _info_size(info: InfoUpdate) -> int:
-    return 70 + 60 * len(info.links)
 
 
 class MembershipMachine:
@@ -260,19 +160,19 @@ class MembershipMachine:
         self._started = now
         self._last_now = now
 
-        self._members: dict[PeerID, _Member] = {}
+        self._members: dict[PeerID, MemberRecord] = {}
         self._live_count = 0  # ALIVE + SUSPECT, not counting ourselves
         self._alive_cache: list[PeerID] | None = None
         self._probe_order: list[PeerID] = []
         self._probe_index = 0
-        self._suspicions: dict[PeerID, _Suspicion] = {}
-        self._probes: dict[int, _Probe] = {}
+        self._suspicions: dict[PeerID, SuspicionRecord] = {}
+        self._probes: dict[int, ProbeRecord] = {}
         self._checks: dict[PeerID, int] = {}
-        self._relays: dict[int, _Relay] = {}
-        self._links: dict[PeerID, _Link] = {}
+        self._relays: dict[int, RelayRecord] = {}
+        self._links: dict[PeerID, LinkRecord] = {}
         self._published_links: tuple[LinkSummary, ...] = ()
         self._links_dirty = False
-        self._contacts: dict[PeerID, _Contact] = {}
+        self._contacts: dict[PeerID, ContactRecord] = {}
         self._hints: dict[PeerID, MemberUpdate] = {}
         self._verified: dict[PeerID, int] = {}
         self._strangers: dict[PeerID, float] = {}
@@ -285,7 +185,7 @@ class MembershipMachine:
         self._last_digest_sync = -math.inf
         self._digest_toggle(now, local_peer, incarnation)
         # The same over (peer, info version) of live members with info: the monitor's view.
-        self._info_digest = _member_hash(local_peer, 0)
+        self._info_digest = member_hash(local_peer, 0)
         self._info_digest_changed_at = now
 
         self._updates: BroadcastQueue[MemberUpdate] = BroadcastQueue()
@@ -297,7 +197,7 @@ class MembershipMachine:
         )
         self._outgoing: list[Outgoing] = []
         self._events: list[MembershipEvent] = []
-        self._counters = _Counters()
+        self._counters = Counters()
 
         self._timers: list[tuple[float, int, int, Any]] = []
         self._timer_seq = 0
@@ -315,7 +215,7 @@ class MembershipMachine:
             # Random phases keep a swarm started at one instant from probing in lockstep.
             self._schedule(now + rng.uniform(0.0, interval), kind, None)
         self._queue_update(self._self_record())
-        self._infos.put(local_peer.raw, self._self_info(), _info_size(self._self_info()))
+        self._infos.put(local_peer.raw, self._self_info(), info_size(self._self_info()))
 
     # ================================================================== MessageMachine interface
     def receive(self, now: float, sender: PeerID, protocol: str, message: Message) -> None:
@@ -408,7 +308,7 @@ class MembershipMachine:
             return
         if member.state is _ALIVE and peer not in self._checks:
             seq = self._next_seq()
-            probe = _Probe(seq=seq, target=peer, sent_at=now, purpose=_CHECK)
+            probe = ProbeRecord(seq=seq, target=peer, sent_at=now, purpose=CHECK)
             self._probes[seq] = probe
             # The peer may have restarted on the same address: a direct PING costs nothing.
             updates, infos = self._piggyback(peer)
@@ -430,7 +330,7 @@ class MembershipMachine:
         self._note_time(now)
         if peer not in self._contacts and len(self._contacts) >= self.config.max_contacts:
             raise ConfigError(f"too many pending contacts (max {self.config.max_contacts})")
-        contact = _Contact(addrs=addrs, attempts=1, next_try=now + self.config.join_retry_interval_s)
+        contact = ContactRecord(addrs=addrs, attempts=1, next_try=now + self.config.join_retry_interval_s)
         self._contacts[peer] = contact
         self._send_push_pull(now, peer, join=True)
         self._schedule(contact.next_try, _T_JOIN, peer)
@@ -680,7 +580,7 @@ class MembershipMachine:
         if check is not None and check != seq:
             self._probes.pop(check, None)
 
-    def _on_direct_ack(self, now: float, probe: _Probe) -> None:
+    def _on_direct_ack(self, now: float, probe: ProbeRecord) -> None:
         target = probe.target
         member = self._members.get(target)
         if member is not None:
@@ -694,7 +594,7 @@ class MembershipMachine:
                 link.since = now
                 rtt = member.rtt_s if member is not None and member.rtt_s is not None else now - probe.sent_at
                 self._events.append(LinkUp(at=now, peer=target, rtt_s=rtt))
-        if probe.purpose == _PROBE and self._awareness > 0:
+        if probe.purpose == PROBE and self._awareness > 0:
             self._awareness -= 1
 
     def _on_nack(self, sender: PeerID, msg: Nack) -> None:
@@ -710,7 +610,7 @@ class MembershipMachine:
             self._counters.rejected_messages += 1
             return
         seq = self._next_seq()
-        self._relays[seq] = _Relay(requester=sender, request_seq=msg.seq, target=target)
+        self._relays[seq] = RelayRecord(requester=sender, request_seq=msg.seq, target=target)
         updates, infos = self._piggyback(target)
         self._send(target, Ping(seq=seq, updates=updates, infos=infos))
         self._schedule(now + self._probe_timeout(), _T_RELAY, seq)
@@ -844,7 +744,7 @@ class MembershipMachine:
         else:
             self._set_left(now, member, incarnation)
 
-    def _verify(self, now: float, member: _Member, claim: MemberUpdate) -> None:
+    def _verify(self, now: float, member: MemberRecord, claim: MemberUpdate) -> None:
         # A full-state sync says a member we hold alive is suspect or dead. That state may be stale
         # (after a partition heals each half holds the other as dead), so instead of believing it we
         # probe the member ourselves -- a silent member gets suspected the usual way -- and pass the
@@ -855,9 +755,9 @@ class MembershipMachine:
         self._verified[peer] = member.incarnation
         self._hints[peer] = MemberUpdate(kind=claim.kind, peer=peer, incarnation=claim.incarnation)
         if peer not in self._checks:
-            self._ping(now, peer, _PROBE)
+            self._ping(now, peer, PROBE)
 
-    def _verify_failed(self, now: float, member: _Member) -> None:
+    def _verify_failed(self, now: float, member: MemberRecord) -> None:
         # The converse: someone's full state holds alive a member we declared failed, at the same
         # incarnation -- typically the other half of a healed partition. Ping it: our PING tells it
         # that we hold it dead, a live member refutes in its ACK, and we gossip it back to life.
@@ -865,12 +765,12 @@ class MembershipMachine:
         if self._verified.get(peer) == member.incarnation:
             return
         self._verified[peer] = member.incarnation
-        self._ping(now, peer, _PROBE)
+        self._ping(now, peer, PROBE)
 
     def _digest_toggle(self, now: float, peer: PeerID, incarnation: int) -> None:
         # The digest is the XOR of a hash of (peer, incarnation) over live members, ourselves
         # included: identical views have identical digests, and updating it costs one hash.
-        self._digest ^= _member_hash(peer, incarnation)
+        self._digest ^= member_hash(peer, incarnation)
         self._digest_changed_at = now
 
     def _check_digest(self, now: float, sender: PeerID, digest: int, info_digest: int) -> None:
@@ -879,7 +779,7 @@ class MembershipMachine:
         cfg = self.config
         if now - self._last_digest_sync < cfg.digest_sync_interval_s:
             return
-        quiet = _DIGEST_QUIET_PROBES * cfg.probe_interval_s
+        quiet = _DIGEST_QUIETPROBES * cfg.probe_interval_s
         members_differ = digest != self._digest and now - self._digest_changed_at >= quiet
         infos_differ = (
             info_digest != 0 and info_digest != self._info_digest and now - self._info_digest_changed_at >= quiet
@@ -943,18 +843,18 @@ class MembershipMachine:
             counters.rejected_updates += 1
             return
         member.info = info
-        new_hash = _member_hash(peer, version)
+        new_hash = member_hash(peer, version)
         if member.state in _LIVE:
             self._info_digest ^= member.info_hash ^ new_hash
             self._info_digest_changed_at = now
         member.info_hash = new_hash
-        self._infos.put(peer.raw, info, _info_size(info))
+        self._infos.put(peer.raw, info, info_size(info))
 
     # ================================================================== state changes
     def _add_member(self, now: float, update: MemberUpdate) -> None:
         peer = update.peer
         record = MemberUpdate(kind=UpdateKind.ALIVE, peer=peer, incarnation=update.incarnation, addrs=update.addrs)
-        member = _Member(
+        member = MemberRecord(
             peer=peer, state=_ALIVE, incarnation=update.incarnation, addrs=update.addrs, since=now, record=record
         )
         self._members[peer] = member
@@ -967,7 +867,7 @@ class MembershipMachine:
         self._events.append(PeerJoined(at=now, peer=peer, incarnation=update.incarnation, addrs=update.addrs))
         self._links_dirty = True
 
-    def _set_state(self, now: float, member: _Member, state: MemberState, incarnation: int) -> None:
+    def _set_state(self, now: float, member: MemberRecord, state: MemberState, incarnation: int) -> None:
         was_live = member.state in _LIVE
         is_live = state in _LIVE
         if was_live != is_live:
@@ -989,7 +889,7 @@ class MembershipMachine:
             self._suspicions.pop(member.peer, None)
             member.suspected_at = None if state is _ALIVE else member.suspected_at
 
-    def _set_alive(self, now: float, member: _Member, incarnation: int, addrs: tuple[str, ...]) -> None:
+    def _set_alive(self, now: float, member: MemberRecord, incarnation: int, addrs: tuple[str, ...]) -> None:
         previous = member.state
         self._set_state(now, member, _ALIVE, incarnation)
         member.addrs = addrs
@@ -1004,7 +904,7 @@ class MembershipMachine:
             self._events.append(PeerJoined(at=now, peer=member.peer, incarnation=incarnation, addrs=addrs))
             self._links_dirty = True
 
-    def _suspect(self, now: float, member: _Member, incarnation: int, origin: PeerID) -> None:
+    def _suspect(self, now: float, member: MemberRecord, incarnation: int, origin: PeerID) -> None:
         was_suspect = member.state is _SUSPECT
         self._set_state(now, member, _SUSPECT, incarnation)
         if not was_suspect:
@@ -1013,7 +913,7 @@ class MembershipMachine:
         cfg = self.config
         n = self._live_count + 1
         min_s = cfg.suspicion_min_s(n)
-        suspicion = _Suspicion(
+        suspicion = SuspicionRecord(
             incarnation=incarnation,
             start=now,
             min_s=min_s,
@@ -1028,7 +928,7 @@ class MembershipMachine:
         )
         self._queue_update(member.record)
 
-    def _confirm(self, now: float, member: _Member, origin: PeerID) -> None:
+    def _confirm(self, now: float, member: MemberRecord, origin: PeerID) -> None:
         suspicion = self._suspicions.get(member.peer)
         if suspicion is None or origin in suspicion.confirmers:
             return
@@ -1042,7 +942,7 @@ class MembershipMachine:
         )
         self._queue_update(member.record)
 
-    def _arm_suspicion(self, peer: PeerID, suspicion: _Suspicion) -> None:
+    def _arm_suspicion(self, peer: PeerID, suspicion: SuspicionRecord) -> None:
         confirmations = len(suspicion.confirmers) - 1  # the first suspector is not a confirmation
         if suspicion.k < 1:
             timeout = suspicion.min_s
@@ -1052,7 +952,7 @@ class MembershipMachine:
         suspicion.deadline = suspicion.start + timeout
         self._schedule(suspicion.deadline, _T_SUSPICION, peer)
 
-    def _fail(self, now: float, member: _Member, incarnation: int, origin: PeerID) -> None:
+    def _fail(self, now: float, member: MemberRecord, incarnation: int, origin: PeerID) -> None:
         suspected_at = member.suspected_at
         self._set_state(now, member, _FAILED, incarnation)
         member.suspected_at = None
@@ -1066,14 +966,14 @@ class MembershipMachine:
         )
         self._drop_link(now, member.peer, "failed")
 
-    def _set_left(self, now: float, member: _Member, incarnation: int) -> None:
+    def _set_left(self, now: float, member: MemberRecord, incarnation: int) -> None:
         self._set_state(now, member, _LEFT, incarnation)
         member.record = MemberUpdate(kind=UpdateKind.LEFT, peer=member.peer, incarnation=incarnation)
         self._queue_update(member.record)
         self._events.append(PeerLeft(at=now, peer=member.peer, incarnation=incarnation))
         self._drop_link(now, member.peer, "left")
 
-    def _forget(self, member: _Member) -> None:
+    def _forget(self, member: MemberRecord) -> None:
         peer = member.peer
         if member.state in _LIVE:
             self._live_count -= 1
@@ -1102,7 +1002,7 @@ class MembershipMachine:
 
     def _ping(self, now: float, target: PeerID, purpose: int, *, extra: MemberUpdate | None = None) -> None:
         seq = self._next_seq()
-        self._probes[seq] = _Probe(seq=seq, target=target, sent_at=now, purpose=purpose)
+        self._probes[seq] = ProbeRecord(seq=seq, target=target, sent_at=now, purpose=purpose)
         updates, infos = self._piggyback(target, extra)
         if extra is None:
             self._send(target, Ping(seq=seq, updates=updates, infos=infos))
@@ -1116,7 +1016,7 @@ class MembershipMachine:
         if probe is None:
             return
         target = probe.target
-        if probe.purpose == _HEARTBEAT:
+        if probe.purpose == HEARTBEAT:
             link = self._links.get(target)
             if link is not None:
                 link.missed += 1
@@ -1130,7 +1030,7 @@ class MembershipMachine:
             return
         self._start_check(now, probe)
 
-    def _start_check(self, now: float, probe: _Probe) -> None:
+    def _start_check(self, now: float, probe: ProbeRecord) -> None:
         target = probe.target
         self._checks[target] = probe.seq
         relays = [p for p in self._sample_alive(self.config.indirect_probes + 1) if p != target]
@@ -1193,7 +1093,7 @@ class MembershipMachine:
         return self._rng.sample(alive, k)
 
     # ================================================================== links
-    def _link_down(self, now: float, link: _Link, reason: str) -> None:
+    def _link_down(self, now: float, link: LinkRecord, reason: str) -> None:
         link.up = False
         link.since = now
         self._events.append(LinkDown(at=now, peer=link.peer, reason=reason))
@@ -1241,8 +1141,8 @@ class MembershipMachine:
             if link.up:
                 self._events.append(LinkDown(at=now, peer=peer, reason="replaced"))
         for peer in plan.add:
-            self._links[peer] = _Link(peer=peer, since=now)
-            self._ping(now, peer, _HEARTBEAT)
+            self._links[peer] = LinkRecord(peer=peer, since=now)
+            self._ping(now, peer, HEARTBEAT)
 
     def _link_summaries(self) -> tuple[LinkSummary, ...]:
         out = []
@@ -1274,15 +1174,15 @@ class MembershipMachine:
 
     # ================================================================== dissemination
     def _queue_update(self, update: MemberUpdate) -> None:
-        self._updates.put(update.peer.raw, update, _update_size(update))
+        self._updates.put(update.peer.raw, update, update_size(update))
 
     def _publish_info(self, *, past: int = 0) -> None:
         old = self._info_version
         self._info_version = max(old, past) + 1
-        self._info_digest ^= _member_hash(self.local_peer, old) ^ _member_hash(self.local_peer, self._info_version)
+        self._info_digest ^= member_hash(self.local_peer, old) ^ member_hash(self.local_peer, self._info_version)
         self._info_digest_changed_at = self._last_now
         info = self._self_info()
-        self._infos.put(self.local_peer.raw, info, _info_size(info))
+        self._infos.put(self.local_peer.raw, info, info_size(info))
 
     def _piggyback(
         self, dest: PeerID | None, extra: MemberUpdate | None = None
@@ -1372,12 +1272,12 @@ class MembershipMachine:
                 self._counters.probes_sent += 1
                 # Probes go to random members and carry our own record: a member that missed our
                 # latest ALIVE (gossip has a tail) catches up without waiting for a push-pull.
-                self._ping(now, target, _PROBE, extra=self._self_record())
+                self._ping(now, target, PROBE, extra=self._self_record())
             self._sync_stranger(now)
             self._schedule(now + cfg.probe_interval_s * (1 + self._awareness), _T_PROBE, None)
         elif kind == _T_HEARTBEAT:
             for peer in list(self._links):
-                self._ping(now, peer, _HEARTBEAT)
+                self._ping(now, peer, HEARTBEAT)
             self._schedule(now + cfg.heartbeat_interval_s, _T_HEARTBEAT, None)
         elif kind == _T_GOSSIP:
             # Only membership news gets messages of its own, to random members (the link graph is
@@ -1517,7 +1417,7 @@ class MembershipMachine:
             is_local=True,
         )
 
-    def _view(self, m: _Member) -> Member:
+    def _view(self, m: MemberRecord) -> Member:
         return Member(
             peer_id=m.peer,
             state=m.state,

@@ -1,0 +1,149 @@
+"""The machine's private bookkeeping records and small helpers (not part of the public API).
+
+Mutable, slotted dataclasses: one per member, suspicion, probe in flight, relayed probe, overlay
+link and pending contact, plus the statistics counters. Kept apart from ``machine.py`` so that the
+machine reads as protocol logic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chaosp2p.errors import ConfigError
+from chaosp2p.protocols.membership.config import MembershipConfig
+from chaosp2p.protocols.membership.events import MemberState
+from chaosp2p.protocols.membership.messages import InfoUpdate, MemberUpdate
+from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+
+# Why a PING was sent.
+PROBE, HEARTBEAT, CHECK = 0, 1, 2
+
+
+@dataclass(slots=True)
+class MemberRecord:
+    """One member as we hold it."""
+
+    peer: PeerID
+    state: MemberState
+    incarnation: int
+    addrs: tuple[str, ...]
+    since: float
+    record: MemberUpdate
+    suspected_at: float | None = None
+    info: InfoUpdate | None = None
+    info_hash: int = 0  # member_hash(peer, info.version), 0 without info
+    rtt_s: float | None = None
+    bandwidth: float | None = None
+    bandwidth_at: float | None = None
+    bandwidth_asked_at: float | None = None
+
+
+@dataclass(slots=True)
+class SuspicionRecord:
+    """A running suspicion and its confirmations."""
+
+    incarnation: int
+    start: float
+    min_s: float
+    max_s: float
+    k: int
+    confirmers: set[PeerID]
+    deadline: float = 0.0
+
+
+@dataclass(slots=True)
+class ProbeRecord:
+    """A PING of ours awaiting its ACK (and the check it may have started)."""
+
+    seq: int
+    target: PeerID
+    sent_at: float
+    purpose: int
+    relays: tuple[PeerID, ...] = ()
+    nacks: int = 0
+
+
+@dataclass(slots=True)
+class RelayRecord:
+    """A PING we send on someone's behalf (PING_REQ)."""
+
+    requester: PeerID
+    request_seq: int
+    target: PeerID
+
+
+@dataclass(slots=True)
+class LinkRecord:
+    """One overlay link."""
+
+    peer: PeerID
+    since: float
+    up: bool = False
+    missed: int = 0
+
+
+@dataclass(slots=True)
+class ContactRecord:
+    """A contact we are joining through."""
+
+    addrs: tuple[str, ...]
+    attempts: int = 0
+    next_try: float = 0.0
+
+
+@dataclass(slots=True)
+class Counters:
+    """Statistics counters."""
+
+    messages_received: int = 0
+    messages_sent: int = 0
+    rate_limited: int = 0
+    rejected_messages: int = 0
+    rejected_updates: int = 0
+    ignored_unknown: int = 0
+    probes_sent: int = 0
+    indirect_probes_sent: int = 0
+    probes_failed: int = 0
+    suspicions_raised: int = 0
+    suspicions_refuted: int = 0
+    refutations: int = 0
+    failures_declared: int = 0
+    late_acks: int = 0
+    nacks_received: int = 0
+    push_pulls_sent: int = 0
+    push_pulls_received: int = 0
+    local_pauses: int = 0
+
+
+def check_addrs(addrs: Sequence[str], peer: PeerID, config: MembershipConfig) -> str | None:
+    """Why ``addrs`` are not acceptable as ``peer``'s listen addresses, or ``None`` if they are."""
+    if len(addrs) > config.max_addrs_per_member:
+        return f"{len(addrs)} addresses (max {config.max_addrs_per_member})"
+    for addr in addrs:
+        if type(addr) is not str or len(addr) > config.max_addr_chars:
+            return "address too long"
+        try:
+            parsed = Multiaddr.parse(addr)
+        except ConfigError as exc:
+            return str(exc)
+        if parsed.peer_id is not None and parsed.peer_id != peer:
+            return "address names another peer"
+    return None
+
+
+def member_hash(peer: PeerID, incarnation: int) -> int:
+    data = peer.raw + incarnation.to_bytes(8, "big")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def update_size(update: MemberUpdate) -> int:
+    return 50 + sum(len(a) + 2 for a in update.addrs) + (40 if update.origin is not None else 0)
+
+
+def info_size(info: InfoUpdate) -> int:
+    return 70 + 60 * len(info.links)
+
+
