@@ -129,21 +129,22 @@ def test_local_profile_detects_kill_and_sigstop_within_3_s_and_restarted_peer_re
 
 
 def test_lossy_jittery_links_cause_no_false_failures() -> None:
-    link = LinkProfile(latency_s=0.002, jitter_s=0.010, loss=0.02)
+    link = LinkProfile(latency_s=0.002, jitter_s=0.010, loss=0.05)
     swarm = formed(64, LAN, seed=5, link=link)
     start = swarm.net.now
     swarm.net.run_for(120.0)
     false_failures = [
-        e
-        for at, o, e in swarm.net.events
-        if at >= start and isinstance(e, PeerFailed) and swarm.healthy_at(e.peer, at)
+        e for at, _, e in swarm.net.events if at >= start and isinstance(e, PeerFailed) and swarm.healthy_at(e.peer, at)
     ]
     assert false_failures == []
-    assert swarm.converged()
-    # Suspicions do happen with 2 % loss, and every one of them was refuted.
+    # With 5 % loss each way some probes and their indirect probes all fail: a few peers get
+    # suspected (each suspicion is reported by every observer), and every suspicion is refuted.
     stats = [swarm.peers[p].machine.statistics() for p in swarm.running()]
     raised = sum(s.suspicions_raised for s in stats)
-    assert raised <= 10
+    assert 0 < raised <= 20
+    false_suspicions = swarm.false_suspicions(since=start)
+    assert sum(s.suspicions_refuted for s in stats) == false_suspicions > 0
+    assert swarm.converged()
     assert sum(s.rate_limited for s in stats) == 0
 
 
