@@ -685,6 +685,18 @@ def test_invalid_local_setup_is_a_config_error() -> None:
     assert m.incarnation == 1 and m.addresses(peer(0)) == ("/ip4/10.1.1.1/tcp/5",)
 
 
+def test_link_candidates_from_the_dht_are_contacted_and_garbage_is_skipped() -> None:
+    s = Scripted(LAN, puppets=2)
+    s.machine.offer_link_candidates(
+        s.now, [(peer(7), (addr(7),)), (peer(8), ("garbage",)), (peer(9), ()), (s.puppets[0], (addr(1),))]
+    )
+    s.pump()
+    joins = [(to, m) for _, to, m in s.sent if isinstance(m, PushPull)]
+    assert [to for to, _ in joins] == [peer(7)]  # known members are not contacted again
+    assert s.machine.addresses(peer(7)) == (addr(7),)
+    assert s.machine.statistics().rejected_updates == 2
+
+
 def test_leave_message_from_an_unknown_sender_is_ignored() -> None:
     s = Scripted(LAN, puppets=1)
     s.inject(peer(30), Leave(incarnation=0))

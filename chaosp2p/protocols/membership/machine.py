@@ -348,6 +348,9 @@ class MembershipMachine:
                 continue
             if peer in self._contacts or len(self._contacts) >= self.config.max_contacts:
                 continue
+            if check_addrs(tuple(addrs), peer, self.config) is not None or not addrs:
+                self._counters.rejected_updates += 1  # candidates come from the DHT: remote data
+                continue
             self.add_contact(now, peer, addrs)
 
     def set_local_resources(
