@@ -3,7 +3,7 @@
 >>> from chaosp2p.scheduling import Source, plan_shards
 >>> plan = plan_shards(1 << 30, [Source("A", 1e8, 0.01), Source("B", 5e7, 0.02)])
 >>> plan.shard_count, round(plan.makespan_s, 3)
-(4096, 7.177)
+(1024, 7.172)
 
 The model and the optimality proofs are in ``protocols/scheduling.md``; the exact MILP the greedy
 is checked against lives in :mod:`chaosp2p.scheduling.reference` (needs scipy, tests/bench only).

@@ -138,15 +138,44 @@ def _solve_one(
     presolve: bool,
 ) -> tuple[FloatArray, float, bool, float]:
     """One ``K``: shard counts (as floats, integral), unscaled objective, proved optimal, seconds."""
+    n = len(steps)
+    feasible = min(_single_source_time(count, steps, latencies), _proportional_time(count, steps, latencies))
+    limit = feasible * (1 + 1e-9)  # never cut off a solution that ties with the feasible bound
+    caps = np.maximum(np.floor((limit - latencies) / steps), 0.0)
+    # The division can round across an integer (badly so when a step is tiny next to a latency);
+    # settle it on the slot values themselves.
+    caps -= (latencies + caps * steps > limit) & (caps > 0)
+    caps += latencies + (caps + 1) * steps <= limit
+    caps = np.minimum(caps, float(count)).astype(np.int64)
+    scale = _SCALE / feasible
+    slots = [(i, j) for i in range(n) for j in range(1, int(caps[i]) + 1)]
+    owners = np.asarray([i for i, _j in slots], dtype=np.int64)
+    completions = np.asarray([latencies[i] + j * steps[i] for i, j in slots], dtype=np.float64)
+    # Phase 1 finds the optimum up to HiGHS's integrality tolerance: a binary at 1 - 1e-6 shaves
+    # 1e-6 of its completion off T, enough to pick a near-tie. Phase 2 measures completions from a
+    # floor just below that optimum, so the same slack is worth 1e-6 of a sliver, not of T.
+    chosen, objective, proved, elapsed = _slot_milp(count, slots, completions, 0.0, scale, time_limit_s, presolve)
+    floor = objective * (1 - 1e-5)
+    chosen, objective, proved_again, more = _slot_milp(count, slots, completions, floor, scale, time_limit_s, presolve)
+    counts = np.bincount(owners, weights=chosen, minlength=n).astype(np.float64)
+    if int(counts.sum()) != count:
+        raise RuntimeError(f"MILP solution for K={count} assigns {int(counts.sum())} shards")
+    return counts, objective, proved and proved_again, elapsed + more
+
+
+def _slot_milp(
+    count: int,
+    slots: Sequence[tuple[int, int]],
+    completions: FloatArray,
+    floor: float,
+    scale: float,
+    time_limit_s: float | None,
+    presolve: bool,
+) -> tuple[FloatArray, float, bool, float]:
+    """Solve ``min T: sum w = K, w_ij <= w_i,j-1, T >= floor + (c_ij - floor) w_ij, T >= floor``."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
-    n = len(steps)
-    feasible = min(_single_source_time(count, steps, latencies), _proportional_time(count, steps, latencies))
-    slack = 1 + 1e-9  # never cut off a solution that ties with the feasible bound
-    caps = np.minimum(np.floor((feasible - latencies) / steps * slack), float(count)).astype(np.int64)
-    scale = _SCALE / feasible
-    slots = [(i, j) for i in range(n) for j in range(1, int(caps[i]) + 1)]
     m = len(slots)
     rows: list[int] = []
     cols: list[int] = []
@@ -163,16 +192,19 @@ def _solve_one(
         upper.append(hi)
 
     add_row([(col, 1.0) for col in range(m)], float(count), float(count))
-    for col, (i, j) in enumerate(slots):
+    for col, (_i, j) in enumerate(slots):
         if j > 1:
             add_row([(col, 1.0), (col - 1, -1.0)], -np.inf, 0.0)
-        completion = float(latencies[i] + j * steps[i])
-        add_row([(m, 1.0), (col, -completion * scale)], 0.0, np.inf)
+        excess = float(completions[col]) - floor
+        if excess > 0:  # a slot finishing below the floor never binds
+            add_row([(m, 1.0), (col, -excess * scale)], floor * scale, np.inf)
     matrix = coo_matrix((vals, (rows, cols)), shape=(len(lower), m + 1)).tocsr()
     cost = np.zeros(m + 1)
     cost[m] = 1.0
     integrality = np.ones(m + 1)
     integrality[m] = 0
+    var_lower = np.zeros(m + 1)
+    var_lower[m] = floor * scale
     var_upper = np.ones(m + 1)
     var_upper[m] = np.inf
     options: dict[str, Any] = {"presolve": presolve, **_OPTIONS}
@@ -186,19 +218,14 @@ def _solve_one(
             cost,
             constraints=LinearConstraint(matrix, lower, upper),
             integrality=integrality,
-            bounds=Bounds(np.zeros(m + 1), var_upper),
+            bounds=Bounds(var_lower, var_upper),
             options=options,
         )
     elapsed = time.perf_counter() - started
     if result.x is None:
         raise RuntimeError(f"HiGHS found no solution for K={count}: {result.message}")
-    counts = np.zeros(n, dtype=np.float64)
-    chosen = np.rint(result.x[:m])
-    for col, (i, _j) in enumerate(slots):
-        counts[i] += chosen[col]
-    if int(counts.sum()) != count:
-        raise RuntimeError(f"MILP solution for K={count} assigns {int(counts.sum())} shards")
-    return counts, float(result.fun) / scale, bool(result.status == 0), elapsed
+    chosen: FloatArray = np.rint(result.x[:m])
+    return chosen, float(result.fun) / scale, bool(result.status == 0), elapsed
 
 
 def _single_source_time(count: int, steps: FloatArray, latencies: FloatArray) -> float:
