@@ -621,7 +621,7 @@ class MembershipMachine:
     def _on_push_pull(self, now: float, sender: PeerID, msg: PushPull) -> None:
         self._counters.push_pulls_received += 1
         self._merge_state(now, sender, msg.members, msg.infos)
-        members, infos = self._state_snapshot()
+        members, infos = self._state_snapshot(with_infos=bool(msg.infos))
         self._send(sender, PushPullReply(seq=msg.seq, members=members, infos=infos))
 
     def _on_push_pull_reply(self, now: float, sender: PeerID, msg: PushPullReply) -> None:
@@ -696,11 +696,11 @@ class MembershipMachine:
             return
         kind = update.kind
         if (
-            merging
-            and member is not None
+            member is not None
             and member.state is _ALIVE
             and kind in (UpdateKind.SUSPECT, UpdateKind.DEAD)
             and incarnation >= member.incarnation
+            and (merging or self._cut_off(now, update.origin or sender))
         ):
             self._verify(now, member, update)
             return
@@ -746,6 +746,20 @@ class MembershipMachine:
             self._fail(now, member, incarnation, update.origin or sender)
         else:
             self._set_left(now, member, incarnation)
+
+    def _cut_off(self, now: float, origin: PeerID) -> bool:
+        # A verdict reached by a peer we hold failed, or held failed until moments ago, may have
+        # been reached without us: typically the other half of a partition that just healed,
+        # whose gossip queues still hold its verdicts on our half.
+        member = self._members.get(origin)
+        if member is None:
+            return False
+        if member.state is _FAILED:
+            return True
+        if member.revived_at is None:
+            return False
+        window = self.config.suspicion_min_s(self._live_count + 1) * self.config.suspicion_max_timeout_mult
+        return now - member.revived_at < window
 
     def _verify(self, now: float, member: MemberRecord, claim: MemberUpdate) -> None:
         # A full-state sync says a member we hold alive is suspect or dead. That state may be stale
@@ -902,6 +916,7 @@ class MembershipMachine:
             self._counters.suspicions_refuted += 1
             self._events.append(PeerAlive(at=now, peer=member.peer, incarnation=incarnation))
         elif previous is not _ALIVE:
+            member.revived_at = now
             order = self._probe_order
             order.insert(self._rng.randint(self._probe_index, len(order)), member.peer)
             self._events.append(PeerJoined(at=now, peer=member.peer, incarnation=incarnation, addrs=addrs))
@@ -1223,7 +1238,7 @@ class MembershipMachine:
             )
         return tuple(updates), tuple(infos)
 
-    def _state_snapshot(self) -> tuple[tuple[MemberUpdate, ...], tuple[InfoUpdate, ...]]:
+    def _state_snapshot(self, *, with_infos: bool) -> tuple[tuple[MemberUpdate, ...], tuple[InfoUpdate, ...]]:
         cap = self.config.max_push_pull_members
         records = [m.record for m in self._members.values()]
         if len(records) + 1 > cap:
@@ -1232,6 +1247,8 @@ class MembershipMachine:
             records.sort(key=lambda r: rank[r.kind])
             records = records[: cap - 1]
         members = (self._self_record(), *records)
+        if not with_infos:
+            return members, ()
         infos = [self._self_info()]
         for record in records:
             info = self._members[record.peer].info
@@ -1239,10 +1256,10 @@ class MembershipMachine:
                 infos.append(info)
         return members, tuple(infos)
 
-    def _send_push_pull(self, now: float, peer: PeerID, *, join: bool) -> None:
+    def _send_push_pull(self, now: float, peer: PeerID, *, join: bool, with_infos: bool = True) -> None:
         seq = self._next_seq()
         self._push_pulls[seq] = (peer, now)
-        members, infos = self._state_snapshot()
+        members, infos = self._state_snapshot(with_infos=with_infos)
         self._send(peer, PushPull(seq=seq, join=join, members=members, infos=infos))
         self._counters.push_pulls_sent += 1
 
@@ -1296,7 +1313,9 @@ class MembershipMachine:
         elif kind == _T_PUSH_PULL:
             alive = self._sample_alive(1)
             if alive:
-                self._send_push_pull(now, alive[0], join=False)
+                # Membership only: info records are bulky, and a divergence in them shows up in the
+                # info digest of probes, which triggers a full exchange (see _check_digest).
+                self._send_push_pull(now, alive[0], join=False, with_infos=False)
             self._schedule(now + cfg.push_pull_period_s(self._live_count + 1), _T_PUSH_PULL, None)
         elif kind == _T_RECONNECT:
             failed = [p for p, m in self._members.items() if m.state is _FAILED]

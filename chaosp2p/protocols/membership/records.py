@@ -33,6 +33,7 @@ class MemberRecord:
     since: float
     record: MemberUpdate
     suspected_at: float | None = None
+    revived_at: float | None = None  # when it last came back from failed/left
     info: InfoUpdate | None = None
     info_hash: int = 0  # member_hash(peer, info.version), 0 without info
     rtt_s: float | None = None
