@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from chaosp2p.clock import Clock
 from chaosp2p.errors import ChaosError, RemoteProtocolError, TransferError
@@ -34,6 +35,7 @@ from chaosp2p.protocols.transfer import (
     PayloadKind,
     PayloadSlot,
     PullMachine,
+    ShardPlanner,
     SourceDropped,
     SourceEstimate,
     SourcePenalised,
@@ -168,16 +170,8 @@ class PullDriver:
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, ManifestReady):
-            self.staging = self._make_staging(event.manifest)
-            log.info(
-                "pulling %s step %d: %.1f MiB from %d sources",
-                self.machine.run,
-                event.manifest.step,
-                event.manifest.total_bytes / 2**20,
-                len(event.sources),
-            )
-            self.machine.start_pull(self._clock.now())
-            self._pump()
+            assert self._task_group is not None
+            self._task_group.start_soon(self._prepare_staging, event)
         elif isinstance(event, SourceDropped):
             self.dropped.append(event)
             log.info("dropping source %s: %s %s", event.source.short(), event.reason.value, event.detail)
@@ -186,8 +180,12 @@ class PullDriver:
                 link.dropped = True
                 link.wake.set()
                 if link.stream is not None:
-                    link.stream.reset()  # stops any further decryption into staging at once
-                link.scope.cancel()
+                    # Stops any further decryption into staging at once, and fails the link's reader
+                    # and sender with StreamReset, which ends the link. (Cancelling its scope as well
+                    # would race that error with a cancellation and leave an ungroupable mix.)
+                    link.stream.reset()
+                else:
+                    link.scope.cancel()  # still dialing: nothing was written yet
         elif isinstance(event, SourcePenalised):
             self.penalised.append(event)
             log.warning("source %s misbehaved (%s): %s", event.source, event.reason.value, event.detail)
@@ -203,6 +201,19 @@ class PullDriver:
         elif isinstance(event, Failed):
             self.error = event.error
             self._finished.set()
+
+    async def _prepare_staging(self, event: ManifestReady) -> None:
+        # Allocating (and faulting in) a large staging buffer takes a while: do it off the event
+        # loop, so the connections keep being served meanwhile.
+        self.staging = await anyio.to_thread.run_sync(self._make_staging, event.manifest)
+        log.info(
+            "pulling %s step %d: %.1f MiB from %d sources",
+            self.machine.run,
+            event.manifest.step,
+            event.manifest.total_bytes / 2**20,
+            len(event.sources),
+        )
+        self._input(self.machine.start_pull)
 
     async def _timer(self) -> None:
         while True:
@@ -297,11 +308,14 @@ async def pull_state(
     progress: ProgressCallback | None = None,
     resume_path: str | Path | None = None,
     downlink_bytes_per_s: float | None = None,
+    planner: ShardPlanner | None = None,
+    work_stealing: bool = True,
 ) -> PullResult:
     """Pull run ``run`` (its newest common step, or ``step``) from ``sources`` into a staging buffer.
 
     With ``resume_path``, verified chunks are remembered there (and the staging data next to it),
-    so an interrupted pull continues where it stopped.
+    so an interrupted pull continues where it stopped. ``planner`` and ``work_stealing`` exist for
+    benchmarks that compare the optimal plan with baselines; leave them alone otherwise.
     """
     path = Path(resume_path) if resume_path is not None else None
     resume = load_resume(path) if path is not None and path.exists() else None
@@ -318,6 +332,8 @@ async def pull_state(
         step=step,
         resume=resume,
         downlink_bytes_per_s=downlink_bytes_per_s,
+        planner=planner,
+        work_stealing=work_stealing,
     )
     window = min(host.config.max_window_bytes, config.chunk_bytes * (config.max_inflight_chunks_per_source + 1))
     driver = PullDriver(

@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 
 from chaosp2p.errors import ChaosError, ConfigError, TransferError
-from chaosp2p.protocols.transfer import Completed, SnapshotCatalog
+from chaosp2p.protocols.transfer import Completed, ShardPlanner, SnapshotCatalog
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.runtime.node import Node
 from chaosp2p.state.download import ProgressCallback, PullResult, SourceAddress, StagingFactory, pull_state
@@ -131,11 +131,14 @@ class StateService:
         *,
         into: Mapping[str, np.ndarray] | None = None,
         step: int | None = None,
-        sources: Sequence[Multiaddr | str] | None = None,
+        sources: Sequence[Multiaddr | str | SourceAddress] | None = None,
         max_sources: int = 8,
         progress: ProgressCallback | None = None,
         resume_path: str | Path | None = None,
         make_staging: StagingFactory | None = None,
+        config: TransferConfig | None = None,
+        planner: ShardPlanner | None = None,
+        work_stealing: bool = True,
     ) -> LoadedState:
         """Pull ``run`` from several sources in parallel and commit it (see :meth:`AsyncPeer.load_state`)."""
         chosen = await self._sources(run, sources, max_sources)
@@ -146,12 +149,14 @@ class StateService:
             self._node.host,
             run=run,
             sources=chosen,
-            config=self.config,
+            config=config or self.config,
             clock=self._node.clock,
             step=step,
             make_staging=make_staging,
             progress=progress,
             resume_path=resume_path,
+            planner=planner,
+            work_stealing=work_stealing,
         )
         completed = result.completed
         for peer, count in completed.bytes_by_source:
@@ -164,11 +169,16 @@ class StateService:
             state = result.staging.commit(completed)
         return LoadedState(run=run, step=completed.step, state=state, completed=completed, result=result)
 
-    async def _sources(self, run: str, explicit: Sequence[Multiaddr | str] | None, limit: int) -> list[SourceAddress]:
+    async def _sources(
+        self, run: str, explicit: Sequence[Multiaddr | str | SourceAddress] | None, limit: int
+    ) -> list[SourceAddress]:
         if explicit is None:
             return await self.find_sources(run, limit=limit)
         chosen = []
         for item in explicit:
+            if isinstance(item, SourceAddress):  # the caller knows the link already
+                chosen.append(item)
+                continue
             addr = Multiaddr.parse(item) if isinstance(item, str) else item
             try:
                 connection = await self._node.host.connect(addr)

@@ -34,6 +34,7 @@ from chaosp2p.protocols.transfer import PinnedSnapshot, SnapshotCatalog
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import BufferSpec, Manifest, VersionInfo, encode_manifest, manifest_digest
 from chaosp2p.state.manifest import FlatState, as_bytes, build_manifest, layout_buffers, storage_dtype
+from chaosp2p.state.memory import allocate_bytes
 
 StateProvider = SnapshotCatalog
 """What ``serve_state`` accepts: anything that lists versions and pins snapshots."""
@@ -43,8 +44,8 @@ Allocator = Callable[[int], np.ndarray]
 
 
 def default_allocator(size: int) -> np.ndarray:
-    """Plain host memory."""
-    return np.empty(size, dtype=np.uint8)
+    """Plain host memory, pre-faulted when large (see :mod:`chaosp2p.state.memory`)."""
+    return allocate_bytes(size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -151,6 +151,8 @@ class Listener:
     async def accept(self) -> tuple[socket.socket, tuple[str, int]]:
         """Wait for and return the next inbound connection."""
         while True:
+            if self._sock.fileno() == -1:
+                raise anyio.ClosedResourceError
             try:
                 sock, address = self._sock.accept()
             except BlockingIOError:
@@ -163,6 +165,8 @@ class Listener:
                     continue
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
+                if exc.errno == errno.EBADF:  # closed by close() while we were between waits
+                    raise anyio.ClosedResourceError from None
                 raise
             _tune(sock, self._buffer_bytes)
             await anyio.lowlevel.checkpoint()

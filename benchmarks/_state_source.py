@@ -1,0 +1,60 @@
+"""A state source for benchmarks/state.py: builds a deterministic model + Adam state and serves it.
+
+    python benchmarks/_state_source.py --bytes N --seed S --run R --ready-file F [--cap BYTES_PER_S] [--bootstrap A]
+
+Every source started with the same --bytes/--seed serves byte-identical state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+import anyio
+import numpy as np
+
+from chaosp2p import PeerConfig, SnapshotStore, open_peer
+from chaosp2p.cli_common import announce_ready
+from chaosp2p.transport.config import TransportConfig
+
+
+def model_and_adam_state(total_bytes: int, seed: int) -> dict[str, np.ndarray]:
+    """Weights, Adam exp_avg and exp_avg_sq (a third each) plus a step counter, from ``seed``."""
+    rng = np.random.default_rng(seed)
+    third = (total_bytes // 3) // 4096 * 4096  # whole rows of 1024 float32
+    state = {}
+    for name in ("model.weight", "optimizer.exp_avg", "optimizer.exp_avg_sq"):
+        state[name] = np.frombuffer(rng.bytes(third), dtype=np.float32).reshape(-1, 1024)
+    state["optimizer.step"] = np.array(1000, dtype=np.int64)
+    return state
+
+
+async def main(args: argparse.Namespace) -> None:
+    transport = TransportConfig.local()
+    if args.cap:
+        transport = TransportConfig(**{**_fields(transport), "max_upload_bytes_per_s": args.cap})
+    config = PeerConfig.local(bootstrap=tuple(args.bootstrap), transport=transport)
+    store = SnapshotStore(config.transfer)
+    store.publish(args.run, args.step, model_and_adam_state(args.bytes, args.seed))
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_peer(config) as peer:
+            await peer.serve_state(store)
+            await announce_ready(peer.peer_id, peer.addrs, args.ready_file)
+            async for _ in signals:
+                break
+
+
+def _fields(config: TransportConfig) -> dict[str, object]:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bytes", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run", default="bench")
+    parser.add_argument("--step", type=int, default=1000)
+    parser.add_argument("--cap", type=float, default=None, help="upload cap in bytes/s")
+    parser.add_argument("--bootstrap", action="append", default=[])
+    parser.add_argument("--ready-file", required=True)
+    anyio.run(main, parser.parse_args(), backend="trio")
