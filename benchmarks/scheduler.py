@@ -9,15 +9,17 @@ with the machine's load):
    chain capped at ``--milp-max-shards`` (default 256; the MILP grows with the shard count). Both
    makespans are printed and must agree to 1e-9.
 2. **greedy plan time at full size** -- the default chain (up to 4096 shards), 256 sources, with
-   and without per-shard overhead and 4 MiB chunk alignment; the target is under 5 ms.
+   and without per-shard overhead, exact, 4 MiB chunk-aligned and rebalanced; target under 5 ms.
 3. **makespan vs baselines** -- predicted makespan of single-source, equal-split,
-   bandwidth-proportional and the Chaos default rule, as a ratio to the optimal plan (median and
-   worst over random draws), and the cost of 4 MiB chunk alignment.
+   bandwidth-proportional and the Chaos default rule, as a ratio to the exact equal-shard optimum
+   (median and worst over random draws), and the same ratio for 4 MiB chunk-aligned and
+   byte-rebalanced plans (uneven slices, outside the equal-shard model, so they can go below 1).
 
 Links are drawn as in the public Chaos experiments: 100 Mbit/s - 1 Gbit/s per source
 (12.5-125 MB/s), start-up latency 1-100 ms.
 
-    python benchmarks/scheduler.py [--draws 20] [--repeats 50] [--milp-max-shards 256] [--json out.json] [--quick]
+    python benchmarks/scheduler.py [--draws 20] [--repeats 50] [--milp-max-shards 256] [--json out.json]
+                                   [--markdown] [--quick]
 """
 
 from __future__ import annotations
@@ -111,12 +113,13 @@ def greedy_vs_milp(
 def full_size_plan_time(repeats: int, seed: int) -> list[dict[str, Any]]:
     rows = []
     sources = draw_sources(random.Random(seed), 256)
+    modes: dict[str, dict[str, Any]] = {"exact": {}, **VARIANTS}
     for total in (GIB, 100 * GIB):
         for overhead in (0.0, 0.002):
-            for align in (None, CHUNK):
-                plan = plan_shards(total, sources, per_shard_overhead_s=overhead, align_bytes=align)
+            for mode, extra in modes.items():
+                plan = plan_shards(total, sources, per_shard_overhead_s=overhead, **extra)
                 samples = time_call(
-                    lambda t=total, h=overhead, a=align: plan_shards(t, sources, per_shard_overhead_s=h, align_bytes=a),
+                    lambda t=total, h=overhead, e=extra: plan_shards(t, sources, per_shard_overhead_s=h, **e),
                     repeats,
                 )
                 rows.append(
@@ -124,7 +127,7 @@ def full_size_plan_time(repeats: int, seed: int) -> list[dict[str, Any]]:
                         "sources": 256,
                         "total_bytes": total,
                         "overhead_s": overhead,
-                        "align_bytes": align,
+                        "mode": mode,
                         "shards": plan.shard_count,
                         "median_ms": median(samples) * 1e3,
                         "p95_ms": percentile(samples, 0.95) * 1e3,
@@ -142,12 +145,18 @@ BASELINES: dict[str, Callable[..., ShardPlan]] = {
 }
 
 
+VARIANTS: dict[str, dict[str, Any]] = {
+    "aligned-4MiB": {"align_bytes": CHUNK},
+    "rebalanced": {"rebalance": True},
+}
+
+
 def baselines(sizes: Sequence[int], totals: Sequence[int], draws: int, seed: int) -> list[dict[str, Any]]:
     rows = []
     for overhead in (0.0, 0.002):
         for count in sizes:
             for total in totals:
-                ratios: dict[str, list[float]] = {name: [] for name in [*BASELINES, "aligned-4MiB"]}
+                ratios: dict[str, list[float]] = {name: [] for name in [*BASELINES, *VARIANTS]}
                 optimal: list[float] = []
                 fluid: list[float] = []
                 for draw in range(draws):
@@ -158,8 +167,9 @@ def baselines(sizes: Sequence[int], totals: Sequence[int], draws: int, seed: int
                     for name, make in BASELINES.items():
                         other = make(total, sources, per_shard_overhead_s=overhead)
                         ratios[name].append(other.makespan_s / best.makespan_s)
-                    aligned = plan_shards(total, sources, per_shard_overhead_s=overhead, align_bytes=CHUNK)
-                    ratios["aligned-4MiB"].append(aligned.makespan_s / best.makespan_s)
+                    for name, extra in VARIANTS.items():
+                        variant = plan_shards(total, sources, per_shard_overhead_s=overhead, **extra)
+                        ratios[name].append(variant.makespan_s / best.makespan_s)
                 row: dict[str, Any] = {
                     "sources": count,
                     "total_bytes": total,
@@ -175,6 +185,18 @@ def baselines(sizes: Sequence[int], totals: Sequence[int], draws: int, seed: int
     return rows
 
 
+def show(markdown: bool, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A rich table, or a Markdown one to paste into the spec and the README."""
+    if not markdown:
+        print_table(title, columns, rows)
+        return
+    print(f"\n**{title}**\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(v) for v in row) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--draws", type=int, default=20, help="random link draws per baseline row")
@@ -184,6 +206,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write all results here")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     args = parser.parse_args()
     sizes = [8, 64] if args.quick else [8, 64, 256]
     totals = [GIB, 100 * GIB]
@@ -193,7 +216,8 @@ def main() -> None:
 
     print("greedy vs MILP ...", flush=True)
     exact = greedy_vs_milp(sizes, totals, repeats, milp_shards, args.seed, args.milp_time_limit)
-    print_table(
+    show(
+        args.markdown,
         f"Plan time, greedy vs exact MILP (HiGHS), chain 1..{milp_shards} shards",
         ["sources", "S", "h (ms)", "greedy ms", "MILP s", "MILP/greedy", "makespan s", "|diff| rel", "K g/M"],
         [
@@ -212,14 +236,15 @@ def main() -> None:
         ],
     )
     full = full_size_plan_time(repeats, args.seed)
-    print_table(
+    show(
+        args.markdown,
         "Greedy plan time, 256 sources, default chain (up to 4096 shards)",
-        ["S", "h (ms)", "aligned", "shards", "median ms", "p95 ms", "makespan s"],
+        ["S", "h (ms)", "mode", "shards", "median ms", "p95 ms", "makespan s"],
         [
             [
                 f"{r['total_bytes'] // GIB} GiB",
                 r["overhead_s"] * 1e3,
-                "4 MiB" if r["align_bytes"] else "no",
+                r["mode"],
                 r["shards"],
                 f"{r['median_ms']:.2f}",
                 f"{r['p95_ms']:.2f}",
@@ -230,8 +255,9 @@ def main() -> None:
     )
     base_sizes = [2, 4, 8, 64] if args.quick else [2, 4, 8, 16, 64, 256]
     compared = baselines(base_sizes, totals, draws, args.seed)
-    names = [*BASELINES, "aligned-4MiB"]
-    print_table(
+    names = [*BASELINES, *VARIANTS]
+    show(
+        args.markdown,
         f"Predicted makespan relative to the optimal plan (median [worst] over {draws} link draws)",
         ["sources", "S", "h (ms)", "optimal s", "S/sum(b) s", *names],
         [

@@ -14,9 +14,10 @@ every source ``i`` takes ``p_i(K) = h + M/(K*rate_i)`` per shard after its laten
 
 Ties (within ``1e-12`` relative) go to the smaller ``K``. The downlink cap enters as the per-source
 rate ``min(b_i, B)`` and the plan-independent fluid bound ``D``, so it never changes which plan is
-optimal, only its rates and predicted makespan. Chunk-aligned plans (``align_bytes``) keep the exact
-``K``-shard counts, then spread whole chunks over the chosen sources with the same exact kernel
-(chunks as identical jobs, overheads folded into ready times) and score the real, uneven shards.
+optimal, only its rates and predicted makespan. Chunk-aligned plans (``align_bytes``) and re-balanced
+ones (``rebalance``, one-byte units) keep the exact ``K``-shard counts, then spread whole units over
+the chosen sources with the same exact kernel (units as identical jobs, overheads folded into ready
+times) and score the real, uneven shards.
 """
 
 from __future__ import annotations
@@ -92,17 +93,28 @@ def plan_shards(
     per_shard_overhead_s: float = 0.0,
     downlink_bytes_per_s: float | None = None,
     align_bytes: int | None = None,
+    rebalance: bool = False,
 ) -> ShardPlan:
     """The makespan-optimal plan to fetch ``[0, total_bytes)`` from ``sources``.
 
     Optimal over every shard count in :func:`shard_count_chain` and every split of equal shards
-    among the sources, under the model of ``protocols/scheduling.md``; with ``align_bytes`` shard
-    boundaries fall on multiples of it (except the end) and the result is within one chunk time of
-    that optimum (see the spec). Invalid arguments raise :class:`~chaosp2p.errors.ConfigError`.
+    among the sources, under the model of ``protocols/scheduling.md``. With ``align_bytes`` shard
+    boundaries fall on multiples of it (except the end) and the bytes are re-balanced across the
+    chosen sources in whole chunks; ``rebalance=True`` does the same at byte granularity. Both are
+    within one chunk (byte) time of the exact optimum and usually better, since slices may be
+    uneven (see the spec). Invalid arguments raise :class:`~chaosp2p.errors.ConfigError`.
     """
     total = check_total(total_bytes)
     return _plan(
-        [(0, total)], sources, max_shards, min_shard_bytes, per_shard_overhead_s, downlink_bytes_per_s, align_bytes, 0.0
+        [(0, total)],
+        sources,
+        max_shards,
+        min_shard_bytes,
+        per_shard_overhead_s,
+        downlink_bytes_per_s,
+        align_bytes,
+        rebalance,
+        0.0,
     )
 
 
@@ -116,6 +128,7 @@ def replan(
     per_shard_overhead_s: float = 0.0,
     downlink_bytes_per_s: float | None = None,
     align_bytes: int | None = None,
+    rebalance: bool = False,
 ) -> ShardPlan:
     """A fresh optimal plan for the still-missing ``(offset, length)`` ranges, mid-transfer.
 
@@ -133,6 +146,7 @@ def replan(
         per_shard_overhead_s,
         downlink_bytes_per_s,
         align_bytes,
+        rebalance,
         elapsed_s,
     )
 
@@ -145,6 +159,7 @@ def _plan(
     per_shard_overhead_s: float,
     downlink_bytes_per_s: float | None,
     align_bytes: int | None,
+    rebalance: bool,
     elapsed_s: float,
 ) -> ShardPlan:
     max_shards = check_positive_int(max_shards, "max_shards", limit=MAX_SHARDS_LIMIT)
@@ -153,7 +168,9 @@ def _plan(
     cap = check_downlink(downlink_bytes_per_s)
     align = None if align_bytes is None else check_positive_int(align_bytes, "align_bytes")
     start = check_start(elapsed_s)
-    segments = Segments(ranges, align)
+    # Re-balancing without alignment is the aligned machinery with one-byte units.
+    granule = align if align is not None else (1 if rebalance else None)
+    segments = Segments(ranges, granule)
     total = segments.total
     check_sources(sources, needed=total > 0)
     if total == 0:
@@ -175,7 +192,7 @@ def _plan(
         total,
         max_shards=max_shards,
         min_shard_bytes=min_shard_bytes,
-        units=segments.units if align is not None else None,
+        units=segments.units if granule is not None else None,
     )
 
     def exact(shard_count: int) -> _Candidate:
@@ -183,7 +200,7 @@ def _plan(
         counts, makespan = assign_identical(latencies, step, shard_count, order)
         return _Candidate(shard_count, counts, makespan, latencies + counts * step)
 
-    if align is not None:
+    if granule is not None:
         best = _best([_aligned(exact(k), segments, latencies, rates, overhead) for k in chain])
     elif overhead == 0.0:
         best = _search_monotone(chain, exact)
@@ -240,22 +257,23 @@ def _search_bounded(
 def _aligned(
     plan: _Candidate, segments: Segments, latencies: FloatArray, rates: FloatArray, overhead: float
 ) -> _Candidate:
-    """Turn an exact ``K``-shard plan into a chunk-aligned one and score it on its real bytes."""
-    align = segments.align
-    assert align is not None
-    used = np.flatnonzero(plan.counts > 0)
-    counts = plan.counts[used]
-    # Chunks as identical jobs on the chosen sources; their shard overheads come first.
-    units, _ = assign_identical(latencies[used] + counts * overhead, align / rates[used], segments.units)
-    all_units = np.zeros(len(plan.counts), dtype=np.int64)
-    all_units[used] = units
-    shards = np.minimum(plan.counts, all_units)
-    edges = np.zeros(len(all_units) + 1, dtype=np.int64)
-    np.cumsum(all_units, out=edges[1:])
+    """Turn an exact ``K``-shard plan into a unit-granular one and score it on its real bytes.
+
+    Units are identical jobs; source ``i`` is ready once its ``max(x_i, 1)`` shard overheads are
+    paid. Sources the ``K``-plan left idle may take units too (as one shard), which the equal-shard
+    model could not express; the kernel leaves them idle unless that helps.
+    """
+    granule = segments.align
+    assert granule is not None
+    counts = np.maximum(plan.counts, 1)
+    units, _ = assign_identical(latencies + counts * overhead, granule / rates, segments.units)
+    shards = np.minimum(counts, units)
+    edges = np.zeros(len(units) + 1, dtype=np.int64)
+    np.cumsum(units, out=edges[1:])
     nbytes = np.diff(segments.unit_bounds_to_virtual(edges))
     finish = latencies + shards * overhead + nbytes / rates
-    makespan = float(np.max(finish[all_units > 0]))
-    return _Candidate(plan.shard_count, shards, makespan, finish, all_units)
+    makespan = float(np.max(finish[units > 0]))
+    return _Candidate(plan.shard_count, shards, makespan, finish, units)
 
 
 def _build(
@@ -282,15 +300,16 @@ def _build(
         block_edges = np.concatenate(([0], np.cumsum(best.counts[used]))).tolist()
         per_source_bytes = [bounds[b] - bounds[a] for a, b in itertools.pairwise(block_edges)]
     else:
-        units = best.units.tolist()
-        unit_edges: list[int] = []
-        cursor = 0
-        for i in used:
-            n, u = counts[i], units[i]
-            unit_edges.extend(cursor + (j * u) // n for j in range(n))
-            cursor += u
-        unit_edges.append(cursor)
-        shard_edges = segments.unit_bounds_to_virtual(np.asarray(unit_edges, dtype=np.int64)).tolist()
+        # Source i's u_i units (a contiguous block) are cut into n_i shards as equal as possible.
+        n_arr = best.counts[used]
+        u_arr = best.units[used]
+        block_start = np.cumsum(u_arr) - u_arr
+        shard_start = np.cumsum(n_arr) - n_arr
+        index = np.arange(int(n_arr.sum()), dtype=np.int64) - np.repeat(shard_start, n_arr)
+        unit_edges = np.empty(len(index) + 1, dtype=np.int64)
+        unit_edges[:-1] = np.repeat(block_start, n_arr) + (index * np.repeat(u_arr, n_arr)) // np.repeat(n_arr, n_arr)
+        unit_edges[-1] = int(u_arr.sum())
+        shard_edges = segments.unit_bounds_to_virtual(unit_edges).tolist()
         per_source_bytes = []
         position = 0
         for i in used:

@@ -249,6 +249,35 @@ def test_aligned_plans_respect_chunks_and_stay_within_one_chunk_time(instance: I
     assert close(rescored, plan.makespan_s, 1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(instances(shard_caps=(8, 64, 4096)))
+def test_rebalanced_plans_are_never_worse_than_one_byte_time(instance: Instance) -> None:
+    exact = instance.plan()
+    plan = instance.plan(rebalance=True)
+    assert_covers(plan.assignments, [(0, instance.total)])
+    slowest = min(s.bytes_per_s for s in instance.sources)
+    if instance.downlink is not None:
+        slowest = min(slowest, instance.downlink)
+    assert plan.sources_makespan_s <= exact.sources_makespan_s + 1.0 / slowest + 1e-9
+    rescored = predict_makespan(
+        plan.assignments,
+        instance.sources,
+        per_shard_overhead_s=instance.overhead,
+        downlink_bytes_per_s=instance.downlink,
+    )
+    assert close(rescored, plan.makespan_s, 1e-12)
+
+
+def test_rebalancing_recovers_what_equal_shards_cannot_express() -> None:
+    # 3:1 rates, 2 shards at most: equal shards must split 1:1 or 2:0; bytes can split 3:1.
+    sources = [Source("a", 3e6, 0.0), Source("b", 1e6, 0.0)]
+    exact = plan_shards(4_000_000, sources, max_shards=2, min_shard_bytes=1)
+    assert exact.makespan_s == pytest.approx(4 / 3)  # everything from a (2 shards of 2 MB)
+    rebalanced = plan_shards(4_000_000, sources, max_shards=2, min_shard_bytes=1, rebalance=True)
+    assert rebalanced.bytes_per_source == {"a": 3_000_000, "b": 1_000_000}
+    assert rebalanced.makespan_s == pytest.approx(1.0)
+
+
 # -- re-planning -------------------------------------------------------------------------------
 
 
