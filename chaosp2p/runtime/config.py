@@ -23,6 +23,7 @@ from typing import Any
 from chaosp2p.configbase import from_table, require, require_positive
 from chaosp2p.dht.config import DHTConfig
 from chaosp2p.errors import ConfigError
+from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -50,6 +51,7 @@ class PeerConfig:
     bootstrap_retry_max_s: float = 30.0
     transport: TransportConfig = field(default_factory=TransportConfig.local)
     dht: DHTConfig = field(default_factory=DHTConfig.local)
+    membership: MembershipConfig = field(default_factory=MembershipConfig.local)
     transfer: TransferConfig = field(default_factory=TransferConfig.local)
 
     def __post_init__(self) -> None:
@@ -91,7 +93,11 @@ class PeerConfig:
     def local(cls, **changes: Any) -> PeerConfig:
         """Everything on one machine: loopback, short timeouts, fast failure detection."""
         return cls(
-            profile="local", transport=TransportConfig.local(), dht=DHTConfig.local(), transfer=TransferConfig.local()
+            profile="local",
+            transport=TransportConfig.local(),
+            dht=DHTConfig.local(),
+            membership=MembershipConfig.local(),
+            transfer=TransferConfig.local(),
         ).replace(**changes)
 
     @classmethod
@@ -108,6 +114,7 @@ class PeerConfig:
             bootstrap_retry_max_s=120.0,
             transport=TransportConfig.wan(),
             dht=DHTConfig.wan(),
+            membership=MembershipConfig.wan(),
             transfer=TransferConfig.wan(),
         ).replace(**changes)
 

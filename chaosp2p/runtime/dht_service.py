@@ -83,7 +83,7 @@ class DHTService:
 
     def start(self, bootstrap: Sequence[Multiaddr]) -> None:
         """Start timers and, if given, bootstrap through ``bootstrap``."""
-        self.machine.set_listen_addrs([str(a) for a in self._host._listen_addrs])
+        self.machine.set_listen_addrs([str(a) for a in self._host.listen_addrs])
         self.driver.start()
         if bootstrap:
             peers = [(addr.peer_id, str(addr.without_peer())) for addr in bootstrap]

@@ -71,6 +71,7 @@ class MachineDriver:
         self._wake = anyio.Event()
         self._queues: dict[PeerID, deque[tuple[str, bytes]]] = {}
         self._senders: set[PeerID] = set()
+        self._progress = anyio.Event()
         self.dropped_outgoing = 0
         self.rejected_incoming = 0
         for protocol in self._codecs:
@@ -91,9 +92,9 @@ class MachineDriver:
 
         return handle
 
-    def call(self, action: Callable[[float], T]) -> T:
-        """Run ``action(now)`` on the machine, carry out its output, and return what it returned."""
-        result = action(self._clock.now())
+    def call(self, action: Callable[..., T], *args: Any) -> T:
+        """Run ``action(now, *args)`` on the machine, carry out its output, and return its result."""
+        result = action(self._clock.now(), *args)
         self.flush()
         return result
 
@@ -156,6 +157,7 @@ class MachineDriver:
                         protocol, body = queue[0]
                         await connection.send_message(protocol, body)
                         queue.popleft()
+                        self._progress.set()
                 except ChaosError as exc:
                     self.dropped_outgoing += len(queue)
                     queue.clear()
@@ -166,3 +168,10 @@ class MachineDriver:
             self._senders.discard(peer)
             if not queue:
                 self._queues.pop(peer, None)
+            self._progress.set()
+
+    async def wait_sent(self) -> None:
+        """Return once every queued message was sent or given up on (bound it with a timeout)."""
+        while self._queues:
+            self._progress = anyio.Event()
+            await self._progress.wait()

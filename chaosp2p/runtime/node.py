@@ -27,10 +27,12 @@ import anyio.abc
 from chaosp2p.clock import Clock, MonotonicClock
 from chaosp2p.dht import DHTMachine
 from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
+from chaosp2p.protocols.membership import Member, Topology
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub
-from chaosp2p.runtime.status import STATUS_CODEC, ConnectionInfo, StatusReport, StatusRequest
+from chaosp2p.runtime.membership_service import MembershipService
+from chaosp2p.runtime.status import STATUS_CODEC, ConnectionInfo, LinkInfo, MemberInfo, StatusReport, StatusRequest
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
@@ -92,6 +94,24 @@ class Node:
             task_group=task_group,
             publish=self.publish,
         )
+        self.membership = MembershipService(
+            host=host,
+            clock=clock,
+            config=config.membership,
+            rng=random.Random(rng.random()),
+            task_group=task_group,
+            publish=self.publish,
+            dht_contacts=self._dht_contacts,
+        )
+
+    def start(self) -> None:
+        """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
+        self.dht.start(self.config.bootstrap_addrs())
+        self.membership.start()
+        self._task_group.start_soon(self._bootstrap_loop, name="chaosp2p bootstrap")
+
+    def _dht_contacts(self) -> list[tuple[PeerID, tuple[str, ...]]]:
+        return [(entry.peer_id, tuple(entry.contact.addrs)) for entry in self.dht.machine.routing_table]
 
     # ------------------------------------------------------------------ identity
     @property
@@ -139,8 +159,9 @@ class Node:
             connected = 0
             for addr in addrs:
                 try:
-                    await self.host.connect(addr)
+                    connection = await self.host.connect(addr)
                     connected += 1
+                    self.membership.join(connection.remote_peer, [addr])
                 except PeerIdMismatch as exc:
                     errors.append(str(exc))
                     log.error("bootstrap %s: %s", addr, exc)
@@ -158,21 +179,34 @@ class Node:
             await anyio.sleep(retry)
             delay = min(delay * 2, self.config.bootstrap_retry_max_s)
 
-    # ------------------------------------------------------------------ link knowledge
+    # ------------------------------------------------------------------ cluster monitor
+    def members(self) -> tuple[Member, ...]:
+        """The membership view: every known peer with state, incarnation, addresses, resources."""
+        return self.membership.members()
+
+    def topology(self) -> Topology:
+        """Members plus overlay links with RTT and bandwidth estimates."""
+        return self.membership.topology()
+
+    def report_throughput(self, samples_per_s: float) -> None:
+        """Tell the cluster monitor how fast this peer trains (shown to every peer)."""
+        self.membership.report_throughput(samples_per_s)
+
     def link_estimate(self, peer: PeerID) -> tuple[float | None, float | None]:
         """(bandwidth bytes/s, one-way latency s) toward ``peer`` as far as this node knows."""
-        bandwidth = self._bandwidth.get(peer)
-        connection = self.host.connection(peer)
-        rtt = None if connection is None else connection.rtt_s
+        bandwidth, rtt = self.membership.link_estimate(peer)
+        if bandwidth is None:
+            bandwidth = self._bandwidth.get(peer)
+        if rtt is None and (connection := self.host.connection(peer)) is not None:
+            rtt = connection.rtt_s
         return bandwidth, None if rtt is None else rtt / 2
 
     def record_transfer(self, peer: PeerID, byte_count: int, seconds: float) -> None:
         """Fold a finished transfer's rate into the bandwidth estimate for ``peer``."""
         if byte_count <= 0 or seconds <= 0:
             return
-        rate = byte_count / seconds
-        previous = self._bandwidth.get(peer)
-        self._bandwidth[peer] = rate if previous is None else 0.5 * previous + 0.5 * rate
+        self._bandwidth[peer] = byte_count / seconds
+        self.membership.record_transfer(peer, byte_count, seconds)
 
     # ------------------------------------------------------------------ status
     def status_report(self) -> StatusReport:
@@ -189,12 +223,27 @@ class Node:
                     open_streams=stats.open_streams,
                 )
             )
+        members = tuple(
+            MemberInfo(peer_id=str(m.peer_id), state=m.state.value, incarnation=m.incarnation, addrs=m.addrs)
+            for m in self.members()
+        )
+        links = tuple(
+            LinkInfo(
+                peer_id=str(link.target),
+                state="up" if link.up else "down",
+                rtt_ms=None if link.rtt_s is None else round(link.rtt_s * 1e3, 3),
+                bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+            )
+            for link in self.membership.machine.links()
+        )
         return StatusReport(
             peer_id=str(self.peer_id),
             addrs=tuple(str(a) for a in self.addrs),
             agent=self.host.agent,
             uptime_s=self.host.uptime_s(),
             connections=tuple(connections),
+            members=members,
+            links=links,
         )
 
     async def _serve_status(self, connection: Connection, request: Any) -> Any:
@@ -215,7 +264,8 @@ class Node:
             self.publish(PeerDisconnected(peer_id=peer, reason=connection.close_reason, at=now))
 
     async def aclose(self) -> None:
-        """Say goodbye to every peer and stop (also done when the ``open_node`` block ends)."""
+        """Leave the swarm, say goodbye to every peer and stop (also done when ``open_node`` ends)."""
+        await self.membership.leave()
         await self.host.aclose()
 
 
@@ -236,8 +286,9 @@ async def open_node(
 ) -> AsyncIterator[N]:
     """Start a node (listen, bootstrap, serve) for the duration of the block.
 
-    ``node_class`` lets a higher layer add services: it is constructed before the node listens, so
-    every protocol it registers is advertised from the first connection on.
+    ``node_class`` lets a higher layer add services: it is constructed after the listeners are
+    bound but before they accept, so it knows its addresses and every protocol it registers is
+    advertised from the first connection on.
     """
     config = config or PeerConfig.local()
     identity = identity or _identity_for(config)
@@ -247,12 +298,12 @@ async def open_node(
     with unwrap_single_error():
         async with anyio.create_task_group() as tg:
             host = Host(identity=identity, config=config.transport, task_group=tg, swarm_key=swarm_key, clock=clock)
+            for addr in config.listen_addrs():
+                await host.listen(addr)  # bound, not yet accepting: the services need the addresses
             peer = node_class(config=config, host=host, task_group=tg, clock=clock, rng=rng)
             try:
-                for addr in config.listen_addrs():
-                    await host.listen(addr)
-                peer.dht.start(config.bootstrap_addrs())
-                tg.start_soon(peer._bootstrap_loop, name="chaosp2p bootstrap")
+                host.start()
+                peer.start()
                 yield peer
             finally:
                 with anyio.CancelScope(shield=True):

@@ -88,6 +88,7 @@ class Host:
         self._prologue = prologue_for(swarm_key)
         self._static_key = X25519PrivateKey.generate()
         self._listeners: list[Listener] = []
+        self._accepting = False
         self._listen_addrs: list[Multiaddr] = []
         self._stream_handlers: dict[ProtocolId, StreamProtocolHandler] = {}
         self._message_handlers: dict[str, MessageProtocolHandler] = {}
@@ -115,6 +116,11 @@ class Host:
     def peer_id(self) -> PeerID:
         """This host's PeerID."""
         return self.identity.peer_id
+
+    @property
+    def listen_addrs(self) -> list[Multiaddr]:
+        """Advertised listen addresses without ``/p2p``."""
+        return list(self._listen_addrs)
 
     @property
     def addrs(self) -> list[Multiaddr]:
@@ -174,7 +180,10 @@ class Host:
 
     # ------------------------------------------------------------------ listening
     async def listen(self, addr: Multiaddr | str) -> Multiaddr:
-        """Start accepting connections on ``addr`` (port 0 picks a free port); returns the real address."""
+        """Bind ``addr`` (port 0 picks a free port) and return the real address.
+
+        Connections are accepted once :meth:`start` has been called (:func:`open_host` does).
+        """
         address = Multiaddr.parse(addr) if isinstance(addr, str) else addr
         if address.host_kind not in ("ip4", "ip6"):
             raise ConfigError("listen on an /ip4 or /ip6 address")
@@ -183,9 +192,25 @@ class Host:
         host, port = listener.address
         bound = Multiaddr.from_socket_address(host, port)
         self._listen_addrs.extend(_advertised(bound))
+        if self._accepting:
+            self._start_accepting(listener)
+        return bound.with_peer(self.peer_id)
+
+    def start(self) -> None:
+        """Start accepting on every listener (and on later ones at once).
+
+        Separate from :meth:`listen` so that a peer can learn its own addresses, build the
+        services that need them and register their protocols before the first inbound connection.
+        """
+        if not self._accepting:
+            self._accepting = True
+            for listener in self._listeners:
+                self._start_accepting(listener)
+
+    def _start_accepting(self, listener: Listener) -> None:
+        bound = Multiaddr.from_socket_address(*listener.address)
         self._task_group.start_soon(self._accept_loop, listener, name=f"chaosp2p accept {bound}")
         log.info("listening on %s", bound.with_peer(self.peer_id))
-        return bound.with_peer(self.peer_id)
 
     async def _accept_loop(self, listener: Listener) -> None:
         try:
@@ -497,6 +522,7 @@ async def open_host(
     with unwrap_single_error():
         async with anyio.create_task_group() as tg:
             host = Host(identity=identity, config=config, task_group=tg, swarm_key=swarm_key, clock=clock)
+            host.start()
             try:
                 yield host
             finally:

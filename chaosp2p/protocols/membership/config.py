@@ -261,7 +261,9 @@ class MembershipConfig:
             left_member_retention_s=30.0,
             rate_limit_msgs_per_s=400.0,
             rate_limit_burst=400.0,
-            bandwidth_probe_bytes=32 << 20,
+            # Small probes: on one machine every probe competes with the heartbeats for the same
+            # CPU, and a 32 MiB probe per link at start-up delayed acks past the 50 ms timeout.
+            bandwidth_probe_bytes=4 << 20,
             bandwidth_probe_retry_s=10.0,
         )
 

@@ -1,0 +1,209 @@
+"""The membership machine over real connections: who is in the swarm, which links are alive.
+
+The driver feeds the SWIM machine (:mod:`chaosp2p.protocols.membership`) and adds the pieces only
+the runtime can provide: this host's resources, link candidates from the DHT's routing table,
+bounded active bandwidth probes when a link has no estimate yet, and a goodbye (LEAVE) before the
+peer shuts down. Membership events are forwarded to ``peer.events()`` and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from chaosp2p.clock import Clock
+from chaosp2p.errors import ChaosError
+from chaosp2p.protocols.membership import (
+    LinkDown,
+    LinkUp,
+    Member,
+    MembershipConfig,
+    MembershipMachine,
+    MemberState,
+    PeerFailed,
+    PeerJoined,
+    PeerLeft,
+    Topology,
+)
+from chaosp2p.protocols.membership import codec as MEMBERSHIP_CODEC
+from chaosp2p.runtime.driver import MachineDriver
+from chaosp2p.transport.host import Host
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+
+log = logging.getLogger("chaosp2p.membership")
+
+PROBE_PROTOCOL = "/chaos/probe/1"
+MAX_PROBE_BYTES = 64 << 20
+CANDIDATE_INTERVAL_S = 2.0
+LEAVE_FLUSH_S = 0.5
+
+
+class MembershipService:
+    """``peer.members()``, ``peer.topology()`` and membership events for one node."""
+
+    def __init__(
+        self,
+        *,
+        host: Host,
+        clock: Clock,
+        config: MembershipConfig,
+        rng: random.Random,
+        task_group: anyio.abc.TaskGroup,
+        publish: Callable[[Any], None],
+        dht_contacts: Callable[[], Sequence[tuple[PeerID, Sequence[str]]]],
+    ) -> None:
+        self._host = host
+        self._clock = clock
+        self._task_group = task_group
+        self._publish = publish
+        self._dht_contacts = dht_contacts
+        self.machine = MembershipMachine(
+            local_peer=host.peer_id,
+            addrs=tuple(str(a) for a in host.listen_addrs),
+            config=config,
+            rng=rng,
+            now=clock.now(),
+        )
+        self.driver = MachineDriver(
+            host=host,
+            machine=self.machine,
+            codecs={"membership": MEMBERSHIP_CODEC},
+            clock=clock,
+            task_group=task_group,
+            resolve=self.machine.dial_addrs,
+            on_event=self._on_event,
+            name="membership",
+        )
+        host.set_stream_handler(PROBE_PROTOCOL, self._serve_probe)
+
+    def start(self) -> None:
+        """Publish resources and start the timers and background loops."""
+        self.driver.call(lambda now: self.machine.set_local_resources(now, **local_resources()))
+        self.driver.start()
+        self._task_group.start_soon(self._candidates_loop, name="chaosp2p link candidates")
+        self._task_group.start_soon(self._probe_loop, name="chaosp2p bandwidth probes")
+
+    def join(self, peer: PeerID, addrs: Sequence[Multiaddr]) -> None:
+        """Join the swarm through ``peer`` (a bootstrap peer we just reached)."""
+        texts = tuple(str(a.without_peer()) for a in addrs)
+        if texts:
+            self.driver.call(self.machine.add_contact, peer, texts)
+
+    async def leave(self) -> None:
+        """Tell the swarm we are leaving, and give the goodbye a moment to go out."""
+        if self.machine.has_left:
+            return
+        self.driver.call(self.machine.leave)
+        with anyio.move_on_after(LEAVE_FLUSH_S):
+            await self.driver.wait_sent()
+
+    # ------------------------------------------------------------------ reading the view
+    def members(self) -> tuple[Member, ...]:
+        """Every member this peer knows, itself included."""
+        return self.machine.members()
+
+    def topology(self) -> Topology:
+        """Members with their resources and the overlay links with RTT and bandwidth."""
+        return self.machine.topology()
+
+    def state_of(self, peer: PeerID) -> MemberState | None:
+        """What this peer believes about ``peer``."""
+        return self.machine.state_of(peer)
+
+    def link_estimate(self, peer: PeerID) -> tuple[float | None, float | None]:
+        """(bandwidth bytes/s, RTT s) of our link to ``peer``, if it is one of ours."""
+        for link in self.machine.links():
+            if link.target == peer:
+                return link.bandwidth_bytes_per_s, link.rtt_s
+        return None, None
+
+    def record_transfer(self, peer: PeerID, byte_count: int, seconds: float) -> None:
+        """Feed a finished bulk transfer into the link's bandwidth estimate."""
+        self.driver.call(self.machine.record_transfer, peer, byte_count, seconds)
+
+    def report_throughput(self, samples_per_s: float) -> None:
+        """Publish this peer's training throughput to the cluster monitor."""
+        self.driver.call(lambda now: self.machine.set_local_resources(now, train_samples_per_s=samples_per_s))
+
+    # ------------------------------------------------------------------ events
+    def _on_event(self, event: Any) -> None:
+        if isinstance(event, PeerJoined):
+            log.info("member joined: %s", event.peer)
+        elif isinstance(event, PeerFailed):
+            log.warning("member failed: %s", event.peer)
+        elif isinstance(event, PeerLeft):
+            log.info("member left: %s", event.peer)
+        elif isinstance(event, LinkUp):
+            log.debug("link up to %s (rtt %.2f ms)", event.peer, event.rtt_s * 1e3)
+        elif isinstance(event, LinkDown):
+            log.info("link down to %s: %s", event.peer, event.reason)
+        self._publish(event)
+
+    # ------------------------------------------------------------------ background loops
+    async def _candidates_loop(self) -> None:
+        """Offer the DHT's contacts as link candidates (better links replace worse ones)."""
+        while True:
+            candidates = list(self._dht_contacts())
+            if candidates:
+                self.driver.call(self.machine.offer_link_candidates, candidates)
+            await anyio.sleep(CANDIDATE_INTERVAL_S)
+
+    async def _probe_loop(self) -> None:
+        while True:
+            for probe in self.driver.call(self.machine.take_bandwidth_probes):
+                self._task_group.start_soon(self._probe, probe.peer, min(probe.nbytes, MAX_PROBE_BYTES))
+            await anyio.sleep(CANDIDATE_INTERVAL_S)
+
+    async def _probe(self, peer: PeerID, nbytes: int) -> None:
+        """Move ``nbytes`` to ``peer`` once and record the rate (bounded by the request timeout)."""
+        try:
+            with anyio.fail_after(self._host.config.request_timeout_s):
+                connection = await self._host.connection_to(peer, self.machine.dial_addrs(peer))
+                stream = connection.open_stream("probe")
+                started = self._clock.now()
+                await stream.send_frame(nbytes)
+                await stream.send(bytes(nbytes), eof=True)
+                await stream.receive_frame()
+                elapsed = self._clock.now() - started
+        except (ChaosError, TimeoutError) as exc:
+            log.debug("bandwidth probe to %s failed: %s", peer, exc)
+            return
+        if elapsed > 0:
+            self.record_transfer(peer, nbytes, elapsed)
+
+    async def _serve_probe(self, stream: Stream) -> None:
+        announced = await stream.receive_frame()
+        if type(announced) is not int or not 0 < announced <= MAX_PROBE_BYTES:
+            raise ChaosError(f"bandwidth probe of {announced!r} bytes refused")
+        stream.set_receive_window(min(announced, 16 << 20))
+        received = 0
+        while chunk := await stream.receive_some(1 << 20):
+            received += len(chunk)
+            if received > announced:
+                raise ChaosError("bandwidth probe sent more than it announced")
+        await stream.send_frame(received, eof=True)
+
+
+def local_resources() -> dict[str, Any]:
+    """This host's CPU cores, memory and (if torch is already loaded) GPUs."""
+    resources: dict[str, Any] = {"cpu_cores": os.cpu_count() or 1}
+    try:
+        resources["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    torch = sys.modules.get("torch")  # never import torch just to count GPUs: it takes seconds
+    if torch is not None and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        resources["gpus"] = count
+        resources["gpu_memory_bytes"] = sum(torch.cuda.get_device_properties(i).total_memory for i in range(count))
+    return resources
+
