@@ -183,7 +183,7 @@ def demo(peer_count: int, backend: str) -> None:
     """Run a local swarm on loopback with the built-in defaults and narrate what happens."""
     from chaosp2p.demo import run_demo
 
-    setup_logging("warning")
+    setup_logging("error")
     if peer_count < 2:
         fail("the demo needs at least 2 peers")
     try:

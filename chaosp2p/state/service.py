@@ -19,6 +19,7 @@ import anyio
 import numpy as np
 
 from chaosp2p.errors import ChaosError, ConfigError, TransferError
+from chaosp2p.protocols.membership import MemberState
 from chaosp2p.protocols.transfer import Completed, ShardPlanner, SnapshotCatalog
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.runtime.node import Node
@@ -111,6 +112,8 @@ class StateService:
         for record in providers:
             if record.provider == self._node.peer_id:
                 continue
+            if self._node.membership.state_of(record.provider) in (MemberState.FAILED, MemberState.LEFT):
+                continue  # the DHT still remembers it, but membership knows it is gone
             addrs = tuple(Multiaddr.parse(a) for a in record.addrs)
             sources.append(self._estimate(record.provider, addrs))
         sources.sort(key=lambda s: -s.bytes_per_s)

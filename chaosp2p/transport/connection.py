@@ -54,6 +54,7 @@ from chaosp2p.protocols.records import (
     parse_header,
 )
 from chaosp2p.transport.config import TransportConfig
+from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.shaper import TokenBucket
 from chaosp2p.transport.sockets import close_socket, receive_into, send_all
 from chaosp2p.transport.stream import Stream
@@ -161,18 +162,23 @@ class Connection:
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the connection until it closes; ``task_status.started()`` once Hellos are exchanged."""
+        started = False
         try:
-            async with anyio.create_task_group() as tg:
-                self._task_group = tg
-                tg.start_soon(self._read_loop)
-                tg.start_soon(self._control_loop)
-                await self._send_record(FrameType.HELLO, Flag.NONE, 0, 0, HELLO_CODEC.encode(self._local_hello))
-                with anyio.fail_after(self.config.handshake_timeout_s):
-                    await self._ready.wait()
-                task_status.started()
-                tg.start_soon(self._keepalive_loop)
-                await self._closed.wait()
-                tg.cancel_scope.cancel()
+            with unwrap_single_error():
+                async with anyio.create_task_group() as tg:
+                    self._task_group = tg
+                    tg.start_soon(self._read_loop)
+                    tg.start_soon(self._control_loop)
+                    await self._send_record(FrameType.HELLO, Flag.NONE, 0, 0, HELLO_CODEC.encode(self._local_hello))
+                    with anyio.fail_after(self.config.handshake_timeout_s):
+                        await self._ready.wait()
+                    task_status.started()
+                    started = True
+                    tg.start_soon(self._keepalive_loop)
+                    await self._closed.wait()
+                    tg.cancel_scope.cancel()
+            if not started:  # closed (and its tasks cancelled) before the remote's Hello arrived
+                raise ConnectionClosed(f"connection to {self.remote_peer.short()} closed: {self._close_reason}")
         except TimeoutError:
             self._mark_closed("no Hello within the handshake timeout")
             raise RemoteProtocolError(f"{self.remote_peer}: no Hello within the handshake timeout") from None

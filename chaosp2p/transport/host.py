@@ -249,7 +249,10 @@ class Host:
             close_socket(sock)
             raise
         connection = self._make_connection(sock, keys, leftover, is_dialer=False, address=address)
-        await self._run_connection(connection)
+        try:
+            await self._run_connection(connection)
+        except ChaosError:
+            pass  # logged by _run_connection; an inbound connection has nobody else to tell
 
     # ------------------------------------------------------------------ dialing
     async def connect(self, addr: Multiaddr | str) -> Connection:
@@ -294,7 +297,11 @@ class Host:
         if keys.remote_peer_id == self.peer_id:
             close_socket(sock)
             raise ConfigError(f"{address} is this peer itself")
-        peer_host, peer_port = sock.getpeername()[:2]
+        try:
+            peer_host, peer_port = sock.getpeername()[:2]
+        except OSError as exc:  # the remote hung up right after the handshake
+            close_socket(sock)
+            raise PeerUnreachable(f"{address} closed the connection after the handshake: {exc}") from None
         connection = self._make_connection(sock, keys, leftover, is_dialer=True, address=(peer_host, peer_port))
         self._remember(keys.remote_peer_id, [address.without_peer()])
         try:

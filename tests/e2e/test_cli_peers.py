@@ -99,3 +99,12 @@ def test_bad_arguments_fail_clearly() -> None:
     result = cli("peer", "--listen", "127.0.0.1:4001")
     assert result.returncode == 2
     assert "invalid multiaddr" in result.stderr
+
+
+def test_demo_runs_the_main_job_end_to_end() -> None:
+    result = cli("demo", timeout_s=180)
+    assert result.returncode == 0, result.stderr
+    for stage in ("1. the newcomer joins", "2. a peer crashes", "3. the newcomer loads"):
+        assert stage in result.stdout
+    assert "failed, detected after" in result.stdout
+    assert "bit-exact: yes" in result.stdout
