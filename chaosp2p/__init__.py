@@ -31,6 +31,7 @@ __version__ = "0.1.0"
 # name -> module that defines it; resolved lazily by __getattr__ below.
 _LAZY = {
     "PeerConfig": "chaosp2p.runtime.config",
+    "Peer": "chaosp2p.sync",
     "AsyncPeer": "chaosp2p.api",
     "open_peer": "chaosp2p.api",
     "Node": "chaosp2p.runtime.node",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from chaosp2p.runtime.config import PeerConfig
     from chaosp2p.runtime.node import BootstrapFailed, Node, PeerConnected, PeerDisconnected, open_node, request_status
     from chaosp2p.state.snapshot import SnapshotStore
+    from chaosp2p.sync import Peer
     from chaosp2p.transport.config import TransportConfig
     from chaosp2p.wire.identity import Identity, PeerID
     from chaosp2p.wire.multiaddr import Multiaddr
@@ -84,6 +86,7 @@ __all__ = [
     "LocalProtocolError",
     "Multiaddr",
     "Node",
+    "Peer",
     "PeerConfig",
     "PeerConnected",
     "PeerDisconnected",

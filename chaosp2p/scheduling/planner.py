@@ -13,11 +13,11 @@ every source ``i`` takes ``p_i(K) = h + M/(K*rate_i)`` per shard after its laten
   are solved in increasing ``T_c`` order until the bound exceeds the best makespan found.
 
 Ties (within ``1e-12`` relative) go to the smaller ``K``. The downlink cap enters as the per-source
-rate ``min(b_i, B)`` and the plan-independent fluid bound ``D``, so it never changes which plan is
-optimal, only its rates and predicted makespan. Chunk-aligned plans (``align_bytes``) and re-balanced
+rate ``min(b_i, B)`` and the plan-independent fluid bound ``D``; ``D`` only raises the predicted
+makespan, never changes which plan is optimal. Chunk-aligned plans (``align_bytes``) and re-balanced
 ones (``rebalance``, one-byte units) keep the exact ``K``-shard counts, then spread whole units over
-the chosen sources with the same exact kernel (units as identical jobs, overheads folded into ready
-times) and score the real, uneven shards.
+all sources with the same exact kernel (units as identical jobs, overheads folded into ready times)
+and score the real, uneven shards.
 """
 
 from __future__ import annotations

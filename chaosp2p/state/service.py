@@ -31,6 +31,9 @@ from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.state")
 
+DISCOVERY_TIMEOUT_S = 15.0
+DISCOVERY_RETRY_MIN_S = 0.2
+DISCOVERY_RETRY_MAX_S = 2.0
 ANNOUNCE_RETRY_MIN_S = 0.5
 ANNOUNCE_RETRY_MAX_S = 30.0
 DEFAULT_BANDWIDTH_BYTES_PER_S = 100e6
@@ -146,7 +149,9 @@ class StateService:
         """Pull ``run`` from several sources in parallel and commit it (see :meth:`AsyncPeer.load_state`)."""
         chosen = await self._sources(run, sources, max_sources)
         if not chosen:
-            raise TransferError(f"no peer serves run {run!r} (no provider records in the DHT)")
+            raise TransferError(
+                f"no peer serves run {run!r}: no provider records in the DHT after {DISCOVERY_TIMEOUT_S:g} s"
+            )
         log.info("loading run %r from %d sources", run, len(chosen))
         result = await pull_state(
             self._node.host,
@@ -172,11 +177,29 @@ class StateService:
             state = result.staging.commit(completed)
         return LoadedState(run=run, step=completed.step, state=state, completed=completed, result=result)
 
+    async def discover_sources(
+        self, run: str, *, limit: int, timeout_s: float = DISCOVERY_TIMEOUT_S
+    ) -> list[SourceAddress]:
+        """:meth:`find_sources`, retried with backoff for up to ``timeout_s`` while none are found.
+
+        A newcomer often arrives before the run's holders have announced themselves to the part of
+        the DHT it can reach (in a small swarm, announcing needs the newcomer itself), so an empty
+        answer right after joining is not yet a reason to give up.
+        """
+        delay = DISCOVERY_RETRY_MIN_S
+        with anyio.move_on_after(timeout_s):
+            while not (found := await self.find_sources(run, limit=limit)):
+                log.info("no provider of run %r found yet; looking again in %.1f s", run, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, DISCOVERY_RETRY_MAX_S)
+            return found
+        return []
+
     async def _sources(
         self, run: str, explicit: Sequence[Multiaddr | str | SourceAddress] | None, limit: int
     ) -> list[SourceAddress]:
         if explicit is None:
-            return await self.find_sources(run, limit=limit)
+            return await self.discover_sources(run, limit=limit)
         chosen = []
         for item in explicit:
             if isinstance(item, SourceAddress):  # the caller knows the link already
