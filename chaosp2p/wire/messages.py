@@ -26,6 +26,7 @@ from chaosp2p.wire.framing import pack, unpack
 from chaosp2p.wire.identity import PeerID
 
 M = TypeVar("M", bound="Message")
+T = TypeVar("T")
 
 
 class Message:
@@ -39,6 +40,39 @@ class Message:
 
 
 Checker = Callable[[Any, str], Any]
+FieldSpec = tuple[str, Checker, bool]  # (name, checker, has a default)
+
+
+def _field_specs(cls: type) -> tuple[FieldSpec, ...]:
+    """How to check each field of dataclass ``cls``, in declaration (= wire) order."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (
+            f.name,
+            _checker_for(hints[f.name]),
+            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    )
+
+
+def _build(cls: type[T], fields: tuple[FieldSpec, ...], values: list[Any], where: str) -> T:
+    """Check ``values`` against ``fields``, construct ``cls`` and run its ``validate()``."""
+    kwargs: dict[str, Any] = {}
+    for index, (name, check, has_default) in enumerate(fields):
+        if index >= len(values):
+            if has_default:
+                continue
+            raise RemoteProtocolError(f"{where}: missing field {name!r}")
+        kwargs[name] = check(values[index], f"{where}.{name}")
+    try:
+        item = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RemoteProtocolError(f"{where}: invalid {cls.__name__}: {exc}") from None
+    validate = getattr(item, "validate", None)
+    if validate is not None:
+        validate()
+    return item
 
 
 class MessageCodec:
@@ -48,7 +82,7 @@ class MessageCodec:
         self.protocol = protocol
         self.types_enum = types_enum
         self._classes: dict[int, type[Message]] = {}
-        self._fields: dict[type[Message], tuple[tuple[str, Checker, bool], ...]] = {}
+        self._fields: dict[type[Message], tuple[FieldSpec, ...]] = {}
 
     def register(self, type_number: enum.IntEnum) -> Callable[[type[M]], type[M]]:
         """Class decorator: register a message dataclass under ``type_number``."""
@@ -62,14 +96,7 @@ class MessageCodec:
                 raise TypeError(f"{cls.__name__} must be a dataclass")
             cls.TYPE = int(type_number)
             self._classes[int(type_number)] = cls
-            hints = typing.get_type_hints(cls)
-            fields = []
-            for field in dataclasses.fields(cls):
-                has_default = (
-                    field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
-                )
-                fields.append((field.name, _checker_for(hints[field.name]), has_default))
-            self._fields[cls] = tuple(fields)
+            self._fields[cls] = _field_specs(cls)
             return cls
 
         return wrap
@@ -95,21 +122,7 @@ class MessageCodec:
         cls = self._classes.get(type_number)
         if cls is None:
             raise RemoteProtocolError(f"{self.protocol}: unknown message type {type_number}")
-        fields = self._fields[cls]
-        values = obj[1:]
-        kwargs: dict[str, Any] = {}
-        for index, (name, check, has_default) in enumerate(fields):
-            if index >= len(values):
-                if has_default:
-                    continue
-                raise RemoteProtocolError(f"{self.protocol}: {cls.__name__} is missing field {name!r}")
-            kwargs[name] = check(values[index], f"{cls.__name__}.{name}")
-        try:
-            msg = cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise RemoteProtocolError(f"{self.protocol}: invalid {cls.__name__}: {exc}") from None
-        msg.validate()
-        return msg
+        return _build(cls, self._fields[cls], obj[1:], f"{self.protocol}: {cls.__name__}")
 
     def decode(self, body: bytes | memoryview, *, max_bytes: int) -> Message:
         """Decode msgpack bytes (no length prefix) into a validated message."""
@@ -226,34 +239,12 @@ def _checker_for(hint: Any) -> Checker:
             return check_peer
         if dataclasses.is_dataclass(hint):
             nested_cls = hint
-            hints = typing.get_type_hints(nested_cls)
-            nested = [
-                (
-                    f.name,
-                    _checker_for(hints[f.name]),
-                    f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
-                )
-                for f in dataclasses.fields(nested_cls)
-            ]
+            nested = _field_specs(nested_cls)
 
             def check_nested(value: Any, where: str) -> Any:
                 if not isinstance(value, list):
                     _fail(where, f"{nested_cls.__name__} array", value)
-                kwargs = {}
-                for i, (name, check, has_default) in enumerate(nested):
-                    if i >= len(value):
-                        if has_default:
-                            continue
-                        raise RemoteProtocolError(f"{where}: missing field {name!r}")
-                    kwargs[name] = check(value[i], f"{where}.{name}")
-                try:
-                    item = nested_cls(**kwargs)
-                except (TypeError, ValueError) as exc:
-                    raise RemoteProtocolError(f"{where}: invalid {nested_cls.__name__}: {exc}") from None
-                validate = getattr(item, "validate", None)
-                if validate is not None:
-                    validate()
-                return item
+                return _build(nested_cls, nested, value, where)
 
             return check_nested
     raise TypeError(f"unsupported message field annotation {hint!r}")
