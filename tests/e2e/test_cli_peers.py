@@ -108,3 +108,11 @@ def test_demo_runs_the_main_job_end_to_end() -> None:
         assert stage in result.stdout
     assert "failed, detected after" in result.stdout
     assert "bit-exact: yes" in result.stdout
+
+
+def test_unreachable_bootstrap_peers_are_retried_with_backoff_and_reported(swarm: Swarm) -> None:
+    lonely = swarm.start(bootstrap=["/ip4/127.0.0.1/tcp/1"])
+    wait_until(lambda: lonely.log().count("no bootstrap peer reachable") >= 2, timeout_s=20,
+               what="two logged bootstrap retries")
+    assert "retrying in" in lonely.log()
+    assert lonely.process.poll() is None  # still running, still trying
