@@ -81,7 +81,8 @@ class Node:
         self.host = host
         self.clock = clock
         self.random = rng
-        self._task_group = task_group
+        self.task_group = task_group
+        """The node's task group: services built on the node start their background tasks in it."""
         self._events = EventHub()
         self._connected_event = anyio.Event()
         self._bandwidth: dict[PeerID, float] = {}
@@ -108,7 +109,7 @@ class Node:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
         self.dht.start(self.config.bootstrap_addrs())
         self.membership.start()
-        self._task_group.start_soon(self._bootstrap_loop, name="chaosp2p bootstrap")
+        self.task_group.start_soon(self._bootstrap_loop, name="chaosp2p bootstrap")
 
     def _dht_contacts(self) -> list[tuple[PeerID, tuple[str, ...]]]:
         return [(entry.peer_id, tuple(entry.contact.addrs)) for entry in self.dht.machine.routing_table]
@@ -255,7 +256,7 @@ class Node:
         peer = connection.remote_peer
         now = self.clock.now()
         if opened:
-            if len(self.host._connections.get(peer, [])) == 1:
+            if len(self.host.connections_to(peer)) == 1:  # the first one: the peer just became reachable
                 log.info("peer %s connected (%s)", peer, "outbound" if connection.is_dialer else "inbound")
                 self.publish(PeerConnected(peer_id=peer, outbound=connection.is_dialer, at=now))
             self._connected_event.set()

@@ -69,7 +69,7 @@ class StateService:
     def __init__(self, node: Node, config: TransferConfig) -> None:
         self._node = node
         self.config = config
-        self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node._task_group)
+        self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node.task_group)
         self.store: SnapshotCatalog | None = None
         self._announced: dict[str, anyio.Event] = {}
 
@@ -85,7 +85,7 @@ class StateService:
             key = run_provider_key(run)  # validates the run id before anything starts
             if run not in self._announced:
                 self._announced[run] = anyio.Event()
-                self._node._task_group.start_soon(self._announce_until_heard, run, key, name=f"announce {run}")
+                self._node.task_group.start_soon(self._announce_until_heard, run, key, name=f"announce {run}")
 
     async def wait_announced(self, run: str) -> None:
         """Return once the swarm's DHT holds this peer's provider record for ``run``."""

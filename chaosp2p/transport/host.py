@@ -448,6 +448,10 @@ class Host:
                 return connection
         return None
 
+    def connections_to(self, peer: PeerID) -> list[Connection]:
+        """Every open connection to ``peer`` (usually one; two when both sides dialed at once)."""
+        return [c for c in self._connections.get(peer, []) if not c.closed]
+
     def connections(self) -> list[Connection]:
         """Every open connection."""
         return [c for conns in self._connections.values() for c in conns if not c.closed]
