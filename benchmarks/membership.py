@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import random
 import resource
@@ -533,7 +534,9 @@ async def detection_swarm(profile: str, root: Path, processes: int, trials: int,
         events = EventLog()
         async with observer_peer(config, shutdown_errors) as observer, anyio.create_task_group() as tg:
             tg.start_soon(events.run, observer)
+            joined_at = observer.clock.now()
             out["converged_s"] = await wait_converged(observer, procs, SETTLE_TIMEOUT_S[profile])
+            converged_at = observer.clock.now()
             progress(f"{profile}: {processes} processes + observer converged in {out['converged_s']:.1f} s")
             settle = 3 * config.membership.probe_interval_s
             await anyio.sleep(settle)
@@ -587,6 +590,13 @@ async def detection_swarm(profile: str, root: Path, processes: int, trials: int,
             out["observer_false_failures"] = sorted(
                 {str(e.peer) for e in events.events if isinstance(e, PeerFailed)} - victims
             )
+            # When: while the swarm was still forming (before every member saw every other alive), or later.
+            out["observer_false_failure_events"] = [
+                {"peer": str(e.peer), "after_observer_start_s": e.at - joined_at,
+                 "phase": "forming" if e.at < converged_at else "trials"}
+                for e in events.events
+                if isinstance(e, PeerFailed) and str(e.peer) not in victims
+            ]
             out["observer_links"] = [
                 {"peer": str(link.target), "up": link.up, "rtt_ms": None if link.rtt_s is None else link.rtt_s * 1e3,
                  "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
@@ -599,11 +609,15 @@ async def detection_swarm(profile: str, root: Path, processes: int, trials: int,
         out["observer_shutdown_errors"] = shutdown_errors
     for fault in ("kill", "stop"):
         rows = [r for r in out["trials"] if r["fault"] == fault]
+        # Medians over the trials that saw the event (the observer has links to at most max_link_degree
+        # peers, so LinkDown is often absent); a detection that never came is counted, not hidden.
         out[fault] = {
-            key: statistics.median([r[key] for r in rows]) if rows else float("nan")
+            key: median_of_seen([r[key] for r in rows])
             for key in ("detect_s", "suspected_s", "link_down_s", "all_survivors_failed_s", "rejoin_s")
         }
         out[fault]["max_detect_s"] = max((r["detect_s"] for r in rows), default=float("nan"))
+        out[fault]["missed_detections"] = sum(math.isnan(r["detect_s"]) for r in rows)
+        out[fault]["trials_with_link_down"] = sum(not math.isnan(r["link_down_s"]) for r in rows)
     return out
 
 
@@ -826,7 +840,9 @@ def real_process_measurements(
     seed: int = 1,
 ) -> dict[str, Any]:
     """Detection, traffic and soak figures from real processes (see the block comment above)."""
-    results: dict[str, Any] = {"status": "measured", "profiles": {}, "loadavg_at_start": os.getloadavg()}
+    results: dict[str, Any] = {
+        "status": "measured", "processes": processes, "profiles": {}, "loadavg_at_start": os.getloadavg()
+    }
     logging.getLogger("chaosp2p").setLevel(logging.ERROR)  # the observer's verdicts are counted, not printed
     for profile in profiles:
         config = PROFILES[profile]()
@@ -854,9 +870,20 @@ def real_process_measurements(
     return results
 
 
+def median_of_seen(values: list[float]) -> float:
+    seen = [v for v in values if not math.isnan(v)]
+    return statistics.median(seen) if seen else float("nan")
+
+
+def phases(events: list[dict[str, Any]]) -> str:
+    """'3 PeerFailed while forming, 1 during trials' from the observer's false failure events."""
+    forming = sum(e["phase"] == "forming" for e in events)
+    return f"{forming} PeerFailed while the swarm formed, {len(events) - forming} during the trials"
+
+
 def rtt_range(values: list[float]) -> str:
     if not values:
-        return "n/a"
+        return "none measured"
     return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f} (min / median / max)"
 
 
@@ -879,8 +906,9 @@ def print_real(real: dict[str, Any]) -> None:
             rows.append([profile, entry.get("detection_error", "not run"), "", "", "", ""])
             continue
         k, s = d["kill"], d["stop"]
+        missed = k["missed_detections"] + s["missed_detections"]
         rows.append([
-            profile,
+            profile + (f" ({missed} MISSED)" if missed else ""),
             f"{k['detect_s']:.2f} (max {k['max_detect_s']:.2f})",
             f"{k['all_survivors_failed_s']:.2f}",
             f"{s['detect_s']:.2f} (max {s['max_detect_s']:.2f})",
@@ -888,9 +916,11 @@ def print_real(real: dict[str, Any]) -> None:
             f"{k['rejoin_s']:.2f} / {s['rejoin_s']:.2f}",
         ])
     trials = max((len(e["detection"]["trials"]) // 2 for e in real["profiles"].values() if "detection" in e), default=0)
+    n = real["processes"]
     plain_table(
-        f"REAL PROCESSES: detection, 5 `chaosp2p peer` processes + in-process observer, medians of {trials} trials"
-        " (wall s; observer = PeerFailed at the observer; survivors = all 4 others report failed, polled ~0.25 s)",
+        f"REAL PROCESSES: detection, {n} `chaosp2p peer` processes + in-process observer, medians of {trials} trials"
+        f" (wall s; observer = PeerFailed at the observer; survivors = all {n - 1} other processes report it failed,"
+        " polled every ~0.25 s after the observer's verdict)",
         ["profile", "kill -9: observer", "kill -9: survivors", "SIGSTOP: observer", "SIGSTOP: survivors",
          "rejoin kill / stop"],
         rows,
@@ -930,8 +960,9 @@ def print_real(real: dict[str, Any]) -> None:
             notes.append(
                 f"{profile}: observer first suspected the victim after {k['suspected_s']:.2f} s (kill -9) / "
                 f"{s['suspected_s']:.2f} s (SIGSTOP), link down after {k['link_down_s']:.2f} / {s['link_down_s']:.2f} s"
-                f" (medians); running peers the observer declared failed: {len(d['observer_false_failures'])}; "
-                f"SIGTERM exits {d['process_exits']['exit_codes']}"
+                f" (medians; {k['trials_with_link_down']} / {s['trials_with_link_down']} trials had a link to the"
+                f" victim); running peers the observer declared failed: {len(d['observer_false_failures'])}"
+                f" ({phases(d['observer_false_failure_events'])}); SIGTERM exits {d['process_exits']['exit_codes']}"
             )
         if t is None:
             continue
@@ -954,8 +985,9 @@ def print_real(real: dict[str, Any]) -> None:
             f"load average {t['loadavg_before_soak'][0]:.1f} -> {t['loadavg_end_of_soak'][0]:.1f}"
         )
     plain_table(
-        f"REAL PROCESSES: 5 worker peer processes; quiet window (>= 10 s) per peer per s; soak {soak_s:.0f} s with"
-        " both cores loaded by 2 busy loops, summed over the 5 peers (no peer was faulted: all are false)",
+        f"REAL PROCESSES: {n} worker peer processes; quiet window (length in the notes) per peer per s;"
+        f" soak {soak_s:.0f} s with both cores loaded by 2 busy loops, summed over the {n} peers"
+        " (no peer was faulted: all are false)",
         ["profile", "transport B/s sent / recv", "membership B/s (PING+ACK)", "membership msgs/s",
          "CPU % quiet / soak", "suspicions raised / refuted", "failures declared", "local pauses"],
         rows,
