@@ -11,22 +11,11 @@ import argparse
 import signal
 
 import anyio
-import numpy as np
+from _state_data import model_and_adam_state
 
 from chaosp2p import PeerConfig, SnapshotStore, open_peer
 from chaosp2p.cli_common import announce_ready
 from chaosp2p.transport.config import TransportConfig
-
-
-def model_and_adam_state(total_bytes: int, seed: int) -> dict[str, np.ndarray]:
-    """Weights, Adam exp_avg and exp_avg_sq (a third each) plus a step counter, from ``seed``."""
-    rng = np.random.default_rng(seed)
-    third = (total_bytes // 3) // 4096 * 4096  # whole rows of 1024 float32
-    state = {}
-    for name in ("model.weight", "optimizer.exp_avg", "optimizer.exp_avg_sq"):
-        state[name] = np.frombuffer(rng.bytes(third), dtype=np.float32).reshape(-1, 1024)
-    state["optimizer.step"] = np.array(1000, dtype=np.int64)
-    return state
 
 
 async def main(args: argparse.Namespace) -> None:

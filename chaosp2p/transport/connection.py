@@ -94,6 +94,8 @@ class ConnectionStatistics:
     records_received: int
     rtt_s: float | None
     age_s: float
+    records_decrypted_in_place: int
+    """DATA records decrypted straight into a waiting reader's buffer (no copy)."""
 
 
 class Connection:
@@ -158,6 +160,7 @@ class Connection:
         self._bytes_received = 0
         self._records_sent = 0
         self._records_received = 0
+        self._records_in_place = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -240,6 +243,7 @@ class Connection:
             records_received=self._records_received,
             rtt_s=self.rtt_s,
             age_s=self._clock.now() - self._created,
+            records_decrypted_in_place=self._records_in_place,
         )
 
     # ------------------------------------------------------------------ opening streams and RPC
@@ -545,6 +549,7 @@ class Connection:
         direct = stream._direct_space(header.length) if stream is not None and header.length else None
         if direct is not None:
             self._open(raw_header, ciphertext, direct)
+            self._records_in_place += 1
             payload = None
         else:
             payload = self._decrypt(raw_header, ciphertext, header.length)
