@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,9 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 import anyio.to_thread
+
+if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
+    from exceptiongroup import BaseExceptionGroup
 
 from chaosp2p.clock import Clock
 from chaosp2p.errors import ChaosError, RemoteProtocolError, TransferError
@@ -46,7 +50,7 @@ from chaosp2p.protocols.transfer_messages import codec as TRANSFER_CODEC
 from chaosp2p.state.buffers import StagingBuffer
 from chaosp2p.state.manifest import Manifest
 from chaosp2p.state.resume import checkpoint, load_resume
-from chaosp2p.transport.groups import unwrap_single_error
+from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
@@ -245,6 +249,13 @@ class PullDriver:
                         tg.start_soon(self._send_loop, link)
                         await self._read_loop(link)
                         tg.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # The stream failed just as the pull was being cancelled: let the cancellation
+                # through, and treat the errors like any other failure of this source.
+                with chaos_errors_beside_cancellation() as errors:
+                    raise group
+                if errors and not link.dropped:
+                    self._input(self.machine.source_failed, peer, str(errors[0]))
             except RemoteProtocolError as exc:
                 if not link.dropped:
                     self._input(self.machine.source_misbehaved, peer, exc)

@@ -49,3 +49,24 @@ def unwrap_single_error() -> Iterator[None]:
                 raise
             error = leaves[0]
         raise error from error.__cause__
+
+
+@contextmanager
+def chaos_errors_beside_cancellation() -> Iterator[list[ChaosError]]:
+    """Collect the chaosp2p errors of a task group that was *also* being cancelled.
+
+    When a task fails at the moment its group is cancelled (a stream reset racing a shutdown), the
+    group raises both the error and the cancellation. This keeps the cancellation going -- it is
+    re-raised for the cancel scope that owns it -- and hands the chaosp2p errors to the caller
+    through the yielded list instead of letting them escape as an unexpected group. Anything that
+    is neither is re-raised untouched.
+    """
+    errors: list[ChaosError] = []
+    try:
+        yield errors
+    except BaseExceptionGroup as group:
+        chaos, rest = group.split(ChaosError)
+        if chaos is not None:
+            errors.extend(leaf for leaf in _leaves(chaos) if isinstance(leaf, ChaosError))
+        if rest is not None:
+            raise rest from None
