@@ -103,7 +103,14 @@ class PeerConfig:
     @classmethod
     def lan(cls, **changes: Any) -> PeerConfig:
         """A data-center or campus network."""
-        return cls(profile="lan", listen=("/ip4/0.0.0.0/tcp/4001",), transport=TransportConfig.lan()).replace(**changes)
+        return cls(
+            profile="lan",
+            listen=("/ip4/0.0.0.0/tcp/4001",),
+            transport=TransportConfig.lan(),
+            dht=DHTConfig.lan(),
+            membership=MembershipConfig.lan(),
+            transfer=TransferConfig.lan(),
+        ).replace(**changes)
 
     @classmethod
     def wan(cls, **changes: Any) -> PeerConfig:

@@ -95,7 +95,7 @@ class MembershipService:
     def join(self, peer: PeerID, addrs: Sequence[Multiaddr]) -> None:
         """Join the swarm through ``peer`` (a bootstrap peer we just reached)."""
         texts = tuple(str(a.without_peer()) for a in addrs)
-        if texts:
+        if texts and not self.machine.has_left:
             self.driver.call(self.machine.add_contact, peer, texts)
 
     async def leave(self) -> None:
@@ -128,10 +128,14 @@ class MembershipService:
 
     def record_transfer(self, peer: PeerID, byte_count: int, seconds: float) -> None:
         """Feed a finished bulk transfer into the link's bandwidth estimate."""
+        if self.machine.has_left:  # shutting down: the view is no longer maintained
+            return
         self.driver.call(self.machine.record_transfer, peer, byte_count, seconds)
 
     def report_throughput(self, samples_per_s: float) -> None:
         """Publish this peer's training throughput to the cluster monitor."""
+        if self.machine.has_left:
+            return
         self.driver.call(lambda now: self.machine.set_local_resources(now, train_samples_per_s=samples_per_s))
 
     # ------------------------------------------------------------------ events
@@ -151,14 +155,14 @@ class MembershipService:
     # ------------------------------------------------------------------ background loops
     async def _candidates_loop(self) -> None:
         """Offer the DHT's contacts as link candidates (better links replace worse ones)."""
-        while True:
+        while not self.machine.has_left:
             candidates = list(self._dht_contacts())
             if candidates:
                 self.driver.call(self.machine.offer_link_candidates, candidates)
             await anyio.sleep(CANDIDATE_INTERVAL_S)
 
     async def _probe_loop(self) -> None:
-        while True:
+        while not self.machine.has_left:
             for probe in self.driver.call(self.machine.take_bandwidth_probes):
                 self._task_group.start_soon(self._probe, probe.peer, min(probe.nbytes, MAX_PROBE_BYTES))
             await anyio.sleep(CANDIDATE_INTERVAL_S)
@@ -177,7 +181,7 @@ class MembershipService:
         except (ChaosError, TimeoutError) as exc:
             log.debug("bandwidth probe to %s failed: %s", peer, exc)
             return
-        if elapsed > 0:
+        if elapsed > 0 and not self.machine.has_left:
             self.record_transfer(peer, nbytes, elapsed)
 
     async def _serve_probe(self, stream: Stream) -> None:

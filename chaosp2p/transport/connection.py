@@ -453,6 +453,12 @@ class Connection:
 
     async def _control_loop(self) -> None:
         """Send window grants, pongs and resets queued by tasks that must not block on the socket."""
+        try:
+            await self._send_control_records()
+        except ChaosError as exc:  # the connection failed: _mark_closed already told every stream
+            self._mark_closed(self._close_reason or str(exc))
+
+    async def _send_control_records(self) -> None:
         while True:
             await self._control_event.wait()
             self._control_event = anyio.Event()
@@ -648,6 +654,12 @@ class Connection:
 
     # ------------------------------------------------------------------ liveness
     async def _keepalive_loop(self) -> None:
+        try:
+            await self._keep_alive()
+        except ChaosError as exc:  # a failed ping write: the connection is gone, nothing to report
+            self._mark_closed(self._close_reason or str(exc))
+
+    async def _keep_alive(self) -> None:
         interval = self.config.keepalive_interval_s
         while True:
             await anyio.sleep(interval / 2)

@@ -37,7 +37,7 @@ from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
 from chaosp2p.protocols.noise import NoiseHandshake, SessionKeys, prologue_for
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
-from chaosp2p.transport.groups import unwrap_single_error
+from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
 from chaosp2p.transport.shaper import TokenBucket
 from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.transport.stream import Stream
@@ -400,7 +400,12 @@ class Host:
                 task_status.started()
 
         try:
-            await connection.run(task_status=_Status())
+            with chaos_errors_beside_cancellation() as late_errors:
+                # A write failing while the host shuts down arrives together with the cancellation;
+                # the cancellation goes on, the error is only logged.
+                await connection.run(task_status=_Status())
+            for error in late_errors:
+                log.debug("connection with %s ended during shutdown: %s", peer, error)
         except RemoteProtocolError as exc:
             self._protocol_errors += 1
             log.warning("connection with %s failed: %s", peer, exc)

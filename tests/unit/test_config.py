@@ -21,6 +21,14 @@ def test_profiles_are_valid_and_shipped_files_load(name: str) -> None:
     assert from_file.transport.handshake_timeout_s == built_in.transport.handshake_timeout_s
 
 
+@pytest.mark.parametrize("name", ["local", "lan", "wan"])
+def test_every_component_follows_the_profile(name: str) -> None:
+    """A profile sets every component's timing, not just the transport's."""
+    config = PeerConfig.profile_named(name)
+    for component in (config.transport, config.dht, config.membership, config.transfer):
+        assert component == getattr(type(component), name)(), f"{type(component).__name__} is not the {name} profile"
+
+
 def test_profiles_differ_where_networks_differ() -> None:
     local, wan = TransportConfig.local(), TransportConfig.wan()
     assert local.dead_connection_timeout_s < wan.dead_connection_timeout_s
