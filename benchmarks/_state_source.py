@@ -8,6 +8,7 @@ Every source started with the same --bytes/--seed serves byte-identical state.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 
 import anyio
@@ -19,6 +20,7 @@ from chaosp2p.transport.config import TransportConfig
 
 
 async def main(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     transport = TransportConfig.local()
     if args.cap:
         transport = TransportConfig(**{**_fields(transport), "max_upload_bytes_per_s": args.cap})

@@ -83,7 +83,8 @@ def start_sources(total: int, caps: Sequence[float | None], workdir: Path) -> li
         args = [sys.executable, str(HERE / "_state_source.py"), "--bytes", str(total), "--ready-file", str(ready)]
         if cap:
             args += ["--cap", str(cap)]
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with (workdir / f"source-{index}.log").open("ab") as log:
+            process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
         processes.append((process, ready, cap))
     sources = []
     for process, ready, cap in processes:

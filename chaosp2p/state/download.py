@@ -140,8 +140,10 @@ class PullDriver:
                 await self._finished.wait()
                 tg.cancel_scope.cancel()
         finally:
+            # End every source's stream, finished or not: the source then releases the leases
+            # this pull held at once, instead of keeping the snapshot pinned until they expire.
             for link in self._links.values():
-                if link.stream is not None and not self.completed:
+                if link.stream is not None:
                     link.stream.reset()
             self._save_progress()
         if self.error is not None:
