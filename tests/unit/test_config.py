@@ -19,6 +19,8 @@ def test_profiles_are_valid_and_shipped_files_load(name: str) -> None:
     from_file = PeerConfig.from_toml(PEERS / f"{name}.toml")
     assert from_file.profile == built_in.profile == name
     assert from_file.transport.handshake_timeout_s == built_in.transport.handshake_timeout_s
+    # The shipped files document the built-in profiles; they must not drift from them.
+    assert from_file == built_in
 
 
 @pytest.mark.parametrize("name", ["local", "lan", "wan"])
