@@ -20,33 +20,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
 import os
 import platform
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
+
+# Run as a script, so its own folder is on sys.path and the shared helpers import directly.
+from _processes import PeerProcess, ProcessGroup, poll, profile_argument
 
 from chaosp2p import PeerConfig, open_peer
 from chaosp2p.api import AsyncPeer
 from chaosp2p.dht import DHTConfig, GetResult, StoreResult
 from chaosp2p.dht.simcluster import DHTSimCluster, run_churn_scenario
 from chaosp2p.errors import ChaosError
-from chaosp2p.protocols.membership import MembershipConfig, PeerAlive, PeerFailed, PeerSuspected
+from chaosp2p.protocols.membership import PeerAlive, PeerFailed, PeerSuspected
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import PeerID
 
@@ -189,135 +189,20 @@ REAL_OP_TIMEOUT_S = 30.0
 REAL_SETTLE_TIMEOUT_S = 30.0
 
 
-@dataclass
-class PeerProcess:
-    """One running ``chaosp2p peer`` (stdout/stderr go to files in its own directory)."""
-
-    process: subprocess.Popen[bytes]
-    workdir: Path
-    peer_id: str = ""
-    addrs: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def addr(self) -> str:
-        return self.addrs[0]
-
-    def cpu_share(self) -> float | None:
-        """CPU seconds (user + system) this process used so far / its age (start-up included)."""
-        try:
-            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - self.started)
-
-    def check_ready(self) -> bool:
-        """True once the ready file is there; raises if the process exited before listening."""
-        if self.peer_id:
-            return True
-        ready = self.workdir / "ready.json"
-        if ready.exists():
-            info = json.loads(ready.read_text())  # written by rename: never half a file
-            self.peer_id, self.addrs = info["peer_id"], info["addrs"]
-            return True
-        if self.process.poll() is not None:
-            log = (self.workdir / "stderr.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"peer process exited with {self.process.returncode} before listening:\n{log}")
-        return False
-
-    def kill9(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-    def terminate(self) -> None:
-        """Ask for a clean shutdown (SIGCONT first in case it is stopped). Send it once: trio re-raises a
-        second SIGTERM that is still pending when the peer closes its signal receiver, which kills it."""
-        if self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                self.process.send_signal(signal.SIGCONT)
-                self.process.terminate()
-
-    def reap(self, timeout_s: float = 10.0) -> None:
-        """Wait for the exit after :meth:`terminate`; SIGKILL if it does not come in time."""
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-async def poll(condition: Callable[[], bool], interval_s: float = 0.05) -> None:
-    """Return once ``condition()`` holds (a process's ready file or a peer's table has no event to await)."""
-    while True:
-        if condition():
-            return
-        await anyio.sleep(interval_s)
-
-
-class ProcessGroup:
-    """Starts ``chaosp2p peer`` processes and guarantees they are all gone at the end."""
+class PeerGroup(ProcessGroup):
+    """``chaosp2p peer`` processes of one swarm, all running one profile."""
 
     def __init__(self, root: Path, profile: str = "local") -> None:
-        self.root = root
+        super().__init__(root, REAL_READY_TIMEOUT_S)
         self.profile = profile
         """A built-in profile name or a profile file (see :func:`profile_argument`)."""
-        self.peers: list[PeerProcess] = []
 
     def spawn(self, bootstrap: Sequence[str] = ()) -> PeerProcess:
-        workdir = self.root / f"peer{len(self.peers)}"
-        workdir.mkdir()
         args = [sys.executable, "-m", "chaosp2p", "peer", "--listen", "/ip4/127.0.0.1/tcp/0",
-                "--profile", self.profile, "--ready-file", str(workdir / "ready.json")]
+                "--profile", self.profile, "--ready-file", "{ready}"]
         for addr in bootstrap:
             args += ["--bootstrap", addr]
-        with (workdir / "stdout.log").open("wb") as out, (workdir / "stderr.log").open("wb") as err:
-            process = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        peer = PeerProcess(process, workdir)
-        self.peers.append(peer)
-        return peer
-
-    async def wait_ready(self, peers: Sequence[PeerProcess], timeout_s: float = REAL_READY_TIMEOUT_S) -> None:
-        with anyio.fail_after(timeout_s):
-            await poll(lambda: all(p.check_ready() for p in peers))
-
-    def stop_all(self) -> None:
-        """SIGTERM every process first (they shut down in parallel), then wait for each."""
-        for peer in self.peers:
-            peer.terminate()
-        for peer in self.peers:
-            peer.reap()
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    raise TypeError(f"no TOML form for {value!r}")
-
-
-def profile_argument(profile: str, root: Path) -> str:
-    """What to pass to ``--profile`` for ``profile``.
-
-    ``lan`` is written out as a profile file that sets every DHT and membership field from
-    ``DHTConfig.lan()`` / ``MembershipConfig.lan()``: ``PeerConfig.lan()`` (and so ``--profile lan``)
-    leaves both components at their *local* defaults, so the built-in name would measure local
-    timing under a lan label (a library bug, reported separately). ``local`` and ``wan`` are used
-    as shipped.
-    """
-    if profile != "lan":
-        return profile
-    lines = ['profile = "lan"']
-    for section, config in (("dht", DHTConfig.lan()), ("membership", MembershipConfig.lan())):
-        lines.append(f"[{section}]")
-        lines += [f"{f.name} = {toml_value(getattr(config, f.name))}" for f in dataclasses.fields(config)
-                  if getattr(config, f.name) is not None]
-    path = root / "lan-intended.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
+        return self.launch(args, f"peer{len(self.procs)}")
 
 
 def client_config(profile_arg: str, bootstrap: str) -> PeerConfig:
@@ -439,7 +324,7 @@ def membership_summary(events: list[tuple[str, str]], killed: set[str]) -> dict[
 
 
 async def real_swarm_run(
-    group: ProcessGroup, label: str, peers: int, ops: int, seed: int, churn_s: float, details: dict[str, Any]
+    group: PeerGroup, label: str, peers: int, ops: int, seed: int, churn_s: float, details: dict[str, Any]
 ) -> list[Row]:
     rng = random.Random(seed)
     started = time.perf_counter()
@@ -482,7 +367,7 @@ async def real_swarm_run(
             progress("gets done; churn window starts")
             churn = await real_churn(group, procs, reader, keys, rng, churn_s, details)
             progress("churn window done; shutting down")
-            shares = [s for s in (p.cpu_share() for p in group.peers if p.process.poll() is None) if s is not None]
+            shares = [s for s in (p.cpu_share() for p in group.procs if p.process.poll() is None) if s is not None]
             details["process_cpu"] = {
                 "mean_share": statistics.fmean(shares) if shares else float("nan"),
                 "total_cores": sum(shares),
@@ -503,7 +388,7 @@ async def real_swarm_run(
 
 
 async def real_churn(
-    group: ProcessGroup,
+    group: PeerGroup,
     procs: list[PeerProcess],
     reader: AsyncPeer,
     keys: list[bytes],
@@ -556,20 +441,9 @@ async def real_churn(
     return results
 
 
-def exit_codes(group: ProcessGroup) -> dict[str, Any]:
+def exit_codes(group: PeerGroup) -> dict[str, Any]:
     """How the processes that were shut down with SIGTERM (not the SIGKILLed ones) exited, and why."""
-    codes: dict[str, int] = {}
-    errors: dict[str, int] = {}
-    for peer in group.peers:
-        code = peer.process.returncode
-        if code == -signal.SIGKILL:
-            continue
-        codes[str(code)] = codes.get(str(code), 0) + 1
-        for line in (peer.workdir / "stderr.log").read_text(errors="replace").splitlines():
-            if line.startswith("error:"):
-                text = line.strip()[:160]
-                errors[text] = errors.get(text, 0) + 1
-    return {"exit_codes": codes, "error_lines": errors}
+    return group.exit_summary(lambda line: line.startswith("error:"))
 
 
 def bench_real_processes(
@@ -586,7 +460,7 @@ def bench_real_processes(
             details[f"{profile}/{peers}"] = detail
             progress(f"real DHT: {peers} processes, profile {profile}")
             with tempfile.TemporaryDirectory(prefix="chaosp2p-dht-bench-") as tmp:
-                group = ProcessGroup(Path(tmp), profile_argument(profile, Path(tmp)))
+                group = PeerGroup(Path(tmp), profile_argument(profile, Path(tmp)))
                 started = time.perf_counter()
                 try:
                     rows.extend(

@@ -51,10 +51,10 @@ import anyio
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
 from _common import print_table, write_json
+from _processes import PeerProcess, ProcessGroup, poll, profile_argument
 
 from chaosp2p import PeerConfig, open_peer
 from chaosp2p.api import AsyncPeer
-from chaosp2p.dht import DHTConfig
 from chaosp2p.errors import ChaosError, LocalProtocolError
 from chaosp2p.protocols.membership import (
     LinkDown,
@@ -269,75 +269,15 @@ def _die_with_parent() -> None:
         pass
 
 
-@dataclasses.dataclass
-class PeerProcess:
-    """One child process that announces itself with a ready file."""
-
-    process: subprocess.Popen[bytes]
-    workdir: Path
-    peer_id: str = ""
-    addrs: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def addr(self) -> str:
-        return self.addrs[0]
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def check_ready(self) -> bool:
-        """True once the ready file is there; raises if the process exited before listening."""
-        if self.peer_id:
-            return True
-        ready = self.workdir / "ready.json"
-        if ready.exists():
-            info = json.loads(ready.read_text())  # written by rename: never half a file
-            self.peer_id, self.addrs = info["peer_id"], info["addrs"]
-            return True
-        if self.process.poll() is not None:
-            tail = (self.workdir / "stderr.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"process exited with {self.process.returncode} before listening:\n{tail}")
-        return False
-
-    def signal(self, signum: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signum)
-
-    def terminate(self) -> None:
-        """SIGCONT + SIGTERM, once (a second pending SIGTERM is re-raised by trio and kills the peer)."""
-        if self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                self.process.send_signal(signal.SIGCONT)
-                self.process.terminate()
-
-    def reap(self, timeout_s: float = 10.0) -> None:
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-class ProcessGroup:
-    """Starts child processes in their own directories and guarantees they are gone at the end."""
+class LoadedGroup(ProcessGroup):
+    """Child processes that die with this benchmark, plus busy loops that load the CPU cores."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.procs: list[PeerProcess] = []
+        super().__init__(root, READY_TIMEOUT_S)
         self.load: list[subprocess.Popen[bytes]] = []
 
     def start(self, args: list[str], name: str) -> PeerProcess:
-        workdir = self.root / f"{name}-{len(self.procs)}"
-        workdir.mkdir()
-        args = [a.replace("{ready}", str(workdir / "ready.json")) for a in args]
-        with (workdir / "stdout.log").open("wb") as out, (workdir / "stderr.log").open("wb") as err:
-            process = subprocess.Popen(
-                args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
-            )
-        peer = PeerProcess(process, workdir)
-        self.procs.append(peer)
-        return peer
+        return self.launch(args, f"{name}-{len(self.procs)}", preexec_fn=_die_with_parent)
 
     def start_load(self, count: int, seconds: float) -> None:
         """``count`` busy loops, each bounded to ``seconds`` even if nobody stops it."""
@@ -352,69 +292,14 @@ class ProcessGroup:
             process.wait()
         self.load.clear()
 
-    async def wait_ready(self, peers: list[PeerProcess]) -> None:
-        with anyio.fail_after(READY_TIMEOUT_S):
-            await poll(lambda: all(p.check_ready() for p in peers))
-
     def stop_all(self) -> None:
         self.stop_load()
-        for peer in self.procs:
-            peer.terminate()
-        for peer in self.procs:
-            peer.reap()
-
-    def exit_summary(self) -> dict[str, Any]:
-        """Exit codes of the processes shut down with SIGTERM, and error lines they printed."""
-        codes: dict[str, int] = defaultdict(int)
-        errors: dict[str, int] = defaultdict(int)
-        for peer in self.procs:
-            if peer.process.returncode == -signal.SIGKILL:
-                continue
-            codes[str(peer.process.returncode)] += 1
-            for line in (peer.workdir / "stderr.log").read_text(errors="replace").splitlines():
-                if line.startswith("error:") or "Error:" in line:
-                    errors[line.strip()[:160]] += 1
-        return {"exit_codes": dict(codes), "error_lines": dict(errors)}
+        super().stop_all()
 
 
-async def poll(condition: Callable[[], bool], interval_s: float = 0.05) -> None:
-    """Return once ``condition()`` holds (ready files and other processes' views have no event to await)."""
-    while True:
-        if condition():
-            return
-        await anyio.sleep(interval_s)
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    raise TypeError(f"no TOML form for {value!r}")
-
-
-def profile_argument(profile: str, root: Path) -> str:
-    """What to pass to ``--profile``: ``local``/``wan`` as shipped; ``lan`` as a generated profile file.
-
-    ``PeerConfig.lan()`` (so ``--profile lan``) leaves membership and DHT at their *local* defaults
-    (a library bug, reported separately): the built-in name would measure local timing under a lan
-    label. The file sets every field of ``MembershipConfig.lan()`` and ``DHTConfig.lan()``.
-    """
-    if profile != "lan":
-        return profile
-    lines = ['profile = "lan"']
-    for section, config in (("dht", DHTConfig.lan()), ("membership", MembershipConfig.lan())):
-        lines.append(f"[{section}]")
-        lines += [
-            f"{f.name} = {toml_value(getattr(config, f.name))}"
-            for f in dataclasses.fields(config)
-            if getattr(config, f.name) is not None
-        ]
-    path = root / "lan-intended.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
+def printed_error(line: str) -> bool:
+    """A line of a process's stderr that reports an error: the CLI's ``error:`` lines and exceptions."""
+    return line.startswith("error:") or "Error:" in line
 
 
 def peer_config(profile_arg: str, bootstrap: str | None) -> PeerConfig:
@@ -515,7 +400,7 @@ async def wait_survivors_failed(procs: list[PeerProcess], victim: str, started: 
 async def detection_swarm(profile: str, root: Path, processes: int, trials: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     profile_arg = profile_argument(profile, root)
-    group = ProcessGroup(root)
+    group = LoadedGroup(root)
     out: dict[str, Any] = {"processes": processes, "observer": "in-process peer", "trials": []}
     keys = [root / f"peer{i}.key" for i in range(processes)]
 
@@ -605,7 +490,7 @@ async def detection_swarm(profile: str, root: Path, processes: int, trials: int,
             tg.cancel_scope.cancel()
     finally:
         group.stop_all()
-        out["process_exits"] = group.exit_summary()
+        out["process_exits"] = group.exit_summary(printed_error)
         out["observer_shutdown_errors"] = shutdown_errors
     for fault in ("kill", "stop"):
         rows = [r for r in out["trials"] if r["fault"] == fault]
@@ -772,7 +657,7 @@ def window(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[st
 
 async def soak_swarm(profile: str, root: Path, workers_n: int, quiet_s: float, soak_s: float) -> dict[str, Any]:
     profile_arg = profile_argument(profile, root)
-    group = ProcessGroup(root)
+    group = LoadedGroup(root)
     script = str(SCRIPT)
 
     def start(bootstrap: str | None) -> PeerProcess:
@@ -826,7 +711,7 @@ async def soak_swarm(profile: str, root: Path, workers_n: int, quiet_s: float, s
         out["loadavg_end_of_soak"] = os.getloadavg()
     finally:
         group.stop_all()
-        out["process_exits"] = group.exit_summary()
+        out["process_exits"] = group.exit_summary(printed_error)
     return out
 
 
