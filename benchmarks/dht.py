@@ -280,10 +280,10 @@ async def wait_routing(peer: AsyncPeer, want: int, timeout_s: float, stable_s: f
 async def client_peer(config: PeerConfig, shutdown_errors: list[str]) -> AsyncIterator[AsyncPeer]:
     """``open_peer``, except that an error raised while the peer shuts down is recorded, not raised.
 
-    Every measurement is finished by then. Two library bugs raise there (reported separately): the
-    2 s link-candidates loop can call the membership machine after ``leave()`` (LocalProtocolError
-    "has left the membership"), and a ConnectionClosed can escape during the goodbye. Errors while
-    the block's work is still running are raised as usual.
+    Every measurement is finished by then. The two shutdown races this once caught (membership
+    called after ``leave()``, ConnectionClosed escaping the goodbye) are fixed in the library; an
+    error recorded here is printed with the results as a regression to look at. Errors while the
+    block's work is still running are raised as usual.
     """
     body_done = False
     try:

@@ -312,12 +312,12 @@ def peer_config(profile_arg: str, bootstrap: str | None) -> PeerConfig:
 
 @contextlib.asynccontextmanager
 async def observer_peer(config: PeerConfig, shutdown_errors: list[str]) -> AsyncIterator[AsyncPeer]:
-    """``open_peer``, except that one known shutdown race is recorded instead of losing the run.
+    """``open_peer``, except that a shutdown race is recorded instead of losing the run.
 
-    Leaving the block calls ``membership.leave()`` and flushes the goodbye for up to 0.5 s while the
-    2 s link-candidates loop still runs; if it fires then, it calls the machine after it left and
-    ``LocalProtocolError`` escapes ``open_peer`` (library bug, reported separately). Only that error,
-    and only after the block's work is done, is swallowed.
+    The race this was written for (the link-candidates loop calling the membership machine after
+    ``leave()``) is fixed in the library; if "has left the membership" is ever recorded again, it is
+    printed with the results as a regression. Only that error, and only after the block's work is
+    done, is recorded instead of raised.
     """
     body_done = False
     try:
