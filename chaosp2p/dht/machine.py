@@ -80,7 +80,6 @@ from chaosp2p.dht.messages import (
     StoreStatus,
     Value,
 )
-from chaosp2p.dht.ratelimit import TokenBucketLimiter
 from chaosp2p.dht.records import (
     RecordStore,
     check_provider,
@@ -91,6 +90,7 @@ from chaosp2p.dht.records import (
 from chaosp2p.dht.routing import RoutingTable
 from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
+from chaosp2p.protocols.ratelimit import RateLimiter
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -273,7 +273,7 @@ class DHTMachine:
             max_providers_per_key=cfg.max_providers_per_key,
             validator=self._validator,
         )
-        self._limiter = TokenBucketLimiter(
+        self._limiter = RateLimiter(
             rate_per_s=cfg.rate_limit_requests_per_s, burst=cfg.rate_limit_burst, max_senders=cfg.max_tracked_senders
         )
         self._outgoing: list[Outgoing] = []
@@ -583,7 +583,7 @@ class DHTMachine:
     # ================================================================== requests we answer
     def _on_request(self, now: float, sender: PeerID, msg: _Request) -> None:
         self._counts["requests_received"] += 1
-        if not self._limiter.allow(now, sender):
+        if not self._limiter.allow(sender, now):
             self._counts["rate_limited"] += 1
             return
         addrs = msg.sender_addrs

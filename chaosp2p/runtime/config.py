@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +184,3 @@ class _PeerScalars:
     def of(cls, config: PeerConfig) -> _PeerScalars:
         return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
-
-def parse_addrs(texts: Sequence[str]) -> list[Multiaddr]:
-    """Parse several multiaddrs, naming the bad one in the error."""
-    return [Multiaddr.parse(text) for text in texts]

@@ -68,7 +68,6 @@ UNASSIGNED_STREAM_ID = 0
 """An outbound stream's id until its SYN is sent (0 is never a valid stream id)."""
 
 MessageHandler = Callable[["Connection", str, bytes], None]
-InboundStreamHandler = Callable[[Stream], Awaitable[None]]
 
 
 class GoAwayCode:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -241,5 +240,3 @@ class Stream:
     def _wake_data(self) -> None:
         self._data_event.set()
 
-
-StreamHandler = Callable[[Stream], Any]

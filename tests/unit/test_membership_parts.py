@@ -23,8 +23,8 @@ from chaosp2p.protocols.membership.messages import (
     UpdateKind,
     codec,
 )
-from chaosp2p.protocols.membership.ratelimit import RateLimiter
 from chaosp2p.protocols.membership.state import TRANSITIONS, transition
+from chaosp2p.protocols.ratelimit import RateLimiter
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity, PeerID
 

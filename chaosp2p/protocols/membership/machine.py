@@ -78,7 +78,6 @@ from chaosp2p.protocols.membership.messages import (
     Resources,
     UpdateKind,
 )
-from chaosp2p.protocols.membership.ratelimit import RateLimiter
 from chaosp2p.protocols.membership.records import (
     CHECK,
     HEARTBEAT,
@@ -96,6 +95,7 @@ from chaosp2p.protocols.membership.records import (
     update_size,
 )
 from chaosp2p.protocols.membership.state import transition
+from chaosp2p.protocols.ratelimit import RateLimiter
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 from chaosp2p.wire.multiaddr import Multiaddr

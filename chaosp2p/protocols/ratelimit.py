@@ -1,6 +1,6 @@
-"""Per-sender token buckets.
+"""Per-sender token buckets, shared by every protocol machine that answers remote peers.
 
-Every message a peer sends us costs tokens (one, or more for a PUSH_PULL whose answer is large);
+Every message a peer sends us costs tokens (one, or more for a request whose answer is large);
 tokens refill at a configured rate up to a burst. A sender without tokens has its messages dropped
 and counted, so a peer flooding heartbeats or gossip cannot make us do unbounded work. The table of
 buckets is bounded: when it is full, buckets that have refilled completely (idle senders) are
