@@ -1,10 +1,10 @@
-"""Noise XX handshake: mutual authentication bound to Ed25519 PeerIDs, and the session keys.
+"""Noise XXpsk0 handshake: mutual authentication bound to Ed25519 PeerIDs, gated by the swarm key.
 
 Theory of operation
 -------------------
-We speak ``Noise_XX_25519_AESGCM_SHA256`` from the Noise Protocol Framework (revision 34)::
+We speak ``Noise_XXpsk0_25519_AESGCM_SHA256`` from the Noise Protocol Framework (revision 34)::
 
-    -> e
+    -> psk, e
     <- e, ee, s, es
     -> s, se
 
@@ -14,15 +14,20 @@ and a signature over ``"chaosp2p-noise-static-key:" + static X25519 public key``
 Noise static key to the PeerID. The responder's identity arrives in message 2, so a dialer that
 expects ``/p2p/<id>`` learns that it reached someone else before it reveals anything of its own.
 
-Swarm admission: the Noise *prologue* is mixed into the transcript hash that authenticates every
-encrypted handshake payload. A swarm key, when configured, is hashed into the prologue, so a peer
-with a different key (or none) fails message 2 or 3's AEAD check and never completes a handshake;
-the key itself never crosses the wire.
+Swarm admission: the pre-shared key (PSK) is mixed into the chaining key *before* the first
+message (the ``psk0`` modifier), so every handshake key -- including the one that encrypts the
+responder's static key and signed identity in message 2 -- depends on it, and message 1 itself
+carries an AEAD tag under a PSK-derived key. A responder therefore rejects a dialer without the key
+at message 1, before it has sent a single byte: such a dialer learns nothing beyond a closed
+connection, and a passive observer without the key cannot decrypt either side's identity. An open
+swarm uses the public all-zero PSK, which makes the handshake exactly as strong as plain XX. The
+key itself never crosses the wire.
 
 Handshake messages are framed with a 2-byte big-endian length, as libp2p does. This machine is
 sans-I/O: feed it received bytes with :meth:`receive_data`, send what :meth:`data_to_send` returns;
-when :attr:`complete` is true, :meth:`session` gives the two AEAD directions. A remote deviation of
-any kind is a :class:`RemoteProtocolError` (or :class:`PeerIdMismatch`/:class:`AdmissionDenied`).
+when :attr:`complete` is true, :meth:`session` gives the two AEAD directions. If the socket closes
+first, :meth:`connection_lost` says what that means. A remote deviation of any kind is a
+:class:`RemoteProtocolError` (or :class:`PeerIdMismatch`/:class:`AdmissionDenied`).
 """
 
 from __future__ import annotations
@@ -38,30 +43,51 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from chaosp2p.errors import AdmissionDenied, LocalProtocolError, PeerIdMismatch, RemoteProtocolError
+from chaosp2p.errors import (
+    AdmissionDenied,
+    ChaosError,
+    ConnectionClosed,
+    LocalProtocolError,
+    PeerIdMismatch,
+    RemoteProtocolError,
+)
 from chaosp2p.wire.framing import pack, unpack
 from chaosp2p.wire.identity import Identity, PeerID
 
-PROTOCOL_NAME = b"Noise_XX_25519_AESGCM_SHA256"
+PROTOCOL_NAME = b"Noise_XXpsk0_25519_AESGCM_SHA256"
 SIGNATURE_PREFIX = b"chaosp2p-noise-static-key:"
-PROLOGUE_BASE = b"/chaos/noise/1"
+PROLOGUE = b"/chaos/noise/2"
+OPEN_SWARM_PSK = bytes(32)
+"""The PSK of an open swarm: public, so it admits everyone (the handshake is then plain XX's strength)."""
 MAX_HANDSHAKE_MESSAGE_BYTES = 1024  # three small messages; anything larger is hostile
+MESSAGE_1_BYTES = 32 + 16
+"""Message 1 is the ephemeral key and the tag of its empty payload (a PSK-derived key is set)."""
 _LENGTH = struct.Struct(">H")
 _DHLEN = 32
 _TAGLEN = 16
 
 
-def prologue_for(swarm_key: bytes | None) -> bytes:
-    """The Noise prologue for an open swarm (``None``) or a swarm guarded by ``swarm_key``."""
+def psk_for(swarm_key: bytes | None) -> bytes:
+    """The 32-byte Noise PSK for an open swarm (``None``) or a swarm guarded by ``swarm_key``.
+
+    The swarm key is hashed with a label so that the same key file used by another protocol (it is
+    libp2p's PSK format) never yields the same Noise PSK there and here.
+    """
     if swarm_key is None:
-        return PROLOGUE_BASE
-    return PROLOGUE_BASE + b"/swarm/" + hashlib.sha256(b"chaosp2p swarm key\0" + swarm_key).digest()
+        return OPEN_SWARM_PSK
+    return hashlib.sha256(b"chaosp2p swarm key\0" + swarm_key).digest()
+
+
+def _hkdf(chaining_key: bytes, ikm: bytes, outputs: int) -> list[bytes]:
+    temp = hmac.new(chaining_key, ikm, hashlib.sha256).digest()
+    out = [hmac.new(temp, b"\x01", hashlib.sha256).digest()]
+    for index in range(2, outputs + 1):
+        out.append(hmac.new(temp, out[-1] + bytes([index]), hashlib.sha256).digest())
+    return out
 
 
 def _hkdf2(chaining_key: bytes, ikm: bytes) -> tuple[bytes, bytes]:
-    temp = hmac.new(chaining_key, ikm, hashlib.sha256).digest()
-    out1 = hmac.new(temp, b"\x01", hashlib.sha256).digest()
-    out2 = hmac.new(temp, out1 + b"\x02", hashlib.sha256).digest()
+    out1, out2 = _hkdf(chaining_key, ikm, 2)
     return out1, out2
 
 
@@ -94,6 +120,18 @@ class _SymmetricState:
         self.ck, temp_k = _hkdf2(self.ck, ikm)
         self.key = AESGCM(temp_k)
         self.n = 0
+
+    def mix_key_and_hash(self, ikm: bytes) -> None:
+        """The ``psk`` token: the PSK enters the chaining key, the hash, and a new cipher key."""
+        self.ck, temp_h, temp_k = _hkdf(self.ck, ikm, 3)
+        self.mix_hash(temp_h)
+        self.key = AESGCM(temp_k)
+        self.n = 0
+
+    def mix_ephemeral(self, public: bytes) -> None:
+        """The ``e`` token in a PSK handshake: hash the key, and mix it into the cipher key too."""
+        self.mix_hash(public)
+        self.mix_key(public)
 
     def encrypt_and_hash(self, plaintext: bytes) -> bytes:
         if self.key is None:
@@ -130,8 +168,8 @@ class SessionKeys:
 class HandshakeState(enum.Enum):
     """Where the handshake stands; each state names what this side does next."""
 
-    SEND_MESSAGE_1 = "send e"
-    AWAIT_MESSAGE_1 = "await e"
+    SEND_MESSAGE_1 = "send psk, e"
+    AWAIT_MESSAGE_1 = "await psk, e"
     SEND_MESSAGE_2 = "send e, ee, s, es"
     AWAIT_MESSAGE_2 = "await e, ee, s, es"
     SEND_MESSAGE_3 = "send s, se"
@@ -154,20 +192,26 @@ _AWAITING = {HandshakeState.AWAIT_MESSAGE_1, HandshakeState.AWAIT_MESSAGE_2, Han
 
 
 class NoiseHandshake:
-    """One side of a Noise XX handshake (sans-I/O)."""
+    """One side of a Noise XXpsk0 handshake (sans-I/O).
+
+    ``psk`` is :func:`psk_for` of the swarm key (the default admits an open swarm only).
+    """
 
     def __init__(
         self,
         *,
         initiator: bool,
         identity: Identity,
-        prologue: bytes = PROLOGUE_BASE,
+        psk: bytes = OPEN_SWARM_PSK,
+        prologue: bytes = PROLOGUE,
         expected_peer: PeerID | None = None,
         static_key: X25519PrivateKey | None = None,
         ephemeral_key: X25519PrivateKey | None = None,
     ) -> None:
         if expected_peer is not None and not initiator:
             raise LocalProtocolError("only the dialing side can expect a particular PeerID")
+        if len(psk) != 32:
+            raise LocalProtocolError("the Noise PSK must be 32 bytes (use psk_for)")
         self.initiator = initiator
         self.state = HandshakeState.SEND_MESSAGE_1 if initiator else HandshakeState.AWAIT_MESSAGE_1
         self._identity = identity
@@ -177,6 +221,8 @@ class NoiseHandshake:
         self._re: X25519PublicKey | None = None
         self._rs: X25519PublicKey | None = None
         self._symmetric = _SymmetricState(prologue)
+        self._symmetric.mix_key_and_hash(psk)  # psk0: before anything else of message 1
+        self._received_any = False
         self._inbox = bytearray()
         self._outbox = bytearray()
         self.remote_peer_id: PeerID | None = None
@@ -200,6 +246,7 @@ class NoiseHandshake:
         if self.state is HandshakeState.FAILED:
             raise LocalProtocolError("handshake already failed")
         self._inbox += data
+        self._received_any = self._received_any or bool(data)
         if len(self._inbox) > 2 * (MAX_HANDSHAKE_MESSAGE_BYTES + _LENGTH.size):
             self._fail()
             raise RemoteProtocolError("handshake: peer sent more data than a handshake message can hold")
@@ -221,6 +268,21 @@ class NoiseHandshake:
             except ValueError as exc:  # malformed X25519 points and similar
                 self._fail()
                 raise RemoteProtocolError(f"handshake: malformed message: {exc}") from None
+
+    def connection_lost(self) -> ChaosError:
+        """What it means that the socket closed before the handshake completed (the driver raises it).
+
+        A responder that does not share our swarm key closes the connection on our message 1
+        without a word (it must not tell a stranger anything), so an initiator that hears nothing
+        at all back reports admission, not a network failure.
+        """
+        state, self.state = self.state, HandshakeState.FAILED
+        if self.initiator and state is HandshakeState.AWAIT_MESSAGE_2 and not self._received_any:
+            return AdmissionDenied(
+                "handshake refused: the peer closed the connection on our first message; we are not in "
+                "this swarm (it has a different swarm key, or none) or it is refusing connections"
+            )
+        return ConnectionClosed(f"the connection closed during the handshake ({state.value})")
 
     def session(self) -> SessionKeys:
         """Transport keys after completion (initiator's send key is the responder's receive key)."""
@@ -285,7 +347,7 @@ class NoiseHandshake:
     def _write_message_1(self) -> None:
         self._advance(HandshakeState.SEND_MESSAGE_1)
         e_pub = _raw_public(self._e)
-        self._symmetric.mix_hash(e_pub)
+        self._symmetric.mix_ephemeral(e_pub)
         self._emit(e_pub + self._symmetric.encrypt_and_hash(b""))
 
     def _write_message_2(self) -> None:
@@ -293,7 +355,7 @@ class NoiseHandshake:
         assert self._re is not None
         sym = self._symmetric
         e_pub = _raw_public(self._e)
-        sym.mix_hash(e_pub)
+        sym.mix_ephemeral(e_pub)
         sym.mix_key(self._e.exchange(self._re))
         encrypted_s = sym.encrypt_and_hash(_raw_public(self._s))
         sym.mix_key(self._s.exchange(self._re))
@@ -310,18 +372,18 @@ class NoiseHandshake:
     def _read(self, message: bytes) -> None:
         sym = self._symmetric
         if self.state is HandshakeState.AWAIT_MESSAGE_1:
-            if len(message) != _DHLEN:
-                raise RemoteProtocolError(f"handshake message 1 must be {_DHLEN} bytes, got {len(message)}")
+            if len(message) != MESSAGE_1_BYTES:
+                raise RemoteProtocolError(f"handshake message 1 must be {MESSAGE_1_BYTES} bytes, got {len(message)}")
             self._re = _x25519_public(message[:_DHLEN])
-            sym.mix_hash(message[:_DHLEN])
-            sym.decrypt_and_hash(message[_DHLEN:])
+            sym.mix_ephemeral(message[:_DHLEN])
+            sym.decrypt_and_hash(message[_DHLEN:])  # InvalidTag: the dialer lacks our swarm key
             self._advance(HandshakeState.AWAIT_MESSAGE_1)
             self._write_message_2()
         elif self.state is HandshakeState.AWAIT_MESSAGE_2:
             if len(message) < _DHLEN + _DHLEN + _TAGLEN + _TAGLEN:
                 raise RemoteProtocolError("handshake message 2 too short")
             self._re = _x25519_public(message[:_DHLEN])
-            sym.mix_hash(message[:_DHLEN])
+            sym.mix_ephemeral(message[:_DHLEN])
             sym.mix_key(self._e.exchange(self._re))
             split = _DHLEN + _DHLEN + _TAGLEN
             self._rs = _x25519_public(sym.decrypt_and_hash(message[_DHLEN:split]))

@@ -34,7 +34,7 @@ from chaosp2p.errors import (
     RemoteProtocolError,
 )
 from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
-from chaosp2p.protocols.noise import NoiseHandshake, SessionKeys, prologue_for
+from chaosp2p.protocols.noise import NoiseHandshake, SessionKeys, psk_for
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
@@ -85,7 +85,7 @@ class Host:
         self.started_wall_s = time.time()
         self._started = self.clock.now()
         self._task_group = task_group
-        self._prologue = prologue_for(swarm_key)
+        self._psk = psk_for(swarm_key)
         self._static_key = X25519PrivateKey.generate()
         self._listeners: list[Listener] = []
         self._accepting = False
@@ -334,7 +334,7 @@ class Host:
         handshake = NoiseHandshake(
             initiator=initiator,
             identity=self.identity,
-            prologue=self._prologue,
+            psk=self._psk,
             expected_peer=expected,
             static_key=self._static_key,
         )
@@ -344,7 +344,11 @@ class Host:
                 await send_all(sock, [outgoing])
             if handshake.complete:
                 return handshake.session(), handshake.leftover()
-            handshake.receive_data(await receive_some(sock, 4096))
+            try:
+                data = await receive_some(sock, 4096)
+            except ConnectionClosed:
+                raise handshake.connection_lost() from None
+            handshake.receive_data(data)
 
     # ------------------------------------------------------------------ connections
     def _make_connection(

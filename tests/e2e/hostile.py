@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from chaosp2p.protocols.hello import HELLO_CODEC, Hello
-from chaosp2p.protocols.noise import NoiseHandshake, prologue_for
+from chaosp2p.protocols.noise import NoiseHandshake, psk_for
 from chaosp2p.protocols.records import TAG_BYTES, Flag, FrameType, RecordHeader, RecordSealer
 from chaosp2p.transport.sockets import close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.wire.identity import Identity
@@ -30,7 +30,7 @@ class HostileClient:
     ) -> HostileClient:
         """Handshake as a fresh identity and (optionally) send a valid Hello."""
         sock = await connect_tcp(addr.host, addr.port, buffer_bytes=1 << 16)
-        handshake = NoiseHandshake(initiator=True, identity=Identity.generate(), prologue=prologue_for(swarm_key))
+        handshake = NoiseHandshake(initiator=True, identity=Identity.generate(), psk=psk_for(swarm_key))
         while True:
             out = handshake.data_to_send()
             if out:

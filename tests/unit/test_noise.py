@@ -1,14 +1,24 @@
-"""The Noise XX handshake machine, run between two instances over in-memory byte pipes."""
+"""The Noise XXpsk0 handshake machine, run between two instances over in-memory byte pipes."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 import pytest
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaosp2p.errors import AdmissionDenied, LocalProtocolError, PeerIdMismatch, RemoteProtocolError
-from chaosp2p.protocols.noise import HandshakeState, NoiseHandshake, prologue_for
+from chaosp2p.errors import (
+    AdmissionDenied,
+    ConnectionClosed,
+    LocalProtocolError,
+    PeerIdMismatch,
+    RemoteProtocolError,
+)
+from chaosp2p.protocols.noise import OPEN_SWARM_PSK, HandshakeState, NoiseHandshake, psk_for
 from chaosp2p.wire.identity import Identity
 
 ALICE = Identity.from_seed(b"\x01" * 32)
@@ -52,18 +62,21 @@ def test_dialing_the_wrong_peer_fails_before_revealing_our_identity() -> None:
 
 @pytest.mark.parametrize(("key_a", "key_b"), [(b"\x01" * 32, b"\x02" * 32), (b"\x01" * 32, None), (None, b"\x02" * 32)])
 def test_different_swarm_keys_never_complete(key_a: bytes | None, key_b: bytes | None) -> None:
-    initiator = NoiseHandshake(initiator=True, identity=ALICE, prologue=prologue_for(key_a))
-    responder = NoiseHandshake(initiator=False, identity=BOB, prologue=prologue_for(key_b))
-    responder.receive_data(initiator.data_to_send())
+    initiator = NoiseHandshake(initiator=True, identity=ALICE, psk=psk_for(key_a))
+    responder = NoiseHandshake(initiator=False, identity=BOB, psk=psk_for(key_b))
     with pytest.raises(AdmissionDenied, match="not in this swarm"):
-        initiator.receive_data(responder.data_to_send())
-    assert not responder.complete
+        responder.receive_data(initiator.data_to_send())
+    assert responder.data_to_send() == b""  # the responder says nothing at all: no e, no s, no identity
+    assert responder.state is HandshakeState.FAILED
+    # What the dialer sees is a closed connection, which its driver reports as admission.
+    error = initiator.connection_lost()
+    assert isinstance(error, AdmissionDenied) and "not in this swarm" in str(error)
 
 
 def test_same_swarm_key_completes() -> None:
     key = b"\x05" * 32
-    initiator = NoiseHandshake(initiator=True, identity=ALICE, prologue=prologue_for(key))
-    responder = NoiseHandshake(initiator=False, identity=BOB, prologue=prologue_for(key))
+    initiator = NoiseHandshake(initiator=True, identity=ALICE, psk=psk_for(key))
+    responder = NoiseHandshake(initiator=False, identity=BOB, psk=psk_for(key))
     pump(initiator, responder)
     assert initiator.complete and responder.complete
 
@@ -101,6 +114,15 @@ def test_oversized_handshake_message_is_rejected_from_its_length() -> None:
         responder.receive_data(b"\xff\xff")
 
 
+def test_a_connection_lost_mid_handshake_is_a_network_failure_not_admission() -> None:
+    initiator = NoiseHandshake(initiator=True, identity=ALICE)
+    responder = NoiseHandshake(initiator=False, identity=BOB)
+    responder.receive_data(initiator.data_to_send())
+    initiator.receive_data(responder.data_to_send()[:10])  # part of message 2, then the socket closes
+    assert type(initiator.connection_lost()) is ConnectionClosed
+    assert type(NoiseHandshake(initiator=False, identity=BOB).connection_lost()) is ConnectionClosed
+
+
 def test_wrong_length_first_message_is_rejected() -> None:
     responder = NoiseHandshake(initiator=False, identity=BOB)
     with pytest.raises(RemoteProtocolError, match="message 1"):
@@ -135,3 +157,66 @@ def test_garbage_gives_only_protocol_or_admission_errors(data: bytes, as_initiat
         assert machine.state is HandshakeState.FAILED
     else:
         assert not machine.complete
+
+
+# ---------------------------------------------------------------------------- the swarm key hides identities
+SWARM_KEY = b"\x07" * 32
+
+
+def _gcm_keystream_decrypt(key: bytes, counter: int, ciphertext_with_tag: bytes) -> bytes:
+    """Decrypt AES-GCM ciphertext *ignoring its tag*: GCM is CTR mode from counter block 2."""
+    nonce = b"\0\0\0\0" + counter.to_bytes(8, "big")
+    body = ciphertext_with_tag[:-16]
+    decryptor = Cipher(algorithms.AES(key), modes.CTR(nonce + (2).to_bytes(4, "big"))).decryptor()
+    return decryptor.update(body) + decryptor.finalize()
+
+
+def _hkdf(ck: bytes, ikm: bytes, n: int) -> list[bytes]:
+    temp = hmac.new(ck, ikm, hashlib.sha256).digest()
+    out = [hmac.new(temp, b"\x01", hashlib.sha256).digest()]
+    for i in range(2, n + 1):
+        out.append(hmac.new(temp, out[-1] + bytes([i]), hashlib.sha256).digest())
+    return out
+
+
+def _attacker_reads_message_2(ephemeral: X25519PrivateKey, message_2: bytes, psk: bytes | None) -> tuple[bytes, bytes]:
+    """What a party that knows the initiator's ephemeral key but not the swarm key recovers.
+
+    It follows the handshake with its best guess of the PSK (``None``: the old, PSK-free key
+    schedule where message 2's key came from ``ee`` alone) and decrypts without checking tags.
+    Returns (the responder's static key as decoded, the payload as decoded).
+    """
+    ck = b"Noise_XX_25519_AESGCM_SHA256".ljust(32, b"\0") if psk is None else b"Noise_XXpsk0_25519_AESGCM_SHA256"
+    if psk is not None:
+        ck, _, _ = _hkdf(ck, psk, 3)
+        ck, _ = _hkdf(ck, ephemeral.public_key().public_bytes_raw(), 2)  # e token, psk mode
+    body = message_2[2:]
+    remote_e = body[:32]
+    if psk is not None:
+        ck, _ = _hkdf(ck, remote_e, 2)
+    ck, key = _hkdf(ck, ephemeral.exchange(X25519PublicKey.from_public_bytes(remote_e)), 2)
+    static = _gcm_keystream_decrypt(key, 0, body[32 : 32 + 48])
+    ck, key = _hkdf(ck, ephemeral.exchange(X25519PublicKey.from_public_bytes(static)), 2)
+    return static, _gcm_keystream_decrypt(key, 0, body[32 + 48 :])
+
+
+@pytest.mark.parametrize("guess", [None, OPEN_SWARM_PSK, psk_for(b"\x08" * 32)])
+def test_without_the_swarm_key_message_2_reveals_no_identity(guess: bytes | None) -> None:
+    """A keyless party decoding message 2 (tags ignored) gets neither the static key nor the PeerID.
+
+    A keyless dialer never even receives message 2 (see above); this covers a party that sees one
+    anyway -- here, even one that knows the initiator's ephemeral private key.
+    """
+    ephemeral = X25519PrivateKey.generate()
+    responder_static = X25519PrivateKey.generate()
+    initiator = NoiseHandshake(initiator=True, identity=ALICE, psk=psk_for(SWARM_KEY), ephemeral_key=ephemeral)
+    responder = NoiseHandshake(initiator=False, identity=BOB, psk=psk_for(SWARM_KEY), static_key=responder_static)
+    responder.receive_data(initiator.data_to_send())
+    message_2 = responder.data_to_send()
+    static, payload = _attacker_reads_message_2(ephemeral, message_2, guess)
+    assert static != responder_static.public_key().public_bytes_raw()
+    assert BOB.peer_id.public_bytes not in payload
+    # The same decoder does recover both when it has the key: the check above is not vacuous.
+    static, payload = _attacker_reads_message_2(ephemeral, message_2, psk_for(SWARM_KEY))
+    assert static == responder_static.public_key().public_bytes_raw()
+    assert BOB.peer_id.public_bytes in payload

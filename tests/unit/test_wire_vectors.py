@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from chaosp2p.protocols.hello import HELLO_CODEC
-from chaosp2p.protocols.noise import NoiseHandshake
+from chaosp2p.protocols.noise import NoiseHandshake, psk_for
 from chaosp2p.protocols.records import RecordHeader, parse_header
 from chaosp2p.runtime.status import STATUS_CODEC
 from chaosp2p.wire.framing import FrameDecoder, unpack
@@ -56,8 +56,16 @@ def test_frame_and_header_vectors() -> None:
     assert RecordHeader(5, header.type, header.flags, 3, 2).pack().hex() == lines["header"]
 
 
-def test_noise_handshake_vector() -> None:
-    v = dict(line.split(" ", 1) for line in block("noise-vector"))
+def noise_vectors() -> list[dict[str, str]]:
+    blocks = re.findall(r"```noise-vector\n(.*?)```", SPEC.read_text(), re.S)
+    assert len(blocks) >= 2, "expected an open-swarm and a swarm-key handshake vector"
+    return [dict(line.split(" ", 1) for line in text.splitlines() if line.strip()) for text in blocks]
+
+
+@pytest.mark.parametrize("v", noise_vectors(), ids=lambda v: v["swarm_key"])
+def test_noise_handshake_vector(v: dict[str, str]) -> None:
+    psk = psk_for(None if v["swarm_key"] == "none" else bytes.fromhex(v["swarm_key"]) * 32)
+    assert psk.hex() == v["psk"]
 
     def x25519(name: str) -> X25519PrivateKey:
         return X25519PrivateKey.from_private_bytes(bytes.fromhex(v[name]) * 32)
@@ -68,12 +76,14 @@ def test_noise_handshake_vector() -> None:
     initiator = NoiseHandshake(
         initiator=True,
         identity=alice,
+        psk=psk,
         static_key=x25519("initiator_static"),
         ephemeral_key=x25519("initiator_ephemeral"),
     )
     responder = NoiseHandshake(
         initiator=False,
         identity=bob,
+        psk=psk,
         static_key=x25519("responder_static"),
         ephemeral_key=x25519("responder_ephemeral"),
     )
