@@ -30,7 +30,7 @@ from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
 from chaosp2p.protocols.membership import Member, Topology
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
-from chaosp2p.runtime.events import EventHub
+from chaosp2p.runtime.events import EventHub, Subscription
 from chaosp2p.runtime.membership_service import MembershipService
 from chaosp2p.runtime.status import STATUS_CODEC, ConnectionInfo, LinkInfo, MemberInfo, StatusReport, StatusRequest
 from chaosp2p.transport.connection import Connection
@@ -126,9 +126,22 @@ class Node:
         return self.host.addrs
 
     # ------------------------------------------------------------------ events and waiting
-    def events(self) -> AsyncIterator[Any]:
-        """Typed events from now on: connections, and (with the overlay) joins, failures, links."""
+    def events(self) -> Subscription:
+        """Typed events from now on: connections, joins, failures, links, negotiated operations.
+
+        The subscription is registered when this returns (not at the first ``__anext__``), and
+        ``subscription.dropped`` counts events lost because the caller read too slowly.
+        """
         return self._events.subscribe()
+
+    def subscribe_with_view(self) -> tuple[tuple[Member, ...], Subscription]:
+        """The membership view and a subscription to every event after it, taken atomically."""
+        return self.members(), self._events.subscribe()
+
+    @property
+    def events_dropped(self) -> int:
+        """Events lost by slow ``events()`` subscribers since the node started."""
+        return self._events.dropped
 
     def publish(self, event: Any) -> None:
         """Hand an event to every ``events()`` subscriber (used by the protocol drivers)."""

@@ -1,0 +1,104 @@
+"""Configuration of a collaboration (one training run joined by this peer).
+
+One frozen dataclass with units in its field names, validated in ``__post_init__``, and the usual
+``local()``/``lan()``/``wan()`` profiles. What must be equal on every member of a run (mode, global
+batch, local steps) travels in the run's configuration (``RunParams``, agreed at creation); the
+fields here are this peer's own choices: timeouts, wire format, memory for catch-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from chaosp2p.configbase import require, require_positive
+
+MODES = ("sync", "diloco")
+WIRE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollaborationConfig:
+    """Every knob of :class:`~chaosp2p.training.AsyncCollaboration`."""
+
+    mode: str = "sync"
+    """``sync``: gradients averaged every step. ``diloco``: ``local_steps`` inner steps, then an outer
+    step on the averaged pseudo-gradient (only the run's founder's choice counts)."""
+    global_batch: int = 0
+    """Samples per step over all members (0: the founder's first ``samples`` times one member)."""
+    local_steps: int = 20
+    """DiLoCo: inner steps per outer step (H)."""
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum (the DiLoCo paper's values)."""
+    wire_dtype: str = "float32"
+    """Averages travel as float32, or compressed to float16/bfloat16 (accumulation stays float32)."""
+    round_timeout_min_s: float = 2.0
+    """A round waits at least this long for a member's contribution before aborting..."""
+    round_timeout_step_mult: float = 4.0
+    """...and at most this many median step times (compute + averaging), when that is longer."""
+    retry_wait_s: float = 1.0
+    """After an aborted round, wait this long for negotiation to change the configuration."""
+    max_round_attempts: int = 50
+    """Give up a step (raising) after this many aborted rounds without a configuration change."""
+    update_history: int = 2
+    """Averaged updates kept for a member that must fetch a step it missed."""
+    max_catchup_updates: int = 64
+    """A newcomer buffers at most this many updates while it loads the snapshot (memory bound)."""
+    join_lag_steps: int = 2
+    """A newcomer asks to be admitted once it is this close to the members' step."""
+    join_timeout_s: float = 600.0
+    """Give up joining after this long (snapshot download and catch-up included)."""
+    snapshot_ahead_steps: int = 2
+    """A newcomer asks the members to snapshot this many steps ahead of the newest it saw."""
+    rebalance_interval_steps: int = 20
+    """Report measured throughput to the run every this many steps (straggler balancing)."""
+    balance: bool = True
+    """Follow the run's batch shares (``local_batch_size``) from measured throughput."""
+
+    def __post_init__(self) -> None:
+        require(self.mode in MODES, f"mode must be one of {MODES} (got {self.mode!r})")
+        require(self.wire_dtype in WIRE_DTYPES, f"wire_dtype must be one of {WIRE_DTYPES}")
+        require(self.global_batch >= 0, "global_batch must be >= 0")
+        require_positive(
+            self,
+            "local_steps",
+            "outer_lr",
+            "round_timeout_min_s",
+            "round_timeout_step_mult",
+            "retry_wait_s",
+            "max_round_attempts",
+            "update_history",
+            "max_catchup_updates",
+            "join_timeout_s",
+            "snapshot_ahead_steps",
+            "rebalance_interval_steps",
+        )
+        require(0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)")
+        require(self.join_lag_steps >= 1, "join_lag_steps must be >= 1")
+
+    def replace(self, **changes: Any) -> CollaborationConfig:
+        """A copy with fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def local(cls, **changes: Any) -> CollaborationConfig:
+        """Peers on one machine: short timeouts."""
+        return cls(round_timeout_min_s=2.0, retry_wait_s=0.5).replace(**changes)
+
+    @classmethod
+    def lan(cls, **changes: Any) -> CollaborationConfig:
+        """A data-center or campus network."""
+        return cls(round_timeout_min_s=10.0, retry_wait_s=2.0).replace(**changes)
+
+    @classmethod
+    def profile_named(cls, name: str) -> CollaborationConfig:
+        """The profile called ``name`` (``local``, ``lan`` or ``wan``)."""
+        require(name in ("local", "lan", "wan"), f"unknown profile {name!r}")
+        return {"local": cls.local, "lan": cls.lan, "wan": cls.wan}[name]()
+
+    @classmethod
+    def wan(cls, **changes: Any) -> CollaborationConfig:
+        """Institutions across the internet."""
+        return cls(round_timeout_min_s=60.0, retry_wait_s=10.0, join_timeout_s=3600.0).replace(**changes)

@@ -1,0 +1,128 @@
+"""The member side of catch-up: streaming averaged updates to newcomers, snapshots on request.
+
+Theory of operation
+-------------------
+A newcomer cannot stop the run while it downloads a snapshot of the model, so it *observes*: it
+asks one member (its sponsor) for the averaged update of every step that member completes from now
+on, pulls a snapshot of an agreed step ``s`` from every member in parallel, and replays the updates
+after ``s`` on top of it. Replaying an update means doing exactly what the members did with it
+(``.grad = update; optimizer.step()``), so the newcomer's state is bit-identical to theirs.
+
+:class:`UpdateFeed` is the sponsor's half: one bounded queue per observer, filled by
+:meth:`UpdateFeed.publish` after every completed step (one shared copy of the update per step,
+whatever the number of observers) and drained by one sender task per observer. An observer that
+falls ``max_queued`` updates behind is cut off (it will start its join again) rather than making the
+member hold unbounded memory or wait. :class:`SnapshotWaiters` remembers which steps newcomers want a
+snapshot of; the collaboration publishes one when it completes such a step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import anyio
+import numpy as np
+
+from chaosp2p.errors import ChaosError
+from chaosp2p.training.messages import UpdateHeader, codec
+from chaosp2p.transport.stream import Stream
+
+log = logging.getLogger("chaosp2p.training")
+
+
+class _Observer:
+    __slots__ = ("cut", "queue", "stream", "wake")
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.queue: deque[tuple[UpdateHeader, np.ndarray]] = deque()
+        self.wake = anyio.Event()
+        self.cut = False
+
+
+class UpdateFeed:
+    """Averaged updates of completed steps, streamed to the newcomers observing this member."""
+
+    def __init__(self, *, max_queued: int) -> None:
+        self._observers: list[_Observer] = []
+        self._max_queued = max_queued
+        self.cut_off = 0
+        """Observers dropped for falling too far behind."""
+
+    @property
+    def observing(self) -> int:
+        """Newcomers currently observing."""
+        return len(self._observers)
+
+    def publish(self, *, step: int, epoch: int, config_digest: bytes, update: np.ndarray) -> None:
+        """Queue the averaged ``update`` of ``step`` for every observer (copied once, if any)."""
+        if not self._observers:
+            return
+        shared = update.copy()
+        header = UpdateHeader(step=step, epoch=epoch, config_digest=config_digest, numel=int(shared.size))
+        for observer in self._observers:
+            if len(observer.queue) >= self._max_queued:
+                observer.cut = True
+                self.cut_off += 1
+                log.warning(
+                    "newcomer %s fell %d updates behind: cut off", observer.stream.remote_peer, self._max_queued
+                )
+            else:
+                observer.queue.append((header, shared))
+            observer.wake.set()
+
+    async def serve(self, stream: Stream) -> None:
+        """Send queued updates to one observer until it goes away (runs as the stream handler)."""
+        observer = _Observer(stream)
+        self._observers.append(observer)
+        try:
+            while not observer.cut:
+                while observer.queue and not observer.cut:
+                    header, update = observer.queue.popleft()
+                    await stream.send_message(codec, header)
+                    await stream.send(memoryview(update).cast("B"))
+                if observer.cut:
+                    break
+                observer.wake = anyio.Event()
+                await observer.wake.wait()
+        except ChaosError as exc:
+            log.info("observer %s went away: %s", stream.remote_peer, exc)
+        finally:
+            self._observers.remove(observer)
+            if observer.cut:
+                stream.reset()
+
+
+class SnapshotWaiters:
+    """Steps newcomers asked this member to snapshot, and who waits for each."""
+
+    def __init__(self) -> None:
+        self._wanted: dict[int, anyio.Event] = {}
+        self._published: dict[int, bool] = {}
+
+    def want(self, step: int) -> anyio.Event:
+        """Register interest in a snapshot of ``step``; the event is set once it is served."""
+        return self._wanted.setdefault(step, anyio.Event())
+
+    def wanted(self, step: int) -> bool:
+        """Whether a newcomer waits for a snapshot of ``step``."""
+        return step in self._wanted
+
+    def done(self, step: int, ok: bool) -> None:
+        """The snapshot of ``step`` is served (``ok``) or cannot be (the step was skipped)."""
+        event = self._wanted.pop(step, None)
+        self._published[step] = ok
+        while len(self._published) > 64:
+            self._published.pop(next(iter(self._published)))
+        if event is not None:
+            event.set()
+
+    def outcome(self, step: int) -> bool:
+        """Whether the snapshot of ``step`` was served."""
+        return self._published.get(step, False)
+
+    def give_up_before(self, step: int) -> None:
+        """Steps below ``step`` will never be snapshotted: release their waiters."""
+        for wanted in [s for s in self._wanted if s < step]:
+            self.done(wanted, False)

@@ -1,0 +1,152 @@
+"""Wire format of the collaboration protocol (``/chaos/collab/1``): how a newcomer catches up.
+
+One stream per request; the first frame names the request:
+
+* :class:`SnapshotRequest` -> :class:`SnapshotReply`: "publish a snapshot of ``run`` when you
+  complete ``step``". The member answers once the snapshot is served (``ok``) or at once if it is
+  already past that step or does not train the run. Every member of a synchronous run holds
+  bit-identical state at a step, so the newcomer can pull the snapshot from all of them in parallel.
+* :class:`ObserveRequest` -> :class:`ObserveAccepted`, then one :class:`UpdateHeader` frame per
+  completed step followed by exactly ``numel * 4`` raw bytes: the averaged update (a gradient in
+  synchronous mode, a pseudo-gradient in DiLoCo mode) the members applied at that step. A newcomer
+  replays them on top of the snapshot until it is admitted.
+
+Limits: run ids are bounded, ``numel`` must equal the receiver's own model size (checked before a
+byte is read), and a refusal carries a bounded reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from chaosp2p.errors import RemoteProtocolError
+from chaosp2p.wire.messages import Message, MessageCodec
+from chaosp2p.wire.protocol_ids import ProtocolId
+
+PROTOCOL = "collab"
+PROTOCOL_ID = ProtocolId(PROTOCOL, 1)
+"""``/chaos/collab/1``."""
+
+MAX_RUN_CHARS = 256
+MAX_REASON_CHARS = 512
+MAX_STEP = (1 << 53) - 1
+LAYOUT_BYTES = 16
+MAX_DIGEST_BYTES = 64
+
+
+class CollabMessageType(enum.IntEnum):
+    """Message type numbers. ONLY APPEND TO THIS LIST: never renumber or reuse."""
+
+    SNAPSHOT_REQUEST = 1
+    SNAPSHOT_REPLY = 2
+    OBSERVE_REQUEST = 3
+    OBSERVE_ACCEPTED = 4
+    UPDATE_HEADER = 5
+    REFUSED = 6
+
+
+codec = MessageCodec(PROTOCOL, CollabMessageType)
+"""Encoder/decoder for every collaboration message."""
+
+
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise RemoteProtocolError(f"{PROTOCOL}: {what}")
+
+
+def _check_run(run: str) -> None:
+    _check(1 <= len(run) <= MAX_RUN_CHARS, f"run id must have 1..{MAX_RUN_CHARS} characters")
+
+
+def _check_step(step: int, what: str = "step") -> None:
+    _check(0 <= step <= MAX_STEP, f"{what} out of range: {step}")
+
+
+@codec.register(CollabMessageType.SNAPSHOT_REQUEST)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotRequest(Message):
+    """Publish a snapshot of ``run`` once you complete ``step`` (model layout ``layout``)."""
+
+    run: str
+    step: int
+    layout: bytes
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_run(self.run)
+        _check_step(self.step)
+        _check(len(self.layout) == LAYOUT_BYTES, "layout digest must have 16 bytes")
+
+
+@codec.register(CollabMessageType.SNAPSHOT_REPLY)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotReply(Message):
+    """The snapshot at ``step`` is served (``ok``), or why not."""
+
+    ok: bool
+    step: int
+    reason: str = ""
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_step(self.step)
+        _check(len(self.reason) <= MAX_REASON_CHARS, "reason too long")
+
+
+@codec.register(CollabMessageType.OBSERVE_REQUEST)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObserveRequest(Message):
+    """Stream me the averaged update of every step you complete from now on."""
+
+    run: str
+    layout: bytes
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_run(self.run)
+        _check(len(self.layout) == LAYOUT_BYTES, "layout digest must have 16 bytes")
+
+
+@codec.register(CollabMessageType.OBSERVE_ACCEPTED)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObserveAccepted(Message):
+    """Updates follow, starting after ``completed`` (the newest step this member completed)."""
+
+    completed: int
+    numel: int
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_step(self.completed)
+        _check(0 < self.numel <= MAX_STEP, "numel out of range")
+
+
+@codec.register(CollabMessageType.UPDATE_HEADER)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateHeader(Message):
+    """The averaged update of ``step`` (under ``epoch``/``config_digest``): ``numel`` float32 follow."""
+
+    step: int
+    epoch: int
+    config_digest: bytes
+    numel: int
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_step(self.step)
+        _check_step(self.epoch, "epoch")
+        _check(len(self.config_digest) <= MAX_DIGEST_BYTES, "config digest too long")
+        _check(0 < self.numel <= MAX_STEP, "numel out of range")
+
+
+@codec.register(CollabMessageType.REFUSED)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refused(Message):
+    """The member will not serve this request."""
+
+    reason: str
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check(len(self.reason) <= MAX_REASON_CHARS, "reason too long")

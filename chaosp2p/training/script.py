@@ -1,0 +1,80 @@
+"""Plumbing shared by training scripts that a harness drives (the examples use it).
+
+Every example peer takes the same flags -- ``--join MULTIADDR`` (repeatable), ``--steps N``,
+``--ready-file PATH``, ``--metrics-file PATH`` -- and leaves the run gracefully on SIGTERM, so the
+cluster harness and the tests can drive any of them the same way. ``--metrics-file`` receives one
+JSON object per step::
+
+    {"step", "epoch", "config_digest", "members", "loss", "samples", "round_s", "idle_s", "param_digest"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+
+def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every example peer shares."""
+    parser.add_argument(
+        "--join", action="append", default=[], metavar="MULTIADDR", help="a peer of the swarm (repeatable)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=200, help="train until this step (all members stop at the same step)"
+    )
+    parser.add_argument("--ready-file", type=Path, help='write {"peer_id", "addrs"} here once listening')
+    parser.add_argument("--metrics-file", type=Path, help="append one JSON line per step here")
+    parser.add_argument("--profile", default="local", help="peer profile: local, lan, wan or a TOML file")
+
+
+def write_ready_file(path: Path | None, peer_id: str, addrs: list[str]) -> None:
+    """Atomically write the ready file (a reader never sees half of it)."""
+    if path is None:
+        return
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps({"peer_id": peer_id, "addrs": addrs}))
+    os.replace(temporary, path)
+
+
+class MetricsWriter:
+    """One JSON line per record, flushed at once (a harness tails the file)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._file: IO[str] | None = path.open("a") if path is not None else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record``."""
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class StopSignal:
+    """Turns SIGTERM (and SIGINT) into a flag the training loop checks: a graceful leave."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_name = ""
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, self._handle)
+
+    def _handle(self, number: int, frame: FrameType | None) -> None:
+        self.signal_name = signal.Signals(number).name
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        """Whether the process was asked to stop."""
+        return self._event.is_set()
