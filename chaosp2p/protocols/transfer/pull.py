@@ -1,21 +1,11 @@
-"""Sans-I/O machines of the state-transfer protocol ``/chaos/transfer/1``.
+"""Newcomer side of ``/chaos/transfer/1``: pull one snapshot from several sources at once.
 
 Theory of operation
 -------------------
-A *source* serves immutable snapshots; a *newcomer* pulls one snapshot from several sources at once.
-Neither machine touches a socket, a clock or the bulk bytes' memory allocation: the driver feeds
-decoded messages, raw-payload completions and ``now`` in, and carries messages, payload slices and
-events out.
+The machine touches no socket, clock or bulk memory: the driver feeds decoded messages, raw-payload
+completions and ``now`` in, and carries messages, payload slots and events out.
 
-Source side (:class:`SourceSession`, one per serving peer). Each request is checked against the
-snapshot it names -- run known, version known, lease held by this requester, byte range inside the
-snapshot and within ``max_request_bytes`` -- and answered with a header message, plus for data and
-manifests an :class:`OutgoingPayload` whose ``payload`` is a read-only ``memoryview`` slice of the
-snapshot itself: the driver writes the header frame, then those bytes, with no copy. A lease pins
-the snapshot (the catalog keeps its memory alive) until the newcomer releases it, stops renewing it
-for ``lease_ttl_s``, or becomes unreachable.
-
-Newcomer side (:class:`PullMachine`)::
+States (:data:`~chaosp2p.protocols.transfer.states.PULL_TRANSITIONS`)::
 
     IDLE --start--> QUERYING --version chosen--> OPENING --manifest verified--> READY
     READY --start_pull--> PULLING --every chunk verified--> COMPLETED
@@ -49,13 +39,9 @@ dropped source whose payload had started stay quarantined (not re-requested) unt
 from __future__ import annotations
 
 import enum
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import numpy as np
 
 from chaosp2p.errors import (
     ChecksumMismatch,
@@ -65,16 +51,46 @@ from chaosp2p.errors import (
     TransferError,
 )
 from chaosp2p.protocols.base import Outgoing
+from chaosp2p.protocols.transfer.events import (
+    Completed,
+    DropReason,
+    Failed,
+    ManifestReady,
+    PenaltyReason,
+    Planned,
+    PlanReason,
+    PullEvent,
+    ResumeDiscarded,
+    SourceDropped,
+    SourcePenalised,
+    SourceProgress,
+    TransferProgress,
+)
+from chaosp2p.protocols.transfer.payload import PayloadKind, PayloadSlot
+from chaosp2p.protocols.transfer.planner import SchedulingPlanner, ShardPlanner, SourceEstimate
+from chaosp2p.protocols.transfer.resume_record import ResumeRecord
+from chaosp2p.protocols.transfer.states import (
+    CHUNK_TRANSITIONS,
+    PULL_FINAL,
+    PULL_TRANSITIONS,
+    SOURCE_GONE,
+    SOURCE_TRANSITIONS,
+    ChunkInput,
+    ChunkState,
+    PullInput,
+    PullState,
+    SourceInput,
+    SourceState,
+    advance,
+)
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
     DIGEST_BYTES,
     PROTOCOL,
-    WIRE_MAX_VERSIONS,
     DataHeader,
     ErrorReply,
     GetChunks,
     GetManifest,
-    GetRange,
     GetVersions,
     Hasher,
     Manifest,
@@ -92,561 +108,8 @@ from chaosp2p.wire.messages import Message
 
 _MIN_RATE = 1.0
 """Floor for a measured rate handed to the planner (bytes/s); the planner needs positive rates."""
-
-
-# ==================================================================================== shared types
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutgoingPayload(Outgoing):
-    """A header message followed, on the same stream, by ``payload`` as raw bytes (zero-copy)."""
-
-    payload: memoryview
-
-
-class PayloadKind(enum.Enum):
-    """What the raw bytes announced by a header are."""
-
-    MANIFEST = "manifest"
-    DATA = "data"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PayloadSlot:
-    """Where the next ``length`` raw bytes from ``source`` go.
-
-    ``DATA``: bytes ``offset .. offset+length`` of the staging buffer. ``MANIFEST``: a scratch
-    buffer of ``length`` bytes (``offset`` is 0).
-    """
-
-    source: PeerID
-    request_id: int
-    kind: PayloadKind
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SourceEstimate:
-    """A candidate source with the link estimates the cluster monitor has for it."""
-
-    peer: PeerID
-    bytes_per_s: float
-    latency_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.bytes_per_s) and self.bytes_per_s > 0):
-            raise ConfigError(f"bytes_per_s must be positive and finite (got {self.bytes_per_s!r})")
-        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
-            raise ConfigError(f"latency_s must be >= 0 and finite (got {self.latency_s!r})")
-
-
-class ShardPlanner(Protocol):
-    """Splits byte ranges over sources (the default wraps :mod:`chaosp2p.scheduling`)."""
-
-    def plan(
-        self,
-        ranges: Sequence[tuple[int, int]],
-        sources: Sequence[SourceEstimate],
-        *,
-        total_bytes: int,
-        align_bytes: int,
-    ) -> Sequence[tuple[PeerID, int, int]]:
-        """Assign every byte of ``ranges`` to one source: ``(peer, offset, length)`` triples."""
-        ...
-
-
-class SchedulingPlanner:
-    """:class:`ShardPlanner` backed by ``chaosp2p.scheduling.plan_shards`` / ``replan``."""
-
-    def __init__(
-        self,
-        *,
-        max_shards: int = 4096,
-        per_shard_overhead_s: float = 0.0,
-        downlink_bytes_per_s: float | None = None,
-    ) -> None:
-        self.max_shards = max_shards
-        self.per_shard_overhead_s = per_shard_overhead_s
-        self.downlink_bytes_per_s = downlink_bytes_per_s
-
-    def plan(
-        self,
-        ranges: Sequence[tuple[int, int]],
-        sources: Sequence[SourceEstimate],
-        *,
-        total_bytes: int,
-        align_bytes: int,
-    ) -> Sequence[tuple[PeerID, int, int]]:
-        """Plan with the optimal scheduler; a whole snapshot uses ``plan_shards``, gaps ``replan``."""
-        from chaosp2p.scheduling import Source, plan_shards, replan
-
-        sched = [Source(peer_id=s.peer, bytes_per_s=s.bytes_per_s, latency_s=s.latency_s) for s in sources]
-        if list(ranges) == [(0, total_bytes)]:
-            result = plan_shards(
-                total_bytes,
-                sched,
-                max_shards=self.max_shards,
-                min_shard_bytes=align_bytes,
-                per_shard_overhead_s=self.per_shard_overhead_s,
-                downlink_bytes_per_s=self.downlink_bytes_per_s,
-                align_bytes=align_bytes,
-            )
-        else:
-            result = replan(
-                list(ranges),
-                sched,
-                max_shards=self.max_shards,
-                min_shard_bytes=align_bytes,
-                per_shard_overhead_s=self.per_shard_overhead_s,
-                downlink_bytes_per_s=self.downlink_bytes_per_s,
-                align_bytes=align_bytes,
-            )
-        peers: dict[object, PeerID] = {s.peer: s.peer for s in sources}
-        return [(peers[peer], int(offset), int(length)) for peer, offset, length in result.assignments]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumeRecord:
-    """Which chunks of one snapshot are verified in the staging buffer (persist it to resume)."""
-
-    run: str
-    step: int
-    hash_algorithm: str
-    digest: bytes
-    chunk_count: int
-    verified: bytes
-    """Bitmap, chunk ``i`` is bit ``i % 8`` (least significant first) of byte ``i // 8``."""
-
-    def verified_chunks(self) -> list[int]:
-        """Indices of the verified chunks."""
-        bits = np.unpackbits(np.frombuffer(self.verified, dtype=np.uint8), bitorder="little")
-        return [int(i) for i in np.flatnonzero(bits[: self.chunk_count])]
-
-    @staticmethod
-    def bitmap(flags: bytes | bytearray, chunk_count: int) -> bytes:
-        """Pack one 0/1 byte per chunk into the bitmap form."""
-        array = np.frombuffer(bytes(flags[:chunk_count]), dtype=np.uint8)
-        return bytes(np.packbits(array != 0, bitorder="little").tobytes())
-
-
-# ========================================================================================= events
-class DropReason(enum.Enum):
-    """Why a source stopped being used for this transfer."""
-
-    NO_VERSION = "no_version"
-    """It does not hold the chosen version (not a fault)."""
-    VERSION_MISMATCH = "version_mismatch"
-    """Its snapshot changed between the version query and the lease (not a fault)."""
-    TIMEOUT = "timeout"
-    STALLED = "stalled"
-    FAILED = "failed"
-    REFUSED = "refused"
-    CORRUPT = "corrupt"
-    PROTOCOL = "protocol"
-
-
-class PenaltyReason(enum.Enum):
-    """Misbehaviour worth remembering beyond this transfer (feed it to peer scoring)."""
-
-    CORRUPT_DATA = "corrupt_data"
-    BAD_MANIFEST = "bad_manifest"
-    PROTOCOL_VIOLATION = "protocol_violation"
-
-
-class PlanReason(enum.Enum):
-    """Why the chunks were (re)assigned."""
-
-    INITIAL = "initial"
-    SOURCE_DROPPED = "source_dropped"
-    BEHIND_PLAN = "behind_plan"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SourceProgress:
-    """One source's share of a transfer."""
-
-    peer: PeerID
-    active: bool
-    bytes_done: int
-    rate_bytes_per_s: float
-    inflight_chunks: int
-    queued_chunks: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TransferProgress:
-    """Progress of a pull, for callbacks and progress bars."""
-
-    run: str
-    step: int
-    bytes_done: int
-    bytes_total: int
-    chunks_done: int
-    chunks_total: int
-    resumed_bytes: int
-    """Bytes already verified when this pull started (from a resume record)."""
-    elapsed_s: float
-    rate_bytes_per_s: float
-    """Bytes verified in this pull per second since ``start_pull``."""
-    eta_s: float | None
-    sources: tuple[SourceProgress, ...]
-
-    @property
-    def fraction(self) -> float:
-        """Share of the snapshot verified (1.0 for an empty snapshot)."""
-        return 1.0 if self.bytes_total == 0 else self.bytes_done / self.bytes_total
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ManifestReady:
-    """The manifest is verified: allocate staging for it, then call ``start_pull``."""
-
-    manifest: Manifest
-    digest: bytes
-    sources: tuple[PeerID, ...]
-    resumed_chunks: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumeDiscarded:
-    """The resume record given to the machine does not match the chosen snapshot."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Planned:
-    """Unverified chunks were (re)assigned: how many each source now has queued."""
-
-    reason: PlanReason
-    chunks: int
-    shares: tuple[tuple[PeerID, int], ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SourceDropped:
-    """``source`` is no longer used for this transfer; close its stream now (see the safety rule)."""
-
-    source: PeerID
-    reason: DropReason
-    detail: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SourcePenalised:
-    """``source`` misbehaved (corrupt bytes, bad manifest, protocol violation)."""
-
-    source: PeerID
-    reason: PenaltyReason
-    detail: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Completed:
-    """Every chunk of the snapshot is verified in the staging buffer; commit it."""
-
-    run: str
-    step: int
-    digest: bytes
-    manifest: Manifest
-    elapsed_s: float
-    bytes_by_source: tuple[tuple[PeerID, int], ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Failed:
-    """The pull cannot complete; the staging buffer must not be committed."""
-
-    error: TransferError
-
-
-PullEvent = (
-    ManifestReady | ResumeDiscarded | Planned | SourceDropped | SourcePenalised | TransferProgress | Completed | Failed
-)
-
-
-# ==================================================================================== source side
-class PinnedSnapshot(Protocol):
-    """A snapshot held in memory for as long as this pin is not released."""
-
-    @property
-    def manifest(self) -> Manifest:
-        """The snapshot's manifest."""
-        ...
-
-    @property
-    def manifest_body(self) -> bytes:
-        """The encoded manifest (what the digest is computed over)."""
-        ...
-
-    @property
-    def digest(self) -> bytes:
-        """Hash of ``manifest_body`` with the manifest's hash algorithm."""
-        ...
-
-    @property
-    def data(self) -> memoryview:
-        """The snapshot's bytes, read-only, ``manifest.total_bytes`` long."""
-        ...
-
-    def release(self) -> None:
-        """Drop this pin (idempotent)."""
-        ...
-
-
-class SnapshotCatalog(Protocol):
-    """What a source serves (``chaosp2p.state.SnapshotStore`` implements it)."""
-
-    def versions(self, run: str) -> Sequence[VersionInfo] | None:
-        """Snapshots of ``run`` newest first, or ``None`` if the run is unknown."""
-        ...
-
-    def pin(self, run: str, step: int) -> PinnedSnapshot | None:
-        """Pin snapshot (run, step), or ``None`` if it is not (or no longer) offered."""
-        ...
-
-
-@dataclass(slots=True)
-class _Lease:
-    peer: PeerID
-    lease_id: int
-    run: str
-    step: int
-    pin: PinnedSnapshot
-    expires_at: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SourceStatistics:
-    """Counters of a :class:`SourceSession`."""
-
-    leases_active: int
-    leases_granted: int
-    requests: int
-    errors: int
-    bytes_served: int
-
-
-class SourceSession:
-    """Serves snapshots of a :class:`SnapshotCatalog` to newcomers (see the module docstring)."""
-
-    protocols: Sequence[str] = (PROTOCOL,)
-
-    def __init__(self, catalog: SnapshotCatalog, config: TransferConfig) -> None:
-        self.catalog = catalog
-        self.config = config
-        self._leases: dict[tuple[PeerID, int], _Lease] = {}
-        self._next_lease = 1
-        self._outgoing: list[Outgoing] = []
-        self._granted = 0
-        self._requests = 0
-        self._errors = 0
-        self._bytes_served = 0
-
-    # ----------------------------------------------------------------------------- driver API
-    def respond(self, now: float, sender: PeerID, message: Message) -> list[Outgoing]:
-        """Answer one request; the returned items go back to ``sender`` in order, on the same stream.
-
-        Raises :class:`RemoteProtocolError` if ``message`` is not a request (close the stream).
-        """
-        self._requests += 1
-        if isinstance(message, GetVersions):
-            return [self._versions(sender, message)]
-        if isinstance(message, GetManifest):
-            return [self._manifest(now, sender, message)]
-        if isinstance(message, (GetChunks, GetRange)):
-            return [self._data(now, sender, message)]
-        if isinstance(message, ReleaseLease):
-            lease = self._leases.pop((sender, message.lease_id), None)
-            if lease is not None:
-                lease.pin.release()
-            return []
-        raise RemoteProtocolError(f"{PROTOCOL}: a source does not accept {type(message).__name__}")
-
-    def receive(self, now: float, sender: PeerID, protocol: str, message: Message) -> None:
-        """:class:`MessageMachine` form of :meth:`respond` (replies are queued for ``take_outgoing``)."""
-        if protocol == PROTOCOL:
-            self._outgoing.extend(self.respond(now, sender, message))
-
-    def take_outgoing(self) -> list[Outgoing]:
-        """Remove and return queued replies."""
-        out, self._outgoing = self._outgoing, []
-        return out
-
-    def next_deadline(self) -> float | None:
-        """When the earliest lease expires."""
-        return min((lease.expires_at for lease in self._leases.values()), default=None)
-
-    def handle_timeout(self, now: float) -> None:
-        """Expire leases nobody renewed."""
-        for key, lease in list(self._leases.items()):
-            if lease.expires_at <= now:
-                del self._leases[key]
-                lease.pin.release()
-
-    def peer_unreachable(self, now: float, peer: PeerID) -> None:
-        """Release every lease ``peer`` held."""
-        for key, lease in list(self._leases.items()):
-            if key[0] == peer:
-                del self._leases[key]
-                lease.pin.release()
-
-    def close(self) -> None:
-        """Release every lease (the catalog may then free retired snapshots)."""
-        for lease in self._leases.values():
-            lease.pin.release()
-        self._leases.clear()
-
-    def statistics(self) -> SourceStatistics:
-        """Counters since creation."""
-        return SourceStatistics(
-            leases_active=len(self._leases),
-            leases_granted=self._granted,
-            requests=self._requests,
-            errors=self._errors,
-            bytes_served=self._bytes_served,
-        )
-
-    # ------------------------------------------------------------------------------ requests
-    def _error(self, sender: PeerID, request_id: int, code: TransferErrorCode, detail: str) -> Outgoing:
-        self._errors += 1
-        return Outgoing(
-            to=sender, protocol=PROTOCOL, message=ErrorReply(request_id=request_id, code=code, detail=detail)
-        )
-
-    def _versions(self, sender: PeerID, msg: GetVersions) -> Outgoing:
-        versions = self.catalog.versions(msg.run)
-        if versions is None:
-            return self._error(sender, msg.request_id, TransferErrorCode.UNKNOWN_RUN, f"no run {msg.run!r}")
-        reply = VersionsReply(request_id=msg.request_id, run=msg.run, versions=tuple(versions)[:WIRE_MAX_VERSIONS])
-        return Outgoing(to=sender, protocol=PROTOCOL, message=reply)
-
-    def _manifest(self, now: float, sender: PeerID, msg: GetManifest) -> Outgoing:
-        if msg.lease_id is not None:
-            lease = self._leases.get((sender, msg.lease_id))
-            if lease is None:
-                return self._error(sender, msg.request_id, TransferErrorCode.NO_LEASE, "no such lease")
-            if (lease.run, lease.step) != (msg.run, msg.step):
-                return self._error(
-                    sender, msg.request_id, TransferErrorCode.BAD_REQUEST, "lease is for another snapshot"
-                )
-        else:
-            held = sum(1 for key in self._leases if key[0] == sender)
-            if len(self._leases) >= self.config.max_leases or held >= self.config.max_leases_per_peer:
-                return self._error(sender, msg.request_id, TransferErrorCode.BUSY, "too many leases")
-            pin = self.catalog.pin(msg.run, msg.step)
-            if pin is None:
-                if self.catalog.versions(msg.run) is None:
-                    return self._error(sender, msg.request_id, TransferErrorCode.UNKNOWN_RUN, "unknown run")
-                return self._error(
-                    sender, msg.request_id, TransferErrorCode.UNKNOWN_VERSION, f"step {msg.step} not held"
-                )
-            lease = _Lease(sender, self._next_lease, msg.run, msg.step, pin, now)
-            self._next_lease += 1
-            self._granted += 1
-            self._leases[(sender, lease.lease_id)] = lease
-        lease.expires_at = now + self.config.lease_ttl_s
-        pin = lease.pin
-        body = pin.manifest_body if msg.include_manifest else b""
-        reply = ManifestReply(
-            request_id=msg.request_id,
-            lease_id=lease.lease_id,
-            lease_ttl_s=self.config.lease_ttl_s,
-            hash_algorithm=pin.manifest.hash_algorithm,
-            digest=pin.digest,
-            manifest_bytes=len(body),
-        )
-        if body:
-            return OutgoingPayload(to=sender, protocol=PROTOCOL, message=reply, payload=memoryview(body))
-        return Outgoing(to=sender, protocol=PROTOCOL, message=reply)
-
-    def _data(self, now: float, sender: PeerID, msg: GetChunks | GetRange) -> Outgoing:
-        lease = self._leases.get((sender, msg.lease_id))
-        if lease is None:
-            return self._error(sender, msg.request_id, TransferErrorCode.NO_LEASE, "no such lease")
-        if (lease.run, lease.step) != (msg.run, msg.step):
-            return self._error(sender, msg.request_id, TransferErrorCode.BAD_REQUEST, "lease is for another snapshot")
-        manifest = lease.pin.manifest
-        if isinstance(msg, GetChunks):
-            count = manifest.chunk_count
-            if msg.first_chunk >= count or msg.chunk_count > count - msg.first_chunk:
-                return self._error(
-                    sender, msg.request_id, TransferErrorCode.OUT_OF_RANGE, f"snapshot has {count} chunks"
-                )
-            offset = msg.first_chunk * manifest.chunk_bytes
-            end = min((msg.first_chunk + msg.chunk_count) * manifest.chunk_bytes, manifest.total_bytes)
-        else:
-            offset, end = msg.offset, msg.offset + msg.length
-            if end > manifest.total_bytes:
-                return self._error(
-                    sender,
-                    msg.request_id,
-                    TransferErrorCode.OUT_OF_RANGE,
-                    f"snapshot has {manifest.total_bytes} bytes",
-                )
-        length = end - offset
-        if length > self.config.max_request_bytes:
-            return self._error(
-                sender,
-                msg.request_id,
-                TransferErrorCode.BAD_REQUEST,
-                f"{length} bytes exceed max_request_bytes={self.config.max_request_bytes}",
-            )
-        lease.expires_at = now + self.config.lease_ttl_s
-        self._bytes_served += length
-        header = DataHeader(request_id=msg.request_id, offset=offset, length=length)
-        return OutgoingPayload(to=sender, protocol=PROTOCOL, message=header, payload=lease.pin.data[offset:end])
-
-
-# ================================================================================== newcomer side
-class PullState(enum.Enum):
-    """States of a :class:`PullMachine`."""
-
-    IDLE = "idle"
-    QUERYING = "querying"
-    OPENING = "opening"
-    READY = "ready"
-    PULLING = "pulling"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    ABORTED = "aborted"
-
-
-class _Input(enum.Enum):
-    START = "start"
-    VERSION_CHOSEN = "version_chosen"
-    MANIFEST_ACCEPTED = "manifest_accepted"
-    START_PULL = "start_pull"
-    ALL_VERIFIED = "all_verified"
-    FAIL = "fail"
-    ABORT = "abort"
-
-
-_TRANSITIONS: dict[tuple[PullState, _Input], PullState] = {
-    (PullState.IDLE, _Input.START): PullState.QUERYING,
-    (PullState.QUERYING, _Input.VERSION_CHOSEN): PullState.OPENING,
-    (PullState.OPENING, _Input.MANIFEST_ACCEPTED): PullState.READY,
-    (PullState.READY, _Input.START_PULL): PullState.PULLING,
-    (PullState.PULLING, _Input.ALL_VERIFIED): PullState.COMPLETED,
-    **{
-        (state, _Input.FAIL): PullState.FAILED
-        for state in (PullState.QUERYING, PullState.OPENING, PullState.READY, PullState.PULLING)
-    },
-    **{
-        (state, _Input.ABORT): PullState.ABORTED
-        for state in (PullState.IDLE, PullState.QUERYING, PullState.OPENING, PullState.READY, PullState.PULLING)
-    },
-}
-_FINAL = (PullState.COMPLETED, PullState.FAILED, PullState.ABORTED)
-
-
-class _SourceStatus(enum.Enum):
-    QUERYING = "querying"
-    ANSWERED = "answered"
-    OPENING = "opening"
-    LEASED = "leased"
-    DROPPED = "dropped"
-    UNUSED = "unused"
-    DONE = "done"
+UNKNOWN_RATE_GUESS = 100e6
+"""Rate assumed for a source nobody has measured yet, until its own chunks tell."""
 
 
 class _Ask(enum.Enum):
@@ -672,15 +135,11 @@ class _Request:
     started: bool = False
 
 
-# chunk states
-_UNASSIGNED, _QUEUED, _INFLIGHT, _VERIFIED = 0, 1, 2, 3
-
-
 @dataclass(slots=True)
 class _Source:
     estimate: SourceEstimate
     rate: float
-    status: _SourceStatus = _SourceStatus.QUERYING
+    status: SourceState = SourceState.QUERYING
     versions: dict[int, VersionInfo] = field(default_factory=dict)
     lease_id: int | None = None
     lease_ttl_s: float = 0.0
@@ -745,7 +204,9 @@ class PullMachine:
         )
         self.work_stealing = work_stealing
         self.state = PullState.IDLE
-        self._sources: dict[PeerID, _Source] = {s.peer: _Source(estimate=s, rate=s.bytes_per_s) for s in sources}
+        self._sources: dict[PeerID, _Source] = {
+            s.peer: _Source(estimate=s, rate=s.bytes_per_s or UNKNOWN_RATE_GUESS) for s in sources
+        }
         self._pending: dict[int, _Pending] = {}
         self._next_request = 1
         self._outgoing: list[Outgoing] = []
@@ -779,13 +240,13 @@ class PullMachine:
 
     def start(self, now: float) -> None:
         """Ask every source which versions of the run it holds."""
-        self._transition(_Input.START)
+        self._transition(PullInput.START)
         for src in self._sources.values():
             self._ask(now, src, GetVersions(request_id=self._new_id(), run=self.run), _Ask.VERSIONS, False)
 
     def start_pull(self, now: float) -> None:
         """Staging is allocated: plan the missing chunks and start requesting them."""
-        self._transition(_Input.START_PULL)
+        self._transition(PullInput.START_PULL)
         self._pull_started = now
         self._last_progress = None
         for src in self._active():
@@ -805,9 +266,9 @@ class PullMachine:
         if the source was dropped (a :class:`SourceDropped` event), close its stream without reading.
         """
         src = self._sources.get(sender)
-        if protocol != PROTOCOL or src is None or self.state in _FINAL:
+        if protocol != PROTOCOL or src is None or self.state in PULL_FINAL:
             return None
-        if src.status in (_SourceStatus.DROPPED, _SourceStatus.DONE, _SourceStatus.UNUSED):
+        if src.status in (SourceState.DROPPED, SourceState.DONE, SourceState.UNUSED):
             return None
         if isinstance(message, VersionsReply):
             self._on_versions(now, src, message)
@@ -832,7 +293,7 @@ class PullMachine:
         if len(data) != slot.length:
             raise LocalProtocolError(f"payload for slot of {slot.length} bytes has {len(data)} bytes")
         src = self._sources.get(source)
-        if src is None or self.state in _FINAL:
+        if src is None or self.state in PULL_FINAL:
             return
         if slot.kind is PayloadKind.MANIFEST:
             self._on_manifest_body(now, src, slot, data)
@@ -842,7 +303,7 @@ class PullMachine:
     def payload_aborted(self, now: float, source: PeerID, slot: PayloadSlot) -> None:
         """The driver stopped receiving ``slot`` part-way (stream closed): nothing more lands there."""
         src = self._sources.get(source)
-        if src is None or self.state in _FINAL:
+        if src is None or self.state in PULL_FINAL:
             return
         if slot.kind is PayloadKind.MANIFEST:
             if src.manifest_slot == slot:
@@ -852,7 +313,7 @@ class PullMachine:
         request = src.inflight.get(slot.request_id)
         if request is None or not request.started:
             return
-        if src.status is _SourceStatus.LEASED:
+        if src.status is SourceState.LEASED:
             self._drop(now, src, DropReason.FAILED, "payload aborted", None)
         self._release_request(src, request)
         self._after_change(now)
@@ -866,37 +327,37 @@ class PullMachine:
     def source_failed(self, now: float, source: PeerID, detail: str = "") -> None:
         """The stream or connection to ``source`` failed (not its fault as far as we know)."""
         src = self._sources.get(source)
-        if src is not None and self.state not in _FINAL:
+        if src is not None and self.state not in PULL_FINAL:
             self._drop(now, src, DropReason.FAILED, detail or "connection failed", None)
 
     def source_misbehaved(self, now: float, source: PeerID, error: Exception) -> None:
         """``source`` sent something undecodable or unrequested (e.g. bytes beyond a payload)."""
         src = self._sources.get(source)
-        if src is not None and self.state not in _FINAL:
+        if src is not None and self.state not in PULL_FINAL:
             self._drop(now, src, DropReason.PROTOCOL, str(error), PenaltyReason.PROTOCOL_VIOLATION)
 
     def peer_unreachable(self, now: float, peer: PeerID) -> None:
         """:class:`MessageMachine` name for :meth:`source_failed`."""
         src = self._sources.get(peer)
-        if src is not None and self.state not in _FINAL:
+        if src is not None and self.state not in PULL_FINAL:
             self._drop(now, src, DropReason.FAILED, "unreachable", None, release=False)
 
     def abort(self, now: float) -> None:
         """Stop: release every lease; the staging buffer must not be committed."""
-        if self.state in _FINAL:
+        if self.state in PULL_FINAL:
             return
-        self._transition(_Input.ABORT)
+        self._transition(PullInput.ABORT)
         self._release_all()
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`handle_timeout` has work."""
-        if self.state in _FINAL:
+        if self.state in PULL_FINAL:
             return None
         times = [p.deadline for p in self._pending.values()]
         for src in self._sources.values():
             if src.quarantine_until is not None:
                 times.append(src.quarantine_until)
-            if src.status is not _SourceStatus.LEASED:
+            if src.status is not SourceState.LEASED:
                 continue
             if self.state is PullState.PULLING and src.inflight:
                 times.append(src.last_activity + self.config.stall_timeout_s)
@@ -908,14 +369,14 @@ class PullMachine:
 
     def handle_timeout(self, now: float) -> None:
         """Time out unanswered requests and stalled sources, renew leases, compare with the plan."""
-        if self.state in _FINAL:
+        if self.state in PULL_FINAL:
             return
         for request_id, pending in list(self._pending.items()):
             if pending.deadline <= now and request_id in self._pending:
                 del self._pending[request_id]
                 src = self._sources[pending.peer]
                 self._drop(now, src, DropReason.TIMEOUT, f"no answer to {pending.ask.value} request", None)
-                if self.state in _FINAL:
+                if self.state in PULL_FINAL:
                     return
         for src in list(self._sources.values()):
             if src.quarantine_until is not None and src.quarantine_until <= now:
@@ -923,9 +384,9 @@ class PullMachine:
                     self._release_request(src, request)
                 src.quarantine_until = None
                 self._after_change(now)
-                if self.state in _FINAL:
+                if self.state in PULL_FINAL:
                     return
-            if src.status is not _SourceStatus.LEASED:
+            if src.status is not SourceState.LEASED:
                 continue
             if (
                 self.state is PullState.PULLING
@@ -933,7 +394,7 @@ class PullMachine:
                 and now >= src.last_activity + self.config.stall_timeout_s
             ):
                 self._drop(now, src, DropReason.STALLED, f"no progress for {now - src.last_activity:.3g}s", None)
-                if self.state in _FINAL:
+                if self.state in PULL_FINAL:
                     return
                 continue
             # Requests renew a lease; only an idle source needs an explicit renewal (one queued behind
@@ -975,7 +436,7 @@ class PullMachine:
         sources = tuple(
             SourceProgress(
                 peer=src.peer,
-                active=src.status is _SourceStatus.LEASED,
+                active=src.status is SourceState.LEASED,
                 bytes_done=src.bytes_verified,
                 rate_bytes_per_s=src.bytes_verified / elapsed if elapsed > 0 else 0.0,
                 inflight_chunks=len(src.inflight),
@@ -1002,7 +463,7 @@ class PullMachine:
         manifest, chosen = self._manifest, self._chosen
         if manifest is None or chosen is None:
             raise LocalProtocolError("no manifest yet: nothing to resume")
-        flags = bytes(1 if s == _VERIFIED else 0 for s in self._chunk_state)
+        flags = bytes(1 if s == ChunkState.VERIFIED else 0 for s in self._chunk_state)
         return ResumeRecord(
             run=self.run,
             step=manifest.step,
@@ -1016,17 +477,22 @@ class PullMachine:
         """True while ``source`` is used (its replies should keep being read)."""
         src = self._sources.get(source)
         return src is not None and src.status not in (
-            _SourceStatus.DROPPED,
-            _SourceStatus.DONE,
-            _SourceStatus.UNUSED,
+            SourceState.DROPPED,
+            SourceState.DONE,
+            SourceState.UNUSED,
         )
 
     # ============================================================================ internals
-    def _transition(self, event: _Input) -> None:
-        target = _TRANSITIONS.get((self.state, event))
-        if target is None:
-            raise LocalProtocolError(f"{event.value} is not allowed in state {self.state.value}")
-        self.state = target
+    def _transition(self, event: PullInput) -> None:
+        self.state = advance(PULL_TRANSITIONS, self.state, event, "pull")
+
+    def _source_to(self, src: _Source, event: SourceInput) -> None:
+        src.status = advance(SOURCE_TRANSITIONS, src.status, event, f"source {src.peer.short()}")
+
+    def _chunk_to(self, chunk: int, event: ChunkInput) -> None:
+        self._chunk_state[chunk] = advance(
+            CHUNK_TRANSITIONS, ChunkState(self._chunk_state[chunk]), event, f"chunk {chunk}"
+        )
 
     def _new_id(self) -> int:
         request_id = self._next_request
@@ -1050,24 +516,24 @@ class PullMachine:
         return pending
 
     def _active(self) -> list[_Source]:
-        return [s for s in self._sources.values() if s.status is _SourceStatus.LEASED]
+        return [s for s in self._sources.values() if s.status is SourceState.LEASED]
 
     def _fail(self, now: float, error: TransferError) -> None:
-        if self.state in _FINAL:
+        if self.state in PULL_FINAL:
             return
-        self._transition(_Input.FAIL)
+        self._transition(PullInput.FAIL)
         self._failure = error
         self._release_all()
         self._events.append(Failed(error=error))
 
     def _release_all(self) -> None:
         for src in self._sources.values():
-            if src.status in (_SourceStatus.LEASED, _SourceStatus.OPENING) and src.lease_id is not None:
+            if src.status in (SourceState.LEASED, SourceState.OPENING) and src.lease_id is not None:
                 self._outgoing.append(
                     Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id))
                 )
-            if src.status not in (_SourceStatus.DROPPED, _SourceStatus.UNUSED):
-                src.status = _SourceStatus.DONE
+            if src.status not in SOURCE_GONE:
+                self._source_to(src, SourceInput.FINISH)
         self._pending.clear()
 
     def _drop(
@@ -1080,11 +546,11 @@ class PullMachine:
         *,
         release: bool = True,
     ) -> None:
-        if src.status in (_SourceStatus.DROPPED, _SourceStatus.DONE, _SourceStatus.UNUSED):
+        if src.status in (SourceState.DROPPED, SourceState.DONE, SourceState.UNUSED):
             return
-        if release and src.lease_id is not None and src.status in (_SourceStatus.LEASED, _SourceStatus.OPENING):
+        if release and src.lease_id is not None and src.status in (SourceState.LEASED, SourceState.OPENING):
             self._outgoing.append(Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id)))
-        src.status = _SourceStatus.UNUSED if reason in (DropReason.NO_VERSION,) else _SourceStatus.DROPPED
+        self._source_to(src, SourceInput.SET_ASIDE if reason is DropReason.NO_VERSION else SourceInput.DROP)
         src.dropped_because = f"{reason.value}: {detail}" if detail else reason.value
         if penalty is not None:
             self._events.append(SourcePenalised(source=src.peer, reason=penalty, detail=detail))
@@ -1093,8 +559,8 @@ class PullMachine:
             del self._pending[request_id]
         src.manifest_slot = None
         for chunk in src.queue:
-            if self._chunk_state[chunk] == _QUEUED:
-                self._chunk_state[chunk] = _UNASSIGNED
+            if self._chunk_state[chunk] == ChunkState.QUEUED:
+                self._chunk_to(chunk, ChunkInput.UNASSIGN)
         src.queue.clear()
         for request in list(src.inflight.values()):
             if not request.started:
@@ -1106,8 +572,8 @@ class PullMachine:
 
     def _release_request(self, src: _Source, request: _Request) -> None:
         src.inflight.pop(request.request_id, None)
-        if self._chunk_state and self._chunk_state[request.chunk] == _INFLIGHT:
-            self._chunk_state[request.chunk] = _UNASSIGNED
+        if self._chunk_state and self._chunk_state[request.chunk] == ChunkState.INFLIGHT:
+            self._chunk_to(request.chunk, ChunkInput.LOSE)
             self._orphans.append(request.chunk)
         if not src.inflight:
             src.quarantine_until = None
@@ -1146,13 +612,13 @@ class PullMachine:
                 and info.chunk_bytes <= self.config.max_chunk_bytes
             ):
                 src.versions.setdefault(info.step, info)
-        src.status = _SourceStatus.ANSWERED
+        self._source_to(src, SourceInput.VERSIONS)
         self._maybe_choose(now)
 
     def _maybe_choose(self, now: float) -> None:
         if any(p.ask is _Ask.VERSIONS for p in self._pending.values()):
             return
-        answered = [s for s in self._sources.values() if s.status is _SourceStatus.ANSWERED]
+        answered = [s for s in self._sources.values() if s.status is SourceState.ANSWERED]
         steps = {step for s in answered for step in s.versions}
         if self.requested_step is not None:
             steps &= {self.requested_step}
@@ -1177,15 +643,15 @@ class PullMachine:
         except ConfigError as exc:
             self._fail(now, TransferError(str(exc)))
             return
-        self._transition(_Input.VERSION_CHOSEN)
+        self._transition(PullInput.VERSION_CHOSEN)
         self._group = [s.peer for s in chosen_group]
         for s in answered:
             if s not in chosen_group:
                 reason = DropReason.NO_VERSION if step not in s.versions else DropReason.VERSION_MISMATCH
-                s.status = _SourceStatus.UNUSED
+                self._source_to(s, SourceInput.SET_ASIDE)
                 self._events.append(SourceDropped(source=s.peer, reason=reason, detail=f"step {step}"))
         for i, s in enumerate(chosen_group):
-            s.status = _SourceStatus.OPENING
+            self._source_to(s, SourceInput.CHOSEN)
             msg = GetManifest(request_id=self._new_id(), run=self.run, step=step, include_manifest=i == 0)
             self._ask(now, s, msg, _Ask.OPEN, i == 0)
 
@@ -1206,8 +672,8 @@ class PullMachine:
                 now, src, DropReason.PROTOCOL, "renewal answered with another lease", PenaltyReason.PROTOCOL_VIOLATION
             )
             return None
-        if src.status is _SourceStatus.OPENING:
-            src.status = _SourceStatus.LEASED
+        if src.status is SourceState.OPENING:
+            self._source_to(src, SourceInput.LEASE_GRANTED)
             src.last_activity = now
         src.lease_id = msg.lease_id
         src.lease_ttl_s = msg.lease_ttl_s
@@ -1272,7 +738,7 @@ class PullMachine:
                 return
             if any(p.wants_body for p in self._pending.values()):
                 return
-            leased = [s for s in group if s.status is _SourceStatus.LEASED]
+            leased = [s for s in group if s.status is SourceState.LEASED]
             if leased:
                 src = leased[0]
                 chosen = self._chosen
@@ -1286,16 +752,16 @@ class PullMachine:
                 )
                 self._ask(now, src, msg, _Ask.RENEW, True)
                 return
-            if not any(s.status is _SourceStatus.OPENING for s in group):
+            if not any(s.status is SourceState.OPENING for s in group):
                 self._fail(now, TransferError(f"no source supplied a valid manifest for run {self.run!r}"))
             return
-        if any(s.status is _SourceStatus.OPENING for s in group):
+        if any(s.status is SourceState.OPENING for s in group):
             return
-        leased = [s for s in group if s.status is _SourceStatus.LEASED]
+        leased = [s for s in group if s.status is SourceState.LEASED]
         if not leased:
             self._fail(now, TransferError(f"every source of run {self.run!r} failed before the pull began"))
             return
-        self._transition(_Input.MANIFEST_ACCEPTED)
+        self._transition(PullInput.MANIFEST_ACCEPTED)
         resumed = self._apply_resume()
         self._events.append(
             ManifestReady(
@@ -1317,7 +783,7 @@ class PullMachine:
             return 0
         chunks = record.verified_chunks()
         for chunk in chunks:
-            self._chunk_state[chunk] = _VERIFIED
+            self._chunk_to(chunk, ChunkInput.RESUME)
             self._verified_bytes += manifest.chunk_range(chunk)[1]
         self._verified_chunks = len(chunks)
         self._resumed_bytes = self._verified_bytes
@@ -1326,7 +792,7 @@ class PullMachine:
     # -------------------------------------------------------------------------- pulling
     def _on_data_header(self, now: float, src: _Source, msg: DataHeader) -> PayloadSlot | None:
         request = src.inflight.get(msg.request_id) if self.state is PullState.PULLING else None
-        if request is None or request.started or src.status is not _SourceStatus.LEASED:
+        if request is None or request.started or src.status is not SourceState.LEASED:
             self._drop(
                 now,
                 src,
@@ -1364,11 +830,11 @@ class PullMachine:
         if not src.inflight:
             src.quarantine_until = None
         chunk = request.chunk
-        if self._chunk_state[chunk] == _VERIFIED:
+        if self._chunk_state[chunk] == ChunkState.VERIFIED:
             self._after_change(now)
             return
         if hasher(data) == manifest.chunk_hash(chunk):
-            self._chunk_state[chunk] = _VERIFIED
+            self._chunk_to(chunk, ChunkInput.VERIFY)
             self._verified_chunks += 1
             self._verified_bytes += request.length
             src.bytes_verified += request.length
@@ -1378,14 +844,14 @@ class PullMachine:
                 self._emit_progress(now)
                 self._dispatch(now)
             return
-        self._chunk_state[chunk] = _UNASSIGNED
+        self._chunk_to(chunk, ChunkInput.LOSE)
         self._orphans.append(chunk)
         attempts = self._attempts[chunk] = self._attempts.get(chunk, 0) + 1
         detail = f"chunk {chunk} failed its {manifest.hash_algorithm} check"
         if attempts >= self.config.max_chunk_retries:
             self._events.append(SourcePenalised(source=src.peer, reason=PenaltyReason.CORRUPT_DATA, detail=detail))
             self._fail(now, ChecksumMismatch(f"{detail} {attempts} times; giving up"))
-        elif src.status is _SourceStatus.LEASED:
+        elif src.status is SourceState.LEASED:
             self._drop(now, src, DropReason.CORRUPT, detail, PenaltyReason.CORRUPT_DATA)
         else:
             self._after_change(now)
@@ -1394,7 +860,7 @@ class PullMachine:
         manifest = self._manifest
         if manifest is None or self._verified_chunks < manifest.chunk_count:
             return False
-        self._transition(_Input.ALL_VERIFIED)
+        self._transition(PullInput.ALL_VERIFIED)
         self._emit_progress(now, force=True)
         self._release_all()
         self._events.append(
@@ -1418,9 +884,9 @@ class PullMachine:
             src.queue.clear()
         states = self._chunk_state
         for i, s in enumerate(states):
-            if s == _QUEUED:
-                states[i] = _UNASSIGNED
-        todo = [i for i, s in enumerate(states) if s == _UNASSIGNED]
+            if s == ChunkState.QUEUED:
+                self._chunk_to(i, ChunkInput.UNASSIGN)
+        todo = [i for i, s in enumerate(states) if s == ChunkState.MISSING]
         if not todo:
             return
         if not active:
@@ -1454,7 +920,7 @@ class PullMachine:
             # A gap in the plan must not leave a chunk unowned: give it to the fastest source.
             owner = by_peer[starts[cursor][2]] if covered else fastest
             owner.queue.append(chunk)
-            states[chunk] = _QUEUED
+            self._chunk_to(chunk, ChunkInput.ASSIGN)
         for src in active:
             src.window_start = now
             src.window_bytes = 0
@@ -1466,7 +932,7 @@ class PullMachine:
     def _fail_unless_quarantined(self, now: float) -> None:
         # Quarantined payloads may still verify their chunks; only give up once they are settled.
         if not any(s.quarantine_until is not None for s in self._sources.values()):
-            missing = sum(1 for state in self._chunk_state if state != _VERIFIED)
+            missing = sum(1 for state in self._chunk_state if state != ChunkState.VERIFIED)
             why = "; ".join(
                 f"{src.peer.short()} {src.dropped_because}" for src in self._sources.values() if src.dropped_because
             )
@@ -1476,7 +942,7 @@ class PullMachine:
         """Give chunks freed outside a replan to the sources that would finish them first."""
         manifest = self._manifest
         assert manifest is not None
-        orphans = sorted({c for c in self._orphans if self._chunk_state[c] == _UNASSIGNED}, reverse=True)
+        orphans = sorted({c for c in self._orphans if self._chunk_state[c] == ChunkState.MISSING}, reverse=True)
         self._orphans = []
         if not orphans:
             return
@@ -1494,7 +960,7 @@ class PullMachine:
         for chunk in orphans:
             owner = min(active, key=finish)
             owner.queue.appendleft(chunk)  # first: a lost chunk holds up completion
-            self._chunk_state[chunk] = _QUEUED
+            self._chunk_to(chunk, ChunkInput.ASSIGN)
 
     def _dispatch(self, now: float) -> None:
         manifest = self._manifest
@@ -1511,7 +977,7 @@ class PullMachine:
                 if not src.inflight:
                     src.last_activity = now
                 src.inflight[request_id] = _Request(request_id, chunk, offset, length)
-                self._chunk_state[chunk] = _INFLIGHT
+                self._chunk_to(chunk, ChunkInput.REQUEST)
                 assert src.lease_id is not None
                 self._send(
                     now,
