@@ -150,6 +150,20 @@ def print_status(report: StatusReport, out: Console) -> None:
                 "-" if link.bandwidth_bytes_per_s is None else f"{link.bandwidth_bytes_per_s / 1e6:.1f}",
             )
         out.print(links)
+    for run in report.runs:
+        table = Table(
+            title=f"run {run.run}: epoch {run.epoch}, step {run.step}, config {run.config_digest[:12]}",
+            title_justify="left",
+        )
+        table.add_column("members")
+        table.add_column("pending")
+        pending = [f"{p.kind} {p.subject[:16]}" for p in run.pending]
+        for index in range(max(len(run.members), len(pending))):
+            table.add_row(
+                run.members[index] if index < len(run.members) else "",
+                pending[index] if index < len(pending) else "",
+            )
+        out.print(table)
 
 
 # ---------------------------------------------------------------------------------------------- keys

@@ -24,6 +24,7 @@ from chaosp2p.configbase import from_table, require, require_positive
 from chaosp2p.dht.config import DHTConfig
 from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.membership.config import MembershipConfig
+from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -52,6 +53,7 @@ class PeerConfig:
     transport: TransportConfig = field(default_factory=TransportConfig.local)
     dht: DHTConfig = field(default_factory=DHTConfig.local)
     membership: MembershipConfig = field(default_factory=MembershipConfig.local)
+    negotiation: NegotiationConfig = field(default_factory=NegotiationConfig.local)
     transfer: TransferConfig = field(default_factory=TransferConfig.local)
 
     def __post_init__(self) -> None:
@@ -97,6 +99,7 @@ class PeerConfig:
             transport=TransportConfig.local(),
             dht=DHTConfig.local(),
             membership=MembershipConfig.local(),
+            negotiation=NegotiationConfig.local(),
             transfer=TransferConfig.local(),
         ).replace(**changes)
 
@@ -109,6 +112,7 @@ class PeerConfig:
             transport=TransportConfig.lan(),
             dht=DHTConfig.lan(),
             membership=MembershipConfig.lan(),
+            negotiation=NegotiationConfig.lan(),
             transfer=TransferConfig.lan(),
         ).replace(**changes)
 
@@ -122,6 +126,7 @@ class PeerConfig:
             transport=TransportConfig.wan(),
             dht=DHTConfig.wan(),
             membership=MembershipConfig.wan(),
+            negotiation=NegotiationConfig.wan(),
             transfer=TransferConfig.wan(),
         ).replace(**changes)
 
@@ -166,7 +171,7 @@ class PeerConfig:
 
 
 def _is_component(f: dataclasses.Field[Any]) -> bool:
-    return f.name in ("transport", "dht", "membership", "transfer")
+    return f.name in ("transport", "dht", "membership", "negotiation", "transfer")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

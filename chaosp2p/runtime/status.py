@@ -58,6 +58,28 @@ class LinkInfo:
     bandwidth_bytes_per_s: float | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingInfo:
+    """An operation a run has heard of but not yet committed."""
+
+    kind: str
+    subject: str
+    origin: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStatusInfo:
+    """One training run the reporting peer takes part in, as it sees it."""
+
+    run: str
+    epoch: int
+    step: int
+    config_digest: str
+    members: tuple[str, ...]
+    pending: tuple[PendingInfo, ...] = ()
+    activation_step: int = 0
+
+
 @STATUS_CODEC.register(StatusMessageType.REQUEST)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatusRequest(Message):
@@ -76,12 +98,16 @@ class StatusReport(Message):
     connections: tuple[ConnectionInfo, ...]
     members: tuple[MemberInfo, ...] = ()
     links: tuple[LinkInfo, ...] = ()
+    runs: tuple[RunStatusInfo, ...] = ()
 
     def validate(self) -> None:
         """Bound the lists so a hostile peer cannot make the CLI render millions of rows."""
-        for name in ("addrs", "connections", "members", "links"):
+        for name in ("addrs", "connections", "members", "links", "runs"):
             if len(getattr(self, name)) > MAX_STATUS_ENTRIES:
                 raise RemoteProtocolError(f"status report has more than {MAX_STATUS_ENTRIES} {name}")
+        for run in self.runs:
+            if len(run.members) > MAX_STATUS_ENTRIES or len(run.pending) > MAX_STATUS_ENTRIES:
+                raise RemoteProtocolError(f"status report run {run.run[:64]!r} is too large")
 
     def to_json(self) -> dict[str, Any]:
         """The documented JSON shape of ``chaosp2p status --json``."""
@@ -112,5 +138,17 @@ class StatusReport(Message):
                     "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
                 }
                 for link in self.links
+            ],
+            "runs": [
+                {
+                    "run": r.run,
+                    "epoch": r.epoch,
+                    "step": r.step,
+                    "activation_step": r.activation_step,
+                    "config_digest": r.config_digest,
+                    "members": list(r.members),
+                    "pending": [{"kind": p.kind, "subject": p.subject, "origin": p.origin} for p in r.pending],
+                }
+                for r in self.runs
             ],
         }
