@@ -26,8 +26,17 @@ class TransportConfig:
     max_streams_per_connection: int = 256
     max_connections: int = 1024
     max_pending_handshakes: int = 64
-    """Inbound connections still handshaking; more are closed at once (slowloris guard)."""
+    """Inbound connections still handshaking; when full, a newcomer evicts the oldest (slowloris guard)."""
+    max_pending_handshakes_per_address: int = 16
+    """Inbound handshakes from one IP address; a newcomer from that address evicts its oldest one.
+
+    (Values above ``max_pending_handshakes`` act as ``max_pending_handshakes``.)"""
     connect_timeout_s: float = 5.0
+    first_message_timeout_s: float = 2.0
+    """An inbound connection must deliver its whole first handshake message within this long.
+
+    (Capped by ``handshake_timeout_s``.) A dialer sends that message right after connecting, so
+    only a connection that holds a slot while saying nothing waits this long."""
     handshake_timeout_s: float = 5.0
     request_timeout_s: float = 10.0
     keepalive_interval_s: float = 5.0
@@ -50,7 +59,9 @@ class TransportConfig:
             "max_streams_per_connection",
             "max_connections",
             "max_pending_handshakes",
+            "max_pending_handshakes_per_address",
             "connect_timeout_s",
+            "first_message_timeout_s",
             "handshake_timeout_s",
             "request_timeout_s",
             "keepalive_interval_s",
@@ -85,9 +96,14 @@ class TransportConfig:
 
     @classmethod
     def local(cls) -> TransportConfig:
-        """One machine (loopback): short timeouts, failures show up fast."""
+        """One machine (loopback): short timeouts, failures show up fast.
+
+        Every peer dials from 127.0.0.1 here, so the per-address handshake cap is the whole table.
+        """
         return cls(
             connect_timeout_s=2.0,
+            first_message_timeout_s=1.0,
+            max_pending_handshakes_per_address=64,
             handshake_timeout_s=2.0,
             request_timeout_s=5.0,
             keepalive_interval_s=1.0,
@@ -105,6 +121,7 @@ class TransportConfig:
         return replace(
             cls(),
             connect_timeout_s=10.0,
+            first_message_timeout_s=5.0,
             handshake_timeout_s=10.0,
             request_timeout_s=30.0,
             keepalive_interval_s=10.0,

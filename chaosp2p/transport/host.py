@@ -4,9 +4,15 @@ A :class:`Host` belongs to a task group (entered with :func:`open_host`); every 
 handshake and connection runs in it, so leaving the ``async with`` block stops all of them.
 Protocols are registered before the first connection because each side's Hello advertises them.
 
-Inbound connections are bounded twice before they cost much: at most ``max_pending_handshakes``
-may be handshaking at once (extra sockets are closed immediately) and each handshake must finish
-within ``handshake_timeout_s``, so a peer that stalls mid-handshake holds one slot for a bounded time.
+Admission. Inbound connections that are still handshaking sit in a bounded table
+(``max_pending_handshakes``, and ``max_pending_handshakes_per_address`` from one IP). A newcomer
+never finds the door shut: when the table (or its address's share) is full, it *evicts* the oldest
+entry, preferring connections that have not yet sent their first handshake message. A real dialer
+sends that message at once, so it is past that stage within a round trip, while a flood of idle or
+constantly refreshed connections only ever evicts itself. An entry must deliver its first message
+within ``first_message_timeout_s`` and finish within ``handshake_timeout_s``. So an attacker holding
+or recycling hundreds of idle connections costs a legitimate peer nothing but a place in the
+accept queue.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from chaosp2p.errors import (
     RemoteProtocolError,
 )
 from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
-from chaosp2p.protocols.noise import NoiseHandshake, SessionKeys, psk_for
+from chaosp2p.protocols.noise import HandshakeState, NoiseHandshake, SessionKeys, psk_for
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
@@ -63,6 +69,41 @@ class HostStatistics:
     handshakes_timed_out: int
     connections_refused_at_capacity: int
     protocol_errors: int
+    handshakes_evicted: int = 0
+    """Pending inbound handshakes closed to make room for a newer connection."""
+    handshakes_completed: int = 0
+    """Inbound handshakes that completed."""
+
+
+@dataclass(slots=True, eq=False)
+class _PendingHandshake:
+    """One inbound connection in the admission table."""
+
+    address: str
+    scope: anyio.CancelScope
+    first_message_deadline: float
+    """anyio clock time by which the first handshake message must have arrived."""
+    spoke: bool = False
+    """The first handshake message arrived (so this is a dialer speaking our protocol)."""
+
+
+class _QuietLog:
+    """At most one warning per interval for events an attacker can trigger in bulk; counts the rest."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self._interval_s = interval_s
+        self._next: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next.get(kind, 0.0):
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        self._next[kind] = now + self._interval_s
+        suppressed = self._suppressed.pop(kind, 0)
+        suffix = f" (and {suppressed} more like it in the last {self._interval_s:g} s)" if suppressed else ""
+        log.warning(message + suffix, *args)
 
 
 class Host:
@@ -95,7 +136,10 @@ class Host:
         self._connections: dict[PeerID, list[Connection]] = {}
         self._dialing: dict[str, anyio.Event] = {}
         self._callbacks: list[ConnectionCallback] = []
-        self._pending_handshakes = 0
+        self._pending: dict[_PendingHandshake, None] = {}  # insertion order = age
+        self._handshakes_evicted = 0
+        self._handshakes_completed = 0
+        self._quiet = _QuietLog()
         self._handshakes_failed = 0
         self._handshakes_timed_out = 0
         self._refused_at_capacity = 0
@@ -216,38 +260,71 @@ class Host:
         try:
             while True:
                 sock, address = await listener.accept()
-                if self._pending_handshakes >= self.config.max_pending_handshakes or (
-                    self.connection_count() >= self.config.max_connections
-                ):
+                if self.connection_count() >= self.config.max_connections:
                     self._refused_at_capacity += 1
-                    log.warning("refusing connection from %s:%s: at capacity", *address)
+                    self._quiet.warning("capacity", "refusing connection from %s:%s: at max_connections", *address)
                     close_socket(sock)
                     continue
-                self._pending_handshakes += 1
-                self._task_group.start_soon(self._handle_inbound, sock, address)
+                entry = self._admit(address[0])
+                self._task_group.start_soon(self._handle_inbound, sock, address, entry)
         except anyio.ClosedResourceError:
             return
 
-    async def _handle_inbound(self, sock: socket.socket, address: tuple[str, int]) -> None:
+    def _admit(self, ip: str) -> _PendingHandshake:
+        """Put a new inbound connection in the admission table, evicting to make room if needed."""
+        config = self.config
+        same_address = [entry for entry in self._pending if entry.address == ip]
+        if len(same_address) >= min(config.max_pending_handshakes_per_address, config.max_pending_handshakes):
+            self._evict(same_address)
+        elif len(self._pending) >= config.max_pending_handshakes:
+            self._evict(list(self._pending))
+        deadline = anyio.current_time() + min(config.first_message_timeout_s, config.handshake_timeout_s)
+        entry = _PendingHandshake(address=ip, scope=anyio.CancelScope(), first_message_deadline=deadline)
+        self._pending[entry] = None
+        return entry
+
+    def _evict(self, candidates: list[_PendingHandshake]) -> None:
+        """Close the oldest candidate that has not spoken yet, else the oldest one (list is oldest first)."""
+        victim = next((entry for entry in candidates if not entry.spoke), candidates[0])
+        del self._pending[victim]
+        victim.scope.cancel()
+        self._handshakes_evicted += 1
+        self._quiet.warning(
+            "evict",
+            "admission table full: closed a pending handshake from %s (%s) for a newer connection",
+            victim.address,
+            "idle" if not victim.spoke else "mid-handshake",
+        )
+
+    async def _handle_inbound(self, sock: socket.socket, address: tuple[str, int], entry: _PendingHandshake) -> None:
         try:
             try:
-                with anyio.fail_after(self.config.handshake_timeout_s):
-                    keys, leftover = await self._handshake(sock, initiator=False, expected=None)
+                with entry.scope, anyio.fail_after(self.config.handshake_timeout_s):
+                    keys, leftover = await self._handshake(sock, initiator=False, expected=None, pending=entry)
             finally:
-                self._pending_handshakes -= 1
+                self._pending.pop(entry, None)
+            if entry.scope.cancelled_caught:  # evicted for a newer connection (counted and logged there)
+                close_socket(sock)
+                return
         except TimeoutError:
             self._handshakes_timed_out += 1
-            log.warning("dropping %s:%s: stalled mid-handshake for %.1f s", *address, self.config.handshake_timeout_s)
+            self._quiet.warning(
+                "stalled",
+                "dropping %s:%s: stalled mid-handshake (%s)",
+                *address,
+                "no first message" if not entry.spoke else f"not done in {self.config.handshake_timeout_s:g} s",
+            )
             close_socket(sock)
             return
         except (RemoteProtocolError, AdmissionDenied, ConnectionClosed, anyio.ClosedResourceError) as exc:
             self._handshakes_failed += 1
-            log.warning("handshake with %s:%s failed: %s", *address, exc)
+            self._quiet.warning("failed", "handshake with %s:%s failed: %s", *address, exc)
             close_socket(sock)
             return
         except BaseException:  # cancelled (host shutting down) or a bug: never leak the socket
             close_socket(sock)
             raise
+        self._handshakes_completed += 1
         connection = self._make_connection(sock, keys, leftover, is_dialer=False, address=address)
         try:
             await self._run_connection(connection)
@@ -329,7 +406,12 @@ class Host:
         raise PeerUnreachable(f"cannot reach {peer}: " + "; ".join(errors))
 
     async def _handshake(
-        self, sock: socket.socket, *, initiator: bool, expected: PeerID | None
+        self,
+        sock: socket.socket,
+        *,
+        initiator: bool,
+        expected: PeerID | None,
+        pending: _PendingHandshake | None = None,
     ) -> tuple[SessionKeys, bytes]:
         handshake = NoiseHandshake(
             initiator=initiator,
@@ -345,10 +427,16 @@ class Host:
             if handshake.complete:
                 return handshake.session(), handshake.leftover()
             try:
-                data = await receive_some(sock, 4096)
+                if pending is not None and not pending.spoke:
+                    with anyio.fail_after(max(0.0, pending.first_message_deadline - anyio.current_time())):
+                        data = await receive_some(sock, 4096)
+                else:
+                    data = await receive_some(sock, 4096)
             except ConnectionClosed:
                 raise handshake.connection_lost() from None
             handshake.receive_data(data)
+            if pending is not None and handshake.state is not HandshakeState.AWAIT_MESSAGE_1:
+                pending.spoke = True
 
     # ------------------------------------------------------------------ connections
     def _make_connection(
@@ -477,11 +565,13 @@ class Host:
         """Counters of refused and failed connections."""
         return HostStatistics(
             connections=self.connection_count(),
-            pending_handshakes=self._pending_handshakes,
+            pending_handshakes=len(self._pending),
             handshakes_failed=self._handshakes_failed,
             handshakes_timed_out=self._handshakes_timed_out,
             connections_refused_at_capacity=self._refused_at_capacity,
             protocol_errors=self._protocol_errors,
+            handshakes_evicted=self._handshakes_evicted,
+            handshakes_completed=self._handshakes_completed,
         )
 
     # ------------------------------------------------------------------ dispatch

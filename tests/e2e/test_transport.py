@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.multiaddr import Multiaddr
 
+from ..conditions import eventually
 from .hostile import HostileClient
 
 pytestmark = pytest.mark.anyio
@@ -223,15 +225,57 @@ async def test_stalling_mid_handshake_is_dropped_after_the_timeout(caplog: pytes
     assert any("stalled mid-handshake" in r.message for r in caplog.records)
 
 
-async def test_too_many_pending_handshakes_are_refused() -> None:
-    config = TransportConfig(handshake_timeout_s=5.0, max_pending_handshakes=2)
+async def test_a_full_admission_table_evicts_its_oldest_idle_connection() -> None:
+    config = TransportConfig(handshake_timeout_s=5.0, first_message_timeout_s=5.0, max_pending_handshakes=2)
     async with server(config) as (host, addr):
-        stallers = [await HostileClient.raw(addr) for _ in range(3)]
+        stallers = [await HostileClient.raw(addr) for _ in range(2)]
+        await eventually(lambda: host.statistics().pending_handshakes == 2)
+        newest = await HostileClient.raw(addr)
         with anyio.fail_after(5):
-            await stallers[2].wait_closed_by_peer()  # the third is closed at once
-        assert host.statistics().connections_refused_at_capacity >= 1
-        for staller in stallers:
+            await stallers[0].wait_closed_by_peer()  # the oldest made room for the newest
+        assert host.statistics().handshakes_evicted == 1
+        await assert_still_serving(addr)  # and a real dialer evicts an idle one too
+        assert host.statistics().handshakes_evicted == 2
+        for staller in [*stallers, newest]:
             staller.close()
+
+
+async def test_a_connection_that_says_nothing_is_dropped_at_the_first_message_deadline() -> None:
+    config = TransportConfig(handshake_timeout_s=30.0, first_message_timeout_s=0.3)
+    async with server(config) as (host, addr):
+        silent = await HostileClient.raw(addr)
+        with anyio.fail_after(10):
+            await silent.wait_closed_by_peer()  # long before the 30 s handshake timeout
+        silent.close()
+        assert host.statistics().handshakes_timed_out == 1
+
+
+async def _idle_from(source_ip: str, addr: Multiaddr) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source_ip, 0))
+    sock.setblocking(False)
+    sock.connect_ex((addr.host, addr.port))
+    await anyio.wait_writable(sock)
+    return sock
+
+
+async def test_one_address_only_evicts_its_own_pending_handshakes() -> None:
+    """127.0.0.0/8 is all loopback, so two source addresses stand in for two hosts."""
+    config = TransportConfig(
+        handshake_timeout_s=10.0,
+        first_message_timeout_s=10.0,
+        max_pending_handshakes=8,
+        max_pending_handshakes_per_address=2,
+    )
+    async with server(config) as (host, addr):
+        bystander = await _idle_from("127.0.0.3", addr)
+        flood = [await _idle_from("127.0.0.2", addr) for _ in range(6)]
+        await eventually(lambda: host.statistics().handshakes_evicted == 4)
+        await eventually(lambda: host.statistics().pending_handshakes == 3)
+        with pytest.raises(BlockingIOError):  # still open, nothing sent: not evicted by the other address
+            bystander.recv(1)
+        for sock in [bystander, *flood]:
+            sock.close()
 
 
 HOSTILE_RECORDS = {
