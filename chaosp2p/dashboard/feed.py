@@ -71,7 +71,8 @@ def json_value(value: Any, depth: int = 0) -> Any:
         return json_value(value.value, depth)
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value[: MAX_STRING_CHARS // 2]).hex()
-    if type(value).__str__ is not object.__str__:  # ids and addresses (PeerID, Multiaddr) have a text form
+    text_form: object = type(value).__str__
+    if text_form is not object.__str__:  # ids and addresses (PeerID, Multiaddr) have a text form
         return str(value)[:MAX_STRING_CHARS]
     if depth >= MAX_DEPTH:
         return str(value)[:MAX_STRING_CHARS]
@@ -183,10 +184,13 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None or not math.isfinite(seconds) else round(seconds * 1e3, 3)
 
 
-def _member_json(member: Member, view: SwarmView) -> dict[str, Any]:
+def _member_json(member: Member, view: SwarmView, link_rtt_s: Mapping[str, float | None]) -> dict[str, Any]:
     peer = str(member.peer_id)
     connection = view.connections.get(peer)
     agent = view.agent if member.is_local else (connection.agent if connection else None)
+    rtt_s = link_rtt_s.get(peer)  # our overlay link's smoothed RTT, else the connection's
+    if rtt_s is None and connection is not None:
+        rtt_s = connection.rtt_s
     return {
         "peer_id": peer,
         "state": member.state.value,
@@ -196,7 +200,7 @@ def _member_json(member: Member, view: SwarmView) -> dict[str, Any]:
         "role": view.role if member.is_local else None,
         "agent": None if agent is None else agent[:MAX_STRING_CHARS],
         "connected": connection is not None,
-        "rtt_ms": None if connection is None else _ms(connection.rtt_s),
+        "rtt_ms": _ms(rtt_s),
         "since": round(view.wall - (view.now - member.last_change_s), 3),
         "resources": json_value(member.resources),
     }
@@ -206,6 +210,7 @@ def snapshot_body(view: SwarmView) -> dict[str, Any]:
     """The snapshot's content without its timestamp (compared to decide whether to send)."""
     members = view.members[:MAX_MEMBERS]
     links = view.links[:MAX_LINKS]
+    own_rtt_s = {str(link.target): link.rtt_s for link in view.links if str(link.source) == view.peer_id}
     return {
         "self": {
             "peer_id": view.peer_id,
@@ -213,7 +218,7 @@ def snapshot_body(view: SwarmView) -> dict[str, Any]:
             "addrs": json_value(view.addrs),
             "role": view.role,
         },
-        "members": [_member_json(m, view) for m in members],
+        "members": [_member_json(m, view, own_rtt_s) for m in members],
         "links": [
             {
                 "source": str(link.source),

@@ -20,7 +20,7 @@ import numpy as np
 
 from chaosp2p.errors import ChaosError, ConfigError, TransferError
 from chaosp2p.protocols.membership import MemberState
-from chaosp2p.protocols.transfer import Completed, ShardPlanner, SnapshotCatalog
+from chaosp2p.protocols.transfer import Completed, ShardPlanner, SnapshotCatalog, TransferProgress
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.runtime.node import Node
 from chaosp2p.state.download import ProgressCallback, PullResult, SourceAddress, StagingFactory, pull_state
@@ -72,6 +72,8 @@ class StateService:
         self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node.task_group)
         self.store: SnapshotCatalog | None = None
         self._announced: dict[str, anyio.Event] = {}
+        self._pulls: dict[int, TransferProgress | None] = {}  # latest progress of each load in flight
+        self._next_pull = 0
 
     async def serve(self, store: SnapshotCatalog, *, runs: Iterable[str] = ()) -> None:
         """Offer ``store``'s snapshots and announce this peer as a provider of ``runs``.
@@ -86,6 +88,10 @@ class StateService:
             if run not in self._announced:
                 self._announced[run] = anyio.Event()
                 self._node.task_group.start_soon(self._announce_until_heard, run, key, name=f"announce {run}")
+
+    def transfers_in_progress(self) -> tuple[TransferProgress, ...]:
+        """The latest progress of every load in flight (read-only; the dashboard shows it)."""
+        return tuple(p for p in self._pulls.values() if p is not None)
 
     async def wait_announced(self, run: str) -> None:
         """Return once the swarm's DHT holds this peer's provider record for ``run``."""
@@ -153,19 +159,30 @@ class StateService:
                 f"no peer serves run {run!r}: no provider records in the DHT after {DISCOVERY_TIMEOUT_S:g} s"
             )
         log.info("loading run %r from %d sources", run, len(chosen))
-        result = await pull_state(
-            self._node.host,
-            run=run,
-            sources=chosen,
-            config=config or self.config,
-            clock=self._node.clock,
-            step=step,
-            make_staging=make_staging,
-            progress=progress,
-            resume_path=resume_path,
-            planner=planner,
-            work_stealing=work_stealing,
-        )
+        pull_id, self._next_pull = self._next_pull, self._next_pull + 1
+        self._pulls[pull_id] = None
+
+        def track(update: TransferProgress) -> None:
+            self._pulls[pull_id] = update
+            if progress is not None:
+                progress(update)
+
+        try:
+            result = await pull_state(
+                self._node.host,
+                run=run,
+                sources=chosen,
+                config=config or self.config,
+                clock=self._node.clock,
+                step=step,
+                make_staging=make_staging,
+                progress=track,
+                resume_path=resume_path,
+                planner=planner,
+                work_stealing=work_stealing,
+            )
+        finally:
+            del self._pulls[pull_id]
         completed = result.completed
         for peer, count in completed.bytes_by_source:
             if count and completed.elapsed_s > 0:

@@ -31,10 +31,11 @@
     return (i ? n.toFixed(1) : n.toFixed(0)) + " " + units[i];
   }
   function rate(n) { return typeof n === "number" && n > 0 ? bytes(n) + "/s" : "–"; }
-  function clock(t) {
+  function clock(t, millis = true) {
     if (typeof t !== "number") return "–";
     const d = new Date(t * 1000);
-    return d.toLocaleTimeString([], { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+    const text = d.toLocaleTimeString([], { hour12: false });
+    return millis ? text + "." + String(d.getMilliseconds()).padStart(3, "0") : text;
   }
   function scalar(v) {
     if (v === null || v === undefined) return "–";
@@ -87,7 +88,7 @@
       cell(row, r.gpus ? r.gpus + (r.gpu_memory_bytes ? " (" + bytes(r.gpu_memory_bytes) + ")" : "") : "–", "num");
       cell(row, r.train_samples_per_s ? num(r.train_samples_per_s, 1) : "–", "num");
       cell(row, m.rtt_ms === null || m.rtt_ms === undefined ? "–" : num(m.rtt_ms, 2) + " ms", "num");
-      cell(row, clock(m.since));
+      cell(row, clock(m.since, false));
       body.appendChild(row);
     }
     document.getElementById("member-count").textContent = "(" + s.members.length + ")";
