@@ -8,6 +8,11 @@ illegal state-machine event, a call in the wrong state) is a :class:`LocalProtoc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for annotations: the error tree sits below every other module
+    from chaosp2p.wire.identity import PeerID
+
 
 class ChaosError(Exception):
     """Root of every error chaosp2p raises deliberately."""
@@ -52,6 +57,42 @@ class RequestTimeout(PeerUnreachable, TimeoutError):
     """A request got no answer within its deadline."""
 
 
+class RoundAborted(PeerUnreachable):
+    """An averaging round could not complete: members in ``missing`` failed, left or did not deliver.
+
+    Training redoes the step among the survivors (under the next configuration). ``missing`` may be
+    empty when the round failed for another reason (e.g. no valid contribution for a shard).
+    """
+
+    def __init__(self, message: str, *, missing: frozenset[PeerID] = frozenset(), tag: object = None) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.tag = tag
+
+
+class RoundMismatch(RemoteProtocolError):
+    """Members disagree about which averaging round this is (run, epoch, configuration, step or phase).
+
+    Training resynchronises its configuration and step, then retries.
+    """
+
+    def __init__(self, message: str, *, tag: object = None) -> None:
+        super().__init__(message)
+        self.tag = tag
+
+
+class ContributionRefused(RemoteProtocolError):
+    """Shard owners refused this peer's contribution (wrong length, dtype or weight): it is the odd one out.
+
+    ``by`` names the owners that refused; the other members completed the round without it.
+    """
+
+    def __init__(self, message: str, *, by: frozenset[PeerID] = frozenset(), tag: object = None) -> None:
+        super().__init__(message)
+        self.by = by
+        self.tag = tag
+
+
 class AdmissionDenied(ChaosError):
     """The remote peer is not who we expected, or is not allowed into this swarm."""
 
@@ -74,6 +115,7 @@ __all__ = [
     "ChecksumMismatch",
     "ConfigError",
     "ConnectionClosed",
+    "ContributionRefused",
     "LocalProtocolError",
     "PeerIdMismatch",
     "PeerUnreachable",
@@ -81,6 +123,8 @@ __all__ = [
     "ProtocolNotSupported",
     "RemoteProtocolError",
     "RequestTimeout",
+    "RoundAborted",
+    "RoundMismatch",
     "StreamReset",
     "TransferError",
 ]

@@ -1,0 +1,47 @@
+"""Training: collaborations, averaging rounds over the encrypted transport, batch balancing.
+
+Names are resolved lazily (PEP 562) so that importing :mod:`chaosp2p.training` costs nothing until a
+name is used, and never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chaosp2p.training.average_messages import RoundPhase, RoundTag
+    from chaosp2p.training.averager import Averager, AveragerConfig, Exclusion, RoundStats
+    from chaosp2p.training.reduce_plan import ReducePlan, Shard, plan_shards
+
+_LAZY = {
+    "Averager": "chaosp2p.training.averager",
+    "AveragerConfig": "chaosp2p.training.averager",
+    "Exclusion": "chaosp2p.training.averager",
+    "RoundStats": "chaosp2p.training.averager",
+    "RoundPhase": "chaosp2p.training.average_messages",
+    "RoundTag": "chaosp2p.training.average_messages",
+    "ReducePlan": "chaosp2p.training.reduce_plan",
+    "Shard": "chaosp2p.training.reduce_plan",
+    "plan_shards": "chaosp2p.training.reduce_plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "Averager",
+    "AveragerConfig",
+    "Exclusion",
+    "ReducePlan",
+    "RoundPhase",
+    "RoundStats",
+    "RoundTag",
+    "Shard",
+    "plan_shards",
+]
