@@ -74,8 +74,8 @@ def json_value(value: Any, depth: int = 0) -> Any:
     text_form: object = type(value).__str__
     if text_form is not object.__str__:  # ids and addresses (PeerID, Multiaddr) have a text form
         return str(value)[:MAX_STRING_CHARS]
-    if depth >= MAX_DEPTH:
-        return str(value)[:MAX_STRING_CHARS]
+    if depth >= MAX_DEPTH:  # deeper structure is summarised, never walked
+        return f"<{type(value).__name__}>"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: json_value(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
