@@ -7,12 +7,18 @@ One stream per (contributor, owner) pair and round, opened by the contributor::
                            (nothing when its weight is 0: an observer contributes no values)
     owner -> contributor   Result (msgpack frame), then ``payload_bytes`` raw bytes: the averaged
                            shard, the same bytes for every contributor (nothing unless status OK)
+    owner -> contributor   only if some owner excluded a peer whose values are in this shard:
+                           Result(revision=1) and the shard averaged again without them
 
 Every Contribution carries the :class:`RoundTag`; an owner that is not in that round answers
 ``MISMATCH`` and the contributor raises :class:`~chaosp2p.errors.RoundMismatch`. ``REFUSED`` means
 the header itself was unacceptable (length, range, dtype, weight); ``ABORTED`` carries the members
 the owner found missing, so every member names the same culprits. ``validate()`` checks only
 configuration-independent wire limits; the owner checks lengths against its own buffer.
+
+A contribution excluded by any owner is excluded from the whole round: every member learns all
+exclusions from the first answers (each lists the peers whose values it ``included``), so every
+member knows, identically, which owners must send a second answer without them.
 """
 
 from __future__ import annotations
@@ -191,7 +197,13 @@ class Result(Message):
     payload_bytes: int = 0
     total_weight: float = 0.0
     excluded: tuple[Exclusion, ...] = ()
+    """Contributions this owner left out of the shard."""
     missing: tuple[PeerID, ...] = ()
+    """ABORTED: the members the owner found missing."""
+    included: tuple[PeerID, ...] = ()
+    """Peers whose values are in this shard (a member excluded anywhere is then removed everywhere)."""
+    revision: int = 0
+    """0 for the first answer; 1 for the shard redone without contributions other owners excluded."""
 
     def validate(self) -> None:
         """Wire limits."""
@@ -200,7 +212,9 @@ class Result(Message):
         if not 0 <= self.start <= self.stop <= WIRE_MAX_ELEMENTS:
             raise _reject(f"bad shard range {self.start}..{self.stop}")
         _check_u64(self.payload_bytes, "payload_bytes")
-        if len(self.excluded) > WIRE_MAX_MEMBERS or len(self.missing) > WIRE_MAX_MEMBERS:
-            raise _reject(f"more than {WIRE_MAX_MEMBERS} excluded or missing members")
+        if max(len(self.excluded), len(self.missing), len(self.included)) > WIRE_MAX_MEMBERS:
+            raise _reject(f"more than {WIRE_MAX_MEMBERS} excluded, missing or included members")
+        if self.revision not in (0, 1):
+            raise _reject(f"revision must be 0 or 1 (got {self.revision})")
         if self.status is not ResultStatus.OK and self.payload_bytes:
             raise _reject("only an OK result carries a payload")

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -74,8 +74,10 @@ from chaosp2p.training.average_messages import (
     codec,
 )
 from chaosp2p.training.averager_config import AveragerConfig
-from chaosp2p.training.reduce_plan import ReducePlan, Shard, plan_shards
-from chaosp2p.training.shard_reduce import Part, ShardReducer, decode, encode, storage_dtype
+from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
+from chaosp2p.training.reduce_plan import Shard, plan_shards
+from chaosp2p.training.round_state import Inbound, RoundState, mismatch
+from chaosp2p.training.shard_reduce import decode, storage_dtype
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
@@ -127,145 +129,6 @@ class AveragerStatistics:
     """Of those, how many are waiting right now."""
 
 
-class _Beacon:
-    """Wakes every task waiting for "something changed"; waiters re-check their condition."""
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def notify(self) -> None:
-        """Wake the current waiters."""
-        self._event.set()
-        self._event = anyio.Event()
-
-    async def wait(self) -> None:
-        """Wait for the next :meth:`notify`."""
-        await self._event.wait()
-
-
-class _Inbound:
-    """A contribution stream at its owner: header read, waiting for or used by a round."""
-
-    def __init__(self, peer: PeerID, stream: Stream, header: Contribution) -> None:
-        self.peer = peer
-        self.stream = stream
-        self.header = header
-        self.assigned = anyio.Event()
-        self.done = anyio.Event()
-        self.reply: Result | None = None
-        """An immediate answer (refusal) for the handler to send instead of joining a round."""
-        self.values: np.ndarray | None = None
-        self.received = 0
-        self.answered = False
-        self.failed = False
-
-
-class _Round:
-    """Book-keeping of one local all-reduce."""
-
-    def __init__(
-        self,
-        *,
-        tag: RoundTag,
-        me: PeerID,
-        plan: ReducePlan,
-        buffer: np.ndarray,
-        weight: float,
-        wire: WireDtype,
-        chunk_elements: int,
-        started: float,
-    ) -> None:
-        self.tag = tag
-        self.me = me
-        self.plan = plan
-        self.members = plan.members
-        self.shard = plan.shard_of(me)
-        self.buffer = buffer
-        self.weight = weight
-        self.wire = wire
-        self.chunk_elements = chunk_elements
-        self.started = started
-        self.inbound: dict[PeerID, _Inbound] = {}
-        self.arrived = _Beacon()
-        self.progress = _Beacon()
-        """Contribution bytes arrived or a contribution failed (wakes the reducer)."""
-        self.news = _Beacon()
-        """An owner's result or report arrived (wakes the watchdog)."""
-        self.failure: tuple[str, frozenset[PeerID], str] | None = None
-        self.scope = anyio.CancelScope()
-        self.timed_out = False
-        self.refused_by: dict[PeerID, str] = {}
-        self.unusable: dict[PeerID, str] = {}
-        self.reported: dict[PeerID, frozenset[PeerID]] = {}
-        self.results: set[PeerID] = set()
-        self.excluded: dict[PeerID, str] = {}
-        """Exclusions anywhere in the round (ours and those the results reported)."""
-        self.excluded_here: set[PeerID] = set()
-        """Contributions this member, as owner, left out."""
-        self.outbound: list[Stream] = []
-        self.bytes_sent = 0
-        self.bytes_received = 0
-        self.shard_done_at: float | None = None
-        self.reduce_s = 0.0
-        self.total_weight = 0.0
-        self.finished_streams: set[int] = set()
-        """ids of outbound streams whose exchange completed (they need no reset)."""
-
-    def fail(self, kind: str, missing: frozenset[PeerID], detail: str) -> None:
-        """End the round: ``kind`` is ``"aborted"`` or ``"mismatch"``; the first failure stands."""
-        if self.failure is None:
-            self.failure = (kind, missing - {self.me}, detail)
-            log.info("round %s failed (%s): %s", self.tag, kind, detail)
-        self.scope.cancel()
-
-    def contributed(self, peer: PeerID) -> bool:
-        """True once ``peer``'s contribution stream reached this owner."""
-        return peer in self.inbound
-
-    def accept(self, inbound: _Inbound, *, max_weight: float) -> None:
-        """Take a contribution stream into this round, or set the refusal to answer it with."""
-        peer, header = inbound.peer, inbound.header
-        if peer not in self.members or peer == self.me:
-            inbound.reply = _mismatch(f"{peer.short()} is not a member of round {self.tag} here")
-        elif peer in self.inbound:
-            inbound.reply = Result(status=ResultStatus.REFUSED, detail="duplicate contribution")
-        else:
-            problem = self._check(header, max_weight)
-            self.inbound[peer] = inbound
-            if problem is not None:
-                log.warning("excluding %s from round %s: %s", peer, self.tag, problem)
-                self.excluded[peer] = problem
-                self.excluded_here.add(peer)
-                inbound.reply = Result(status=ResultStatus.REFUSED, detail=problem)
-                inbound.answered = True
-            self.arrived.notify()
-        inbound.assigned.set()
-
-    def _check(self, header: Contribution, max_weight: float) -> str | None:
-        shard = self.shard
-        if header.wire_dtype is not self.wire:
-            return f"wire dtype {header.wire_dtype.name.lower()}, the round uses {self.wire.name.lower()}"
-        if shard.size and (header.total_elements, header.start, header.stop) != (
-            self.plan.length,
-            shard.start,
-            shard.stop,
-        ):
-            return (
-                f"contribution for elements {header.start}..{header.stop} of {header.total_elements}, "
-                f"this owner averages {shard.start}..{shard.stop} of {self.plan.length}"
-            )
-        if not (math.isfinite(header.weight) and 0 <= header.weight <= max_weight):
-            return f"weight {header.weight!r} is not a finite number in 0..{max_weight:g}"
-        expected = shard.size * self.wire.itemsize if header.weight > 0 else 0
-        if header.payload_bytes != expected:
-            return f"payload of {header.payload_bytes} bytes, expected {expected}"
-        return None
-
-
-def _mismatch(detail: str) -> Result:
-    return Result(status=ResultStatus.MISMATCH, detail=detail)
-
-
 class Averager:
     """Runs averaging rounds for one host; serves ``/chaos/average/1`` on it.
 
@@ -277,9 +140,9 @@ class Averager:
         self.host = host
         self.clock = clock or MonotonicClock()
         self.config = config or AveragerConfig.local()
-        self._active: dict[str, _Round] = {}
+        self._active: dict[str, RoundState] = {}
         self._latest: dict[str, RoundTag] = {}
-        self._pending: dict[RoundTag, dict[PeerID, _Inbound]] = {}
+        self._pending: dict[RoundTag, dict[PeerID, Inbound]] = {}
         self._finished: OrderedDict[RoundTag, Result] = OrderedDict()
         self._scratch: dict[str, np.ndarray] = {}
         self._completed = 0
@@ -316,7 +179,7 @@ class Averager:
         self._check_call(tag, buffer, weight, members, timeout_s)
         plan = plan_shards(list(members), len(buffer), bandwidth)
         chunk_elements = self.config.chunk_bytes // 4
-        round_ = _Round(
+        round_ = RoundState(
             tag=tag,
             me=me,
             plan=plan,
@@ -324,6 +187,7 @@ class Averager:
             weight=weight,
             wire=wire,
             chunk_elements=chunk_elements,
+            max_weight=self.config.max_weight,
             started=self.clock.now(),
         )
         self._active[tag.run] = round_
@@ -371,186 +235,71 @@ class Averager:
         if tag in self._finished:
             raise LocalProtocolError(f"round {tag} already ran here")
 
-    def _adopt_pending(self, round_: _Round) -> None:
+    def _adopt_pending(self, round_: RoundState) -> None:
         for tag in list(self._pending):
             if tag.run != round_.tag.run:
                 continue
             if tag == round_.tag:
                 for inbound in self._pending.pop(tag).values():
-                    round_.accept(inbound, max_weight=self.config.max_weight)
+                    round_.accept(inbound)
                 continue
             for inbound in list(self._pending[tag].values()):
                 if not _ahead(tag, round_.tag):
                     del self._pending[tag][inbound.peer]
-                    inbound.reply = _mismatch(f"this peer is at round {round_.tag}, not {tag}")
+                    inbound.reply = mismatch(f"this peer is at round {round_.tag}, not {tag}")
                     inbound.assigned.set()
                 elif inbound.peer in round_.members:
                     round_.fail("mismatch", frozenset(), f"{inbound.peer.short()} is already at round {tag}")
             if not self._pending[tag]:
                 del self._pending[tag]
 
-    async def _run(self, round_: _Round, addrs: AddressBook, timeout_s: float) -> None:
+    async def _run(self, round_: RoundState, addrs: AddressBook, timeout_s: float) -> None:
+        owner = OwnerRole(
+            round_,
+            staging=self._staging(round_.tag.run, OwnerRole.staging_bytes(round_)),
+            clock=self.clock,
+            window_bytes=self.config.window_bytes,
+        )
         with round_.scope:
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watchdog, round_, timeout_s)
+                # Phase 1: everyone contributes, every owner averages its shard and answers.
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._own_shard, round_)
+                    tg.start_soon(owner.run)
                     for shard in round_.plan.shards:
                         if shard.owner != round_.me:
                             tg.start_soon(self._contribute, round_, shard, addrs)
+                # Phase 2 (only after an exclusion): the owners whose shard holds values of a peer
+                # that another owner excluded send that shard again without them.
+                excluded = round_.round_exclusions()
+                revising = round_.owners_to_revise(excluded)
+                round_.excluded.update(excluded)
+                round_.awaiting.update(p for p in revising if p != round_.me)
+                async with anyio.create_task_group() as tg:
+                    if round_.me in revising:
+                        tg.start_soon(owner.revise, excluded)
+                    if not round_.locally_failed:
+                        for peer in revising:
+                            if peer != round_.me:
+                                tg.start_soon(self._receive_revision, round_, peer)
+                owner.publish()
                 outer.cancel_scope.cancel()
 
-    async def _watchdog(self, round_: _Round, timeout_s: float) -> None:
+    async def _watchdog(self, round_: RoundState, timeout_s: float) -> None:
         await anyio.sleep(timeout_s)
         round_.timed_out = True
-        direct = self._undelivered(round_)
+        direct = round_.undelivered()
         log.info("round %s timed out after %.1f s; own shard lacks %s", round_.tag, timeout_s, _names(direct))
         # Tell our contributors first, so that they can name the same culprits as we do.
         notice = Result(status=ResultStatus.ABORTED, detail="timed out", missing=tuple(sorted(direct)))
         await self._answer_all(round_, notice)
-        waiting = [p for p in round_.members if p != round_.me and p not in round_.results]
         with anyio.move_on_after(min(self.config.abort_grace_s, timeout_s)):
-            while any(p not in round_.reported and p not in round_.results for p in waiting):
+            while any(p not in round_.reported for p in round_.awaiting):
                 await round_.news.wait()
         reported = frozenset().union(*round_.reported.values()) if round_.reported else frozenset()
-        silent = frozenset(p for p in waiting if p not in round_.reported and p not in round_.results)
+        silent = frozenset(p for p in round_.awaiting if p not in round_.reported)
         missing = (direct | reported) or silent
         round_.fail("aborted", missing, f"timed out after {timeout_s:g} s waiting for {_names(missing)}")
-
-    def _undelivered(self, round_: _Round) -> frozenset[PeerID]:
-        """Contributors whose contribution to our shard is not (completely) in."""
-        missing = set()
-        for peer in round_.members:
-            if peer == round_.me:
-                continue
-            inbound = round_.inbound.get(peer)
-            incomplete = inbound is not None and inbound.values is not None and inbound.received < len(inbound.values)
-            if inbound is None or (incomplete and not inbound.failed):
-                missing.add(peer)
-        return frozenset(missing)
-
-    # ------------------------------------------------------------------ owner role
-    async def _own_shard(self, round_: _Round) -> None:
-        shard = round_.shard
-        others = [p for p in round_.members if p != round_.me]
-        slot_bytes = shard.size * round_.wire.itemsize
-        staging = self._staging(round_.tag.run, len(others) * slot_bytes + shard.size * 4)
-        result = staging[len(others) * slot_bytes :].view(np.float32)
-        slots = {
-            peer: staging[i * slot_bytes : (i + 1) * slot_bytes].view(storage_dtype(round_.wire))
-            for i, peer in enumerate(others)
-        }
-        started: set[PeerID] = set()
-        async with anyio.create_task_group() as tg:
-            # Start a receiver for each contribution as it arrives; go on once all have arrived.
-            while True:
-                for peer, inbound in list(round_.inbound.items()):
-                    if peer in started:
-                        continue
-                    started.add(peer)
-                    if inbound.reply is None and inbound.header.weight > 0 and shard.size:
-                        inbound.values = slots[peer]
-                        tg.start_soon(self._receive_contribution, round_, inbound)
-                if len(started) == len(others):
-                    break
-                await round_.arrived.wait()
-            parts = []
-            if round_.weight > 0 and shard.size:
-                parts.append(Part(peer=round_.me, weight=round_.weight, values=round_.buffer[shard.start : shard.stop]))
-            for inbound in round_.inbound.values():
-                if inbound.values is not None:
-                    parts.append(
-                        Part(peer=inbound.peer, weight=inbound.header.weight, values=inbound.values, wire=round_.wire)
-                    )
-            reducer = ShardReducer(parts, result, chunk_elements=round_.chunk_elements)
-            for index in range(reducer.chunk_count):
-                _, stop = reducer.chunk_bounds(index)
-                while True:
-                    for inbound in round_.inbound.values():
-                        if inbound.failed and inbound.peer not in reducer.excluded:
-                            reducer.exclude(inbound.peer, round_.excluded[inbound.peer])
-                    if all(i.values is None or i.failed or i.received >= stop for i in round_.inbound.values()):
-                        break
-                    await round_.progress.wait()
-                began = self.clock.now()
-                for peer in reducer.reduce_chunk(index):
-                    log.warning("excluding %s from round %s: %s", peer, round_.tag, reducer.excluded[peer])
-                round_.reduce_s += self.clock.now() - began
-                await anyio.lowlevel.checkpoint()
-        round_.excluded.update(reducer.excluded)
-        round_.excluded_here.update(reducer.excluded)
-        round_.total_weight = reducer.total_weight if shard.size else 0.0
-        if shard.size and round_.total_weight <= 0:
-            round_.fail("aborted", frozenset(), f"no valid contribution for the shard of {round_.me.short()}")
-            return
-        payload = self._publish_shard(round_, result)
-        round_.shard_done_at = self.clock.now()
-        round_.results.add(round_.me)
-        answer = Result(
-            status=ResultStatus.OK,
-            start=shard.start,
-            stop=shard.stop,
-            wire_dtype=round_.wire,
-            payload_bytes=payload.nbytes,
-            total_weight=round_.total_weight,
-            excluded=tuple(Exclusion(peer=p, reason=r[:1024]) for p, r in sorted(round_.excluded.items())),
-        )
-        async with anyio.create_task_group() as tg:
-            for inbound in round_.inbound.values():
-                if not inbound.answered and not inbound.failed:
-                    tg.start_soon(self._send_result, round_, inbound, answer, payload)
-
-    def _publish_shard(self, round_: _Round, result: np.ndarray) -> np.ndarray:
-        """Put the averaged shard into the buffer exactly as it goes on the wire; return the wire array."""
-        shard = round_.shard
-        target = round_.buffer[shard.start : shard.stop]
-        if round_.wire is WireDtype.FLOAT32:
-            np.copyto(target, result)
-            return target
-        wire = np.empty(shard.size, dtype=storage_dtype(round_.wire))
-        encode(result, wire, round_.wire)
-        decode(wire, target, round_.wire)
-        return wire
-
-    async def _receive_contribution(self, round_: _Round, inbound: _Inbound) -> None:
-        values = inbound.values
-        assert values is not None
-        stream = inbound.stream
-        stream.set_receive_window(self.config.window_bytes)
-        try:
-            for start in range(0, len(values), round_.chunk_elements):
-                chunk = values[start : start + round_.chunk_elements]
-                await stream.receive_into(_bytes(chunk))
-                inbound.received = start + len(chunk)
-                round_.bytes_received += chunk.nbytes
-                round_.progress.notify()
-        except ConnectionClosed as exc:
-            round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
-        except (StreamReset, RemoteProtocolError) as exc:
-            # A reset with the connection still up: the contributor gave up on the round (its owner
-            # role tells us why); its contribution is simply left out of this shard.
-            reason = f"contribution abandoned: {exc}"
-            log.warning("excluding %s from round %s: %s", inbound.peer, round_.tag, reason)
-            round_.excluded[inbound.peer] = reason
-            inbound.failed = True
-            round_.progress.notify()
-
-    async def _send_result(self, round_: _Round, inbound: _Inbound, answer: Result, payload: np.ndarray) -> None:
-        stream = inbound.stream
-        try:
-            await stream.send_message(codec, answer)
-            view = _bytes(payload)
-            step = round_.chunk_elements * round_.wire.itemsize
-            for start in range(0, len(view), step):
-                await stream.send(view[start : start + step])
-            round_.bytes_sent += len(view)
-        except ConnectionClosed as exc:
-            round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
-        except StreamReset:
-            pass  # the contributor gave up on the round; nothing left to tell it
-        finally:
-            inbound.answered = True
-            inbound.done.set()
 
     def _staging(self, run: str, size: int) -> np.ndarray:
         # One reusable scratch area per run (rounds of a run are sequential): a fresh 100 MB array
@@ -561,7 +310,7 @@ class Averager:
         return scratch[:size]
 
     # ------------------------------------------------------------------ contributor role
-    async def _contribute(self, round_: _Round, shard: Shard, addrs: AddressBook) -> None:
+    async def _contribute(self, round_: RoundState, shard: Shard, addrs: AddressBook) -> None:
         owner = shard.owner
         try:
             connection = await self.host.connection_to(owner, list(addrs(owner)))
@@ -569,19 +318,23 @@ class Averager:
         except (ChaosError, ProtocolNotSupported) as exc:
             round_.fail("aborted", frozenset({owner}), f"cannot reach {owner.short()}: {exc}")
             return
-        round_.outbound.append(stream)
+        round_.owner_streams[owner] = stream
         stream.set_receive_window(self.config.window_bytes)
+        await self._guarded(round_, owner, self._exchange(round_, shard, stream))
+
+    async def _guarded(self, round_: RoundState, owner: PeerID, work: Awaitable[None]) -> None:
+        """Run one exchange with ``owner``, turning its failures into the round's verdicts."""
         try:
-            await self._exchange(round_, shard, stream)
-            round_.finished_streams.add(id(stream))
+            await work
         except (ConnectionClosed, StreamReset) as exc:
             round_.fail("aborted", frozenset({owner}), f"{owner.short()}: {exc}")
         except ProtocolError as exc:
             log.warning("round %s: unusable answer from %s: %s", round_.tag, owner, exc)
             round_.unusable[owner] = str(exc)
-            stream.reset()
+            round_.awaiting.discard(owner)
+            round_.news.notify()
 
-    async def _exchange(self, round_: _Round, shard: Shard, stream: Stream) -> None:
+    async def _exchange(self, round_: RoundState, shard: Shard, stream: Stream) -> None:
         owner = shard.owner
         wire = round_.wire
         region = round_.buffer[shard.start : shard.stop]
@@ -602,7 +355,7 @@ class Averager:
                 tg.start_soon(
                     self._send_contribution, round_, stream, header, region if sends_values else None, sent, failed
                 )
-                answer = await self._read_answer(shard, stream)
+                answer = await self._read_answer(shard, stream, revision=0)
                 if answer.status is not ResultStatus.OK:
                     tg.cancel_scope.cancel()
                 else:
@@ -613,29 +366,46 @@ class Averager:
         if failed:
             raise failed[0]
         await self._receive_result(round_, stream, region, answer.wire_dtype)
-        for exclusion in answer.excluded:
-            round_.excluded.setdefault(exclusion.peer, exclusion.reason)
-        round_.results.add(owner)
+        round_.answers[owner] = answer
+        round_.finished_streams.add(owner)
+        round_.awaiting.discard(owner)
         round_.news.notify()
 
-    async def _read_answer(self, shard: Shard, stream: Stream) -> Result:
+    async def _receive_revision(self, round_: RoundState, owner: PeerID) -> None:
+        async def work() -> None:
+            shard = round_.plan.shard_of(owner)
+            stream = round_.owner_streams[owner]
+            round_.finished_streams.discard(owner)
+            answer = await self._read_answer(shard, stream, revision=1)
+            if answer.status is not ResultStatus.OK:
+                self._on_refusal(round_, owner, answer)
+                return
+            await self._receive_result(round_, stream, round_.buffer[shard.start : shard.stop], answer.wire_dtype)
+            round_.finished_streams.add(owner)
+            round_.awaiting.discard(owner)
+            round_.news.notify()
+
+        await self._guarded(round_, owner, work())
+
+    async def _read_answer(self, shard: Shard, stream: Stream, *, revision: int) -> Result:
         answer = await stream.receive_message(codec)
         if answer is None:
             raise StreamReset(f"{shard.owner.short()} closed the stream without answering")
         if not isinstance(answer, Result):
             raise RemoteProtocolError(f"expected a Result, got {type(answer).__name__}")
         if answer.status is ResultStatus.OK:
-            expected = (shard.start, shard.stop, shard.size * answer.wire_dtype.itemsize)
+            expected = (shard.start, shard.stop, shard.size * answer.wire_dtype.itemsize, revision)
             if not shard.size:  # an empty shard's position depends on the owner's length: nothing to check
-                expected = (answer.start, answer.start, 0)
-            if (answer.start, answer.stop, answer.payload_bytes) != expected:
+                expected = (answer.start, answer.start, 0, revision)
+            if (answer.start, answer.stop, answer.payload_bytes, answer.revision) != expected:
                 raise RemoteProtocolError(
-                    f"result for {answer.start}..{answer.stop} ({answer.payload_bytes} bytes), "
-                    f"expected {expected[0]}..{expected[1]} ({expected[2]} bytes)"
+                    f"answer (revision {answer.revision}) for {answer.start}..{answer.stop} "
+                    f"({answer.payload_bytes} bytes), expected revision {revision} of "
+                    f"{expected[0]}..{expected[1]} ({expected[2]} bytes)"
                 )
         return answer
 
-    def _on_refusal(self, round_: _Round, owner: PeerID, answer: Result) -> None:
+    def _on_refusal(self, round_: RoundState, owner: PeerID, answer: Result) -> None:
         if answer.status is ResultStatus.MISMATCH:
             round_.fail("mismatch", frozenset(), f"{owner.short()}: {answer.detail}")
         elif answer.status is ResultStatus.ABORTED:
@@ -647,12 +417,12 @@ class Averager:
         else:
             log.warning("round %s: %s refused our contribution: %s", round_.tag, owner, answer.detail)
             round_.refused_by[owner] = answer.detail
-            round_.results.add(owner)
+            round_.awaiting.discard(owner)
             round_.news.notify()
 
     async def _send_contribution(
         self,
-        round_: _Round,
+        round_: RoundState,
         stream: Stream,
         header: Contribution,
         region: np.ndarray | None,
@@ -662,42 +432,32 @@ class Averager:
         try:
             await stream.send_message(codec, header, eof=region is None)
             if region is not None:
-                step = round_.chunk_elements
-                wire = round_.wire
-                scratch = None if wire is WireDtype.FLOAT32 else np.empty(min(step, len(region)), storage_dtype(wire))
-                for start in range(0, len(region), step):
-                    chunk = region[start : start + step]
-                    last = start + step >= len(region)
-                    if scratch is not None:
-                        encoded = scratch[: len(chunk)]
-                        encode(chunk, encoded, wire)
-                        chunk = encoded
-                    await stream.send(_bytes(chunk), eof=last)
-                    round_.bytes_sent += chunk.nbytes
+                await send_array(stream, region, round_.wire, round_.chunk_elements, eof=True)
+                round_.bytes_sent += len(region) * round_.wire.itemsize
         except (ConnectionClosed, StreamReset) as exc:
             failed.append(exc)  # the reader sees the same failure, or the owner's answer explaining it
         finally:
             sent.set()
 
-    async def _receive_result(self, round_: _Round, stream: Stream, region: np.ndarray, wire: WireDtype) -> None:
+    async def _receive_result(self, round_: RoundState, stream: Stream, region: np.ndarray, wire: WireDtype) -> None:
         step = round_.chunk_elements
         scratch = None if wire is WireDtype.FLOAT32 else np.empty(min(step, len(region)), storage_dtype(wire))
         for start in range(0, len(region), step):
             chunk = region[start : start + step]
             if scratch is None:
-                await stream.receive_into(_bytes(chunk))
+                await stream.receive_into(as_bytes(chunk))
             else:
                 encoded = scratch[: len(chunk)]
-                await stream.receive_into(_bytes(encoded))
+                await stream.receive_into(as_bytes(encoded))
                 decode(encoded, chunk, wire)
             round_.bytes_received += len(chunk) * wire.itemsize
 
     # ------------------------------------------------------------------ the end of a round
-    async def _finish(self, round_: _Round) -> None:
+    async def _finish(self, round_: RoundState) -> None:
         if round_.failure is None:
-            notice = _mismatch(f"round {round_.tag} already completed here")
+            notice = mismatch(f"round {round_.tag} already completed here")
         elif round_.failure[0] == "mismatch":
-            notice = _mismatch(round_.failure[2])
+            notice = mismatch(round_.failure[2])
         else:
             notice = Result(
                 status=ResultStatus.ABORTED, detail=round_.failure[2][:1024], missing=tuple(sorted(round_.failure[1]))
@@ -705,20 +465,20 @@ class Averager:
         await self._answer_all(round_, notice)
         for inbound in round_.inbound.values():
             inbound.done.set()
-        for stream in round_.outbound:
-            if id(stream) not in round_.finished_streams:
+        for owner, stream in round_.owner_streams.items():
+            if owner not in round_.finished_streams:
                 stream.reset()
         del self._active[round_.tag.run]
         self._finished[round_.tag] = notice
+        while len(self._finished) > self.config.history_rounds:
+            self._finished.popitem(last=False)
         self._excluded_here += len(round_.excluded_here)
-        if round_.failure is None and not round_.refused_by and not round_.unusable:
+        if round_.failure is None and not round_.locally_failed:
             self._completed += 1
         else:
             self._failed += 1
-        while len(self._finished) > self.config.history_rounds:
-            self._finished.popitem(last=False)
 
-    async def _answer_all(self, round_: _Round, notice: Result) -> None:
+    async def _answer_all(self, round_: RoundState, notice: Result) -> None:
         """Send ``notice`` to every contributor that has no answer yet (bounded, best effort)."""
         waiting = [i for i in round_.inbound.values() if not i.answered and not i.failed]
         if not waiting:
@@ -729,7 +489,7 @@ class Averager:
                     inbound.answered = True
                     tg.start_soon(_send_quietly, inbound.stream, notice)
 
-    def _outcome(self, round_: _Round) -> RoundStats:
+    def _outcome(self, round_: RoundState) -> RoundStats:
         tag = round_.tag
         if round_.failure is not None:
             kind, missing, detail = round_.failure
@@ -738,9 +498,16 @@ class Averager:
             raise RoundAborted(f"round {tag} aborted: {detail}", missing=missing, tag=tag)
         if round_.refused_by:
             reasons = "; ".join(f"{p.short()}: {r}" for p, r in sorted(round_.refused_by.items()))
-            raise ContributionRefused(
-                f"round {tag}: owners refused this peer's contribution ({reasons})",
-                by=frozenset(round_.refused_by),
+            loaded = [s.owner for s in round_.plan.shards if s.size and s.owner != round_.me]
+            if 2 * len(round_.refused_by) > len(loaded):  # most owners disagree with us: we are the odd one
+                raise ContributionRefused(
+                    f"round {tag}: owners refused this peer's contribution ({reasons})",
+                    by=frozenset(round_.refused_by),
+                    tag=tag,
+                )
+            raise RoundAborted(
+                f"round {tag}: a minority of owners refused this peer's contribution ({reasons})",
+                missing=frozenset(round_.refused_by),
                 tag=tag,
             )
         if round_.unusable:
@@ -778,19 +545,19 @@ class Averager:
             return
         if not isinstance(message, Contribution):
             raise RemoteProtocolError(f"expected a Contribution, got {type(message).__name__}")
-        inbound = _Inbound(stream.remote_peer, stream, message)
+        inbound = Inbound(stream.remote_peer, stream, message)
         await self._route(inbound)
         if inbound.reply is not None:
             await _send_quietly(stream, inbound.reply)
             return
         await inbound.done.wait()
 
-    async def _route(self, inbound: _Inbound) -> None:
+    async def _route(self, inbound: Inbound) -> None:
         """Hand ``inbound`` to its round (waiting for it if it is close ahead) or set a refusal."""
         tag, peer = inbound.header.tag, inbound.peer
         active = self._active.get(tag.run)
         if active is not None and active.tag == tag:
-            active.accept(inbound, max_weight=self.config.max_weight)
+            active.accept(inbound)
             return
         if active is not None and peer in active.members and not active.contributed(peer):
             if _ahead(tag, active.tag):
@@ -803,7 +570,7 @@ class Averager:
             return
         reference = active.tag if active is not None else self._latest.get(tag.run)
         if reference is not None and not self._may_wait(tag, reference):
-            inbound.reply = _mismatch(f"this peer is at round {reference}, not {tag}")
+            inbound.reply = mismatch(f"this peer is at round {reference}, not {tag}")
             return
         held = sum(len(w) for w in self._pending.values())
         if peer in self._pending.get(tag, {}) or held >= self.config.max_pending_streams:
@@ -821,7 +588,7 @@ class Averager:
                 if not waiting and self._pending.get(tag) is waiting:
                     del self._pending[tag]
         if not inbound.assigned.is_set():
-            inbound.reply = _mismatch(f"no round {tag} started here within {self.config.pending_wait_s:g} s")
+            inbound.reply = mismatch(f"no round {tag} started here within {self.config.pending_wait_s:g} s")
 
     def _may_wait(self, tag: RoundTag, reference: RoundTag) -> bool:
         return (
@@ -841,11 +608,6 @@ async def _send_quietly(stream: Stream, message: Result) -> None:
         await stream.send_message(codec, message)
     except ChaosError:
         pass  # the contributor is gone; it learns the outcome from the others or its own timeout
-
-
-def _bytes(array: np.ndarray) -> memoryview:
-    """The bytes of a contiguous array, without a copy."""
-    return array.data.cast("B")
 
 
 def _names(peers: frozenset[PeerID]) -> str:

@@ -32,7 +32,11 @@ import numpy as np
 from chaosp2p.training.average_messages import WireDtype
 from chaosp2p.wire.identity import PeerID
 
-_NUMPY_STORAGE: dict[WireDtype, type[np.generic]] = {WireDtype.FLOAT32: np.float32, WireDtype.FLOAT16: np.float16, WireDtype.BFLOAT16: np.uint16}
+_NUMPY_STORAGE: dict[WireDtype, type[np.generic]] = {
+    WireDtype.FLOAT32: np.float32,
+    WireDtype.FLOAT16: np.float16,
+    WireDtype.BFLOAT16: np.uint16,
+}
 _BF16_NAN_SAFE_MAX = np.uint32(0xFFFF7FFF)
 """Largest bit pattern whose rounding increment cannot wrap around 2**32 (everything above is a NaN)."""
 
@@ -144,6 +148,15 @@ class ShardReducer:
             for earlier in range(index):  # the weights changed: redo what is already reduced
                 newly += self._reduce(earlier)
         self._done = index + 1
+        return newly
+
+    def recompute(self) -> list[PeerID]:
+        """Reduce every chunk again with the current set of included parts (after :meth:`exclude`)."""
+        self._done = 0
+        self._stale = False
+        newly: list[PeerID] = []
+        for index in range(self.chunk_count):
+            newly += self.reduce_chunk(index)
         return newly
 
     def _reduce(self, index: int) -> list[PeerID]:

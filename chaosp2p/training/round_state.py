@@ -1,0 +1,224 @@
+"""Book-keeping of one averaging round on one member (no I/O; the averager drives it).
+
+A :class:`RoundState` records what the round has seen -- contribution streams accepted or refused,
+answers from owners, exclusions, failures -- and decides the small questions on the spot (is this
+contribution acceptable to this owner? which owners must send a revised shard?). The averager's
+tasks move the bytes and consult it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal
+
+import anyio
+import numpy as np
+
+from chaosp2p.training.average_messages import Contribution, Result, ResultStatus, RoundTag, WireDtype
+from chaosp2p.training.reduce_plan import ReducePlan
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
+
+log = logging.getLogger("chaosp2p.training")
+
+FailureKind = Literal["aborted", "mismatch"]
+
+
+class Beacon:
+    """Wakes every task waiting for "something changed"; waiters re-check their condition."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def notify(self) -> None:
+        """Wake the current waiters."""
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait(self) -> None:
+        """Wait for the next :meth:`notify`."""
+        await self._event.wait()
+
+
+class Inbound:
+    """A contribution stream at its owner: header read, waiting for or used by a round."""
+
+    def __init__(self, peer: PeerID, stream: Stream, header: Contribution) -> None:
+        self.peer = peer
+        self.stream = stream
+        self.header = header
+        self.assigned = anyio.Event()
+        """Set once a round took the stream (or a refusal was decided)."""
+        self.done = anyio.Event()
+        """Set once the round is done with the stream (the handler may return)."""
+        self.reply: Result | None = None
+        """An immediate answer (a refusal) for the handler to send instead of joining a round."""
+        self.values: np.ndarray | None = None
+        """Where the payload goes (``None``: no payload expected)."""
+        self.received = 0
+        """Elements of the payload received so far."""
+        self.answered = False
+        self.ok_sent = False
+        self.failed = False
+
+
+def mismatch(detail: str) -> Result:
+    """A MISMATCH answer."""
+    return Result(status=ResultStatus.MISMATCH, detail=detail[:1024])
+
+
+class RoundState:
+    """Everything one member knows about one round."""
+
+    def __init__(
+        self,
+        *,
+        tag: RoundTag,
+        me: PeerID,
+        plan: ReducePlan,
+        buffer: np.ndarray,
+        weight: float,
+        wire: WireDtype,
+        chunk_elements: int,
+        max_weight: float,
+        started: float,
+    ) -> None:
+        self.tag = tag
+        self.me = me
+        self.plan = plan
+        self.members = plan.members
+        self.shard = plan.shard_of(me)
+        self.buffer = buffer
+        self.weight = weight
+        self.wire = wire
+        self.chunk_elements = chunk_elements
+        self.max_weight = max_weight
+        self.started = started
+        self.inbound: dict[PeerID, Inbound] = {}
+        self.arrived = Beacon()
+        """A contribution stream was accepted (wakes the owner role)."""
+        self.progress = Beacon()
+        """Contribution bytes arrived or a contribution failed (wakes the reducer)."""
+        self.news = Beacon()
+        """An owner's answer or report arrived (wakes the watchdog)."""
+        self.failure: tuple[FailureKind, frozenset[PeerID], str] | None = None
+        self.scope = anyio.CancelScope()
+        self.timed_out = False
+        self.refused_by: dict[PeerID, str] = {}
+        """Owners that refused our contribution, with their reason."""
+        self.unusable: dict[PeerID, str] = {}
+        """Owners whose answer we could not use."""
+        self.reported: dict[PeerID, frozenset[PeerID]] = {}
+        """Owners that reported the round aborted, with whom they found missing."""
+        self.answers: dict[PeerID, Result] = {}
+        """First OK answer of every owner (ours included)."""
+        self.awaiting: set[PeerID] = {p for p in self.members if p != me}
+        """Owners we still expect an answer (or a revision) from."""
+        self.owner_streams: dict[PeerID, Stream] = {}
+        self.finished_streams: set[PeerID] = set()
+        """Owners whose stream needs nothing more (no reset at the end)."""
+        self.excluded: dict[PeerID, str] = {}
+        """Exclusions anywhere in the round, with the first reason heard."""
+        self.excluded_here: set[PeerID] = set()
+        """Contributions this member, as owner, left out."""
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.shard_done_at: float | None = None
+        self.reduce_s = 0.0
+        self.total_weight = 0.0
+
+    # ------------------------------------------------------------------ failures
+    def fail(self, kind: FailureKind, missing: frozenset[PeerID], detail: str) -> None:
+        """End the round now; the first failure stands."""
+        if self.failure is None:
+            self.failure = (kind, missing - {self.me}, detail)
+            log.info("round %s failed (%s): %s", self.tag, kind, detail)
+        self.scope.cancel()
+
+    @property
+    def locally_failed(self) -> bool:
+        """Some owner refused our contribution or sent an unusable answer."""
+        return bool(self.refused_by or self.unusable)
+
+    # ------------------------------------------------------------------ the owner's side
+    def contributed(self, peer: PeerID) -> bool:
+        """True once ``peer``'s contribution stream reached this owner."""
+        return peer in self.inbound
+
+    def accept(self, inbound: Inbound) -> None:
+        """Take a contribution stream into this round, or set the refusal to answer it with."""
+        peer = inbound.peer
+        if peer not in self.members or peer == self.me:
+            inbound.reply = mismatch(f"{peer.short()} is not a member of round {self.tag} here")
+        elif peer in self.inbound:
+            inbound.reply = Result(status=ResultStatus.REFUSED, detail="duplicate contribution")
+        else:
+            problem = self._check(inbound.header)
+            self.inbound[peer] = inbound
+            if problem is not None:
+                self.exclude_here(peer, problem)
+                inbound.reply = Result(status=ResultStatus.REFUSED, detail=problem[:1024])
+                inbound.answered = True
+            self.arrived.notify()
+        inbound.assigned.set()
+
+    def exclude_here(self, peer: PeerID, reason: str) -> None:
+        """This owner leaves ``peer``'s contribution out (logged, naming the peer)."""
+        if peer not in self.excluded_here:
+            log.warning("excluding %s from round %s: %s", peer, self.tag, reason)
+            self.excluded_here.add(peer)
+            self.excluded.setdefault(peer, reason)
+
+    def _check(self, header: Contribution) -> str | None:
+        shard = self.shard
+        if header.wire_dtype is not self.wire:
+            return f"wire dtype {header.wire_dtype.name.lower()}, the round uses {self.wire.name.lower()}"
+        if shard.size and (header.total_elements, header.start, header.stop) != (
+            self.plan.length,
+            shard.start,
+            shard.stop,
+        ):
+            return (
+                f"contribution for elements {header.start}..{header.stop} of {header.total_elements}, "
+                f"this owner averages {shard.start}..{shard.stop} of {self.plan.length}"
+            )
+        if not (math.isfinite(header.weight) and 0 <= header.weight <= self.max_weight):
+            return f"weight {header.weight!r} is not a finite number in 0..{self.max_weight:g}"
+        expected = shard.size * self.wire.itemsize if header.weight > 0 else 0
+        if header.payload_bytes != expected:
+            return f"payload of {header.payload_bytes} bytes, expected {expected}"
+        return None
+
+    def undelivered(self) -> frozenset[PeerID]:
+        """Contributors whose contribution to our shard is not (completely) in."""
+        missing = set()
+        for peer in self.members:
+            if peer == self.me:
+                continue
+            inbound = self.inbound.get(peer)
+            incomplete = inbound is not None and inbound.values is not None and inbound.received < len(inbound.values)
+            if inbound is None or (incomplete and not inbound.failed):
+                missing.add(peer)
+        return frozenset(missing)
+
+    # ------------------------------------------------------------------ exclusions across owners
+    def round_exclusions(self) -> dict[PeerID, str]:
+        """Every contribution some owner excluded (the same on every member that has all answers)."""
+        excluded: dict[PeerID, str] = {}
+        for owner in self.members:
+            answer = self.answers.get(owner)
+            if answer is not None:
+                for exclusion in answer.excluded:
+                    excluded.setdefault(exclusion.peer, exclusion.reason)
+        for owner, reason in sorted(self.refused_by.items()):
+            excluded.setdefault(self.me, f"refused by {owner.short()}: {reason}")
+        return excluded
+
+    def owners_to_revise(self, excluded: dict[PeerID, str]) -> list[PeerID]:
+        """Owners whose shard holds values of a peer excluded elsewhere: they send a revision."""
+        return [
+            owner
+            for owner in self.members
+            if (answer := self.answers.get(owner)) is not None and set(answer.included) & set(excluded)
+        ]
