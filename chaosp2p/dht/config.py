@@ -34,6 +34,9 @@ class DHTConfig:
     """Lifetime of a provider record when the caller gives none."""
     max_record_ttl_s: float = 86400.0
     """Longest lifetime a record or provider record may claim; longer claims are clamped."""
+    max_clock_skew_s: float = 60.0
+    """How far ahead of ours another peer's wall clock may be: records issued further in our future,
+    and unsigned records whose version (a wall-clock time in ms) is, are refused."""
     republish_interval_s: float = 600.0
     """A held record that nobody re-stored for this long is re-stored to the current k closest."""
     refresh_interval_s: float = 600.0
@@ -74,6 +77,7 @@ class DHTConfig:
             "default_record_ttl_s",
             "default_provider_ttl_s",
             "max_record_ttl_s",
+            "max_clock_skew_s",
             "republish_interval_s",
             "refresh_interval_s",
             "expiry_sweep_interval_s",

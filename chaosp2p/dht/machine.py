@@ -255,7 +255,10 @@ class DHTMachine:
         config: DHTConfig | None = None,
         listen_addrs: Sequence[str] = (),
         now: float = 0.0,
+        wall_offset_s: float = 0.0,
     ) -> None:
+        """``now + wall_offset_s`` must be this peer's wall clock (Unix seconds): records carry the
+        wall-clock time they were issued, which bounds their life (see ``records.py``)."""
         self.identity = identity
         self.peer_id = identity.peer_id
         self.config = cfg = config or DHTConfig()
@@ -272,6 +275,8 @@ class DHTMachine:
             max_total=cfg.max_records_total,
             max_providers_per_key=cfg.max_providers_per_key,
             validator=self._validator,
+            max_clock_skew_s=cfg.max_clock_skew_s,
+            wall_offset_s=wall_offset_s,
         )
         self._limiter = RateLimiter(
             rate_per_s=cfg.rate_limit_requests_per_s, burst=cfg.rate_limit_burst, max_senders=cfg.max_tracked_senders
@@ -421,7 +426,8 @@ class DHTMachine:
         op.ttl_ms = ttl_ms
         op.expires_at = now + ttl_ms / 1000.0
         if version is not None:
-            op.record = make_record(key, value, version=version, ttl_ms=ttl_ms, identity=self._signer(key))
+            op.record = make_record(key, value, version=version, ttl_ms=ttl_ms,
+                                    issued_at_ms=self._store.wall_ms(now), identity=self._signer(key))
         self._pump(now, op)
         return op.op_id
 
@@ -680,6 +686,8 @@ class DHTMachine:
             status = StoreStatus.MALFORMED if record.key != op.key else check_record(
                 record, max_key_bytes=cfg.max_key_bytes, max_value_bytes=cfg.max_value_bytes
             )
+            if status is StoreStatus.OK and not self._store.live(now, record):
+                status = StoreStatus.MALFORMED  # lapsed, or from the future
             if status is not StoreStatus.OK:
                 self._counts[_STATUS_COUNTER[status]] += 1
                 op.lookup.failed(peer)
@@ -696,6 +704,8 @@ class DHTMachine:
                 status = StoreStatus.MALFORMED if prov.key != op.key else check_provider(
                     prov, max_key_bytes=cfg.max_key_bytes, validator=self._validator
                 )
+                if status is StoreStatus.OK and not self._store.live(now, prov):
+                    status = StoreStatus.MALFORMED
                 if status is not StoreStatus.OK:
                     self._counts[_STATUS_COUNTER[status]] += 1
                     continue
@@ -867,16 +877,24 @@ class DHTMachine:
                 local = self._store.get_record(now, op.key)
                 if local is not None:
                     versions.append(local.version)
-                version = min(max(versions) + 1, MAX_VERSION) if versions else 0
+                signer = self._signer(op.key)
+                if signer is None:
+                    # Open keys are versioned by wall-clock time, bounded by what holders accept,
+                    # so nobody can take one out of reach with a huge version (records.py).
+                    wall = self._store.wall_ms(now)
+                    version = min(max([*versions, wall - 1]) + 1, self._store.max_unsigned_version(now))
+                else:
+                    version = min(max(versions) + 1, MAX_VERSION) if versions else 0
                 op.record = make_record(op.key, op.value, version=version, ttl_ms=op.ttl_ms,
-                                        identity=self._signer(op.key))
+                                        issued_at_ms=self._store.wall_ms(now), identity=signer)
             status, _ = self._store.put_record(now, op.record, self.peer_id, verified=True)
             op.stored_locally = status is StoreStatus.OK
         elif op.kind is OpKind.ADD_PROVIDER:
             seqs = [rec.seq for peer, (rec, _) in op.providers.items() if peer == self.peer_id]
             seqs += [rec.seq for rec in self.held_providers(now, op.key) if rec.provider == self.peer_id]
             seq = min(max(seqs) + 1, MAX_VERSION) if seqs else 0
-            op.provider = make_provider_record(self.identity, op.key, self._listen_addrs, seq=seq, ttl_ms=op.ttl_ms)
+            op.provider = make_provider_record(self.identity, op.key, self._listen_addrs, seq=seq, ttl_ms=op.ttl_ms,
+                                               issued_at_ms=self._store.wall_ms(now))
             status, _ = self._store.put_provider(now, op.provider)
             op.stored_locally = status is StoreStatus.OK
         remaining = int((op.expires_at - now) * 1000)
@@ -1004,6 +1022,7 @@ class DHTMachine:
             self._pump(now, op)
 
     def _republish(self, now: float) -> None:
+        self._reissue_own(now)
         records, providers = self._store.due_for_republish(now, self.config.republish_interval_s)
         for record in records:
             op = self._new_op(now, OpKind.REPUBLISH, _Query.FIND_NODE, key_id(record.key), key=record.key,
@@ -1017,6 +1036,44 @@ class DHTMachine:
                               key=provider.key, report=False)
             op.provider = provider
             op.expires_at = now + provider.remaining_ms / 1000.0
+            self._counts["republished"] += 1
+            self._pump(now, op)
+
+    def _reissue_own(self, now: float) -> None:
+        """Re-sign our own signed records and provider records before they lapse.
+
+        Their life is fixed by the signed ``issued_at_ms + ttl_ms``, which nobody else can move, so
+        as long as this peer runs it is the one that keeps them alive (Kademlia's "original
+        publisher republishes"); once it stops, they lapse within their TTL.
+        """
+        wall = self._store.wall_ms(now)
+        margin_ms = self.config.republish_interval_s * 1000
+        for held in self._store.records():
+            record = held.record
+            left_ms = record.issued_at_ms + record.ttl_ms - wall
+            if record.publisher != self.peer_id or held.expires_at <= now or left_ms > record.ttl_ms / 2 + margin_ms:
+                continue
+            fresh = make_record(record.key, record.value, version=record.version, ttl_ms=record.ttl_ms,
+                                issued_at_ms=wall, identity=self.identity)
+            self._store.put_record(now, fresh, self.peer_id, verified=True)
+            op = self._new_op(now, OpKind.REPUBLISH, _Query.FIND_NODE, key_id(record.key), key=record.key,
+                              report=False)
+            op.record = fresh
+            op.expires_at = now + fresh.ttl_ms / 1000.0
+            self._counts["republished"] += 1
+            self._pump(now, op)
+        for prov in self._store.providers():
+            provider = prov.record
+            left_ms = provider.issued_at_ms + provider.ttl_ms - wall
+            if provider.provider != self.peer_id or prov.expires_at <= now or left_ms > provider.ttl_ms / 2 + margin_ms:
+                continue
+            fresh_provider = make_provider_record(self.identity, provider.key, self._listen_addrs or provider.addrs,
+                                                  seq=provider.seq, ttl_ms=provider.ttl_ms, issued_at_ms=wall)
+            self._store.put_provider(now, fresh_provider)
+            op = self._new_op(now, OpKind.REPUBLISH_PROVIDER, _Query.FIND_NODE, key_id(provider.key),
+                              key=provider.key, report=False)
+            op.provider = fresh_provider
+            op.expires_at = now + fresh_provider.ttl_ms / 1000.0
             self._counts["republished"] += 1
             self._pump(now, op)
 

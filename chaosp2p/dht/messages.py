@@ -87,6 +87,11 @@ def _check_key(key: bytes) -> None:
         _fail(f"key must be 1..{HARD_MAX_KEY_BYTES} bytes")
 
 
+def _check_issued_at(issued_at_ms: int) -> None:
+    if not 0 <= issued_at_ms <= MAX_VERSION:
+        _fail("issued_at_ms out of range")
+
+
 def _check_ttl(ttl_ms: int, remaining_ms: int) -> None:
     if not 0 < ttl_ms <= MAX_TTL_MS:
         _fail("ttl_ms out of range")
@@ -117,8 +122,10 @@ class Contact:
 class Record:
     """A value under a key. Signed (``/pk/`` keys) or unsigned (``publisher=None``, no signature).
 
-    ``ttl_ms`` is the lifetime the publisher declared (and signed); ``remaining_ms`` is what is left
-    of it at the sender, relative to the moment of sending -- absolute clocks never travel.
+    ``ttl_ms`` is the lifetime the publisher declared from ``issued_at_ms`` (its wall clock, Unix
+    milliseconds); both are signed, so nobody can stretch a signed record past
+    ``issued_at_ms + ttl_ms``. ``remaining_ms`` is what is left at the sender, relative to the
+    moment of sending (it can only shorten the life, never extend it).
     """
 
     key: bytes
@@ -128,6 +135,7 @@ class Record:
     remaining_ms: int
     publisher: PeerID | None
     signature: bytes
+    issued_at_ms: int = 0
 
     def validate(self) -> None:
         """Hard caps and the signed/unsigned shape."""
@@ -137,6 +145,7 @@ class Record:
         if not 0 <= self.version <= MAX_VERSION:
             _fail("version out of range")
         _check_ttl(self.ttl_ms, self.remaining_ms)
+        _check_issued_at(self.issued_at_ms)
         if self.publisher is None:
             if self.signature:
                 _fail("an unsigned record carries no signature")
@@ -155,6 +164,8 @@ class ProviderRecord:
     ttl_ms: int
     remaining_ms: int
     signature: bytes
+    issued_at_ms: int = 0
+    """When the provider signed it (Unix ms); it lapses at ``issued_at_ms + ttl_ms`` at the latest."""
 
     def validate(self) -> None:
         """Hard caps and shape."""
@@ -163,6 +174,7 @@ class ProviderRecord:
         if not 0 <= self.seq <= MAX_VERSION:
             _fail("seq out of range")
         _check_ttl(self.ttl_ms, self.remaining_ms)
+        _check_issued_at(self.issued_at_ms)
         if len(self.signature) != SIGNATURE_BYTES:
             _fail("a provider record needs a 64-byte signature")
 

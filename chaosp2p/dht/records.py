@@ -1,9 +1,19 @@
 """Records, provider records, their signatures, and the local store that holds them.
 
 Theory of operation: the store is a pure table keyed by key bytes, with every time passed in as
-``now`` (monotonic seconds of *this* peer). A record arrives with a relative ``remaining_ms`` and is
-stored with ``expires_at = now + min(remaining, max_ttl)``; when it leaves again the remaining time
-is recomputed, so no absolute clock ever crosses the wire.
+``now`` (monotonic seconds of *this* peer); ``wall_offset_s`` turns ``now`` into this peer's wall
+clock. A record carries the wall-clock time its publisher issued it (``issued_at_ms``, signed for
+signed records and provider records) and its lifetime ``ttl_ms``; it is stored with
+``expires_at = now + min(remaining, absolute life left, max_ttl)``, where the absolute life left is
+``issued_at_ms + ttl_ms`` minus our wall clock. So re-sending a signed record -- by a holder
+republishing it or by anyone replaying it -- never keeps it alive past ``issued_at + ttl``: only
+its owner can extend it, by signing a newer ``issued_at_ms``. Records issued more than
+``max_clock_skew_s`` in our future are refused (MALFORMED), as are records already lapsed.
+
+Unsigned keys are open to every writer, so nothing can stop a writer from overwriting them; what
+the store prevents is *squatting*: an unsigned record's version must not exceed our wall clock in
+milliseconds plus ``max_clock_skew_s`` (writers use the current time as the version), so a record
+at the maximum version is impossible and whoever stops re-writing loses the key within the skew.
 
 Acceptance rules (normative text in ``protocols/dht.md``), checked cheapest first so that rejecting
 junk costs little: size limits (OVERSIZED) → shape and namespace (MALFORMED) → ordering against
@@ -27,41 +37,43 @@ from chaosp2p.dht.messages import ProviderRecord, Record, StoreStatus
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity, PeerID
 
-RECORD_SIGNING_DOMAIN = "chaosp2p/dht/record/1"
-PROVIDER_SIGNING_DOMAIN = "chaosp2p/dht/provider/1"
+RECORD_SIGNING_DOMAIN = "chaosp2p/dht/record/2"
+PROVIDER_SIGNING_DOMAIN = "chaosp2p/dht/provider/2"
 
 
-def record_signing_payload(key: bytes, value: bytes, version: int, ttl_ms: int) -> bytes:
-    """The exact bytes a record's signature covers: msgpack ``[domain, key, value, version, ttl_ms]``."""
-    return pack([RECORD_SIGNING_DOMAIN, key, value, version, ttl_ms])
+def record_signing_payload(key: bytes, value: bytes, version: int, ttl_ms: int, issued_at_ms: int) -> bytes:
+    """Bytes a record's signature covers: msgpack ``[domain, key, value, version, ttl_ms, issued_at_ms]``."""
+    return pack([RECORD_SIGNING_DOMAIN, key, value, version, ttl_ms, issued_at_ms])
 
 
 def provider_signing_payload(
-    key: bytes, provider: PeerID, addrs: tuple[str, ...], seq: int, ttl_ms: int
+    key: bytes, provider: PeerID, addrs: tuple[str, ...], seq: int, ttl_ms: int, issued_at_ms: int
 ) -> bytes:
-    """Bytes a provider record's signature covers: msgpack ``[domain, key, provider, addrs, seq, ttl_ms]``."""
-    return pack([PROVIDER_SIGNING_DOMAIN, key, provider.raw, list(addrs), seq, ttl_ms])
+    """Bytes a provider record's signature covers: msgpack
+    ``[domain, key, provider, addrs, seq, ttl_ms, issued_at_ms]``."""
+    return pack([PROVIDER_SIGNING_DOMAIN, key, provider.raw, list(addrs), seq, ttl_ms, issued_at_ms])
 
 
 def make_record(
-    key: bytes, value: bytes, *, version: int, ttl_ms: int, identity: Identity | None = None
+    key: bytes, value: bytes, *, version: int, ttl_ms: int, issued_at_ms: int = 0, identity: Identity | None = None
 ) -> Record:
-    """A fresh record; signed by ``identity`` when given (required for ``/pk/`` keys)."""
+    """A fresh record issued at wall-clock ``issued_at_ms``; signed by ``identity`` when given
+    (required for ``/pk/`` keys)."""
     if identity is None:
         return Record(key=key, value=value, version=version, ttl_ms=ttl_ms, remaining_ms=ttl_ms,
-                      publisher=None, signature=b"")
-    signature = identity.sign(record_signing_payload(key, value, version, ttl_ms))
+                      publisher=None, signature=b"", issued_at_ms=issued_at_ms)
+    signature = identity.sign(record_signing_payload(key, value, version, ttl_ms, issued_at_ms))
     return Record(key=key, value=value, version=version, ttl_ms=ttl_ms, remaining_ms=ttl_ms,
-                  publisher=identity.peer_id, signature=signature)
+                  publisher=identity.peer_id, signature=signature, issued_at_ms=issued_at_ms)
 
 
 def make_provider_record(
-    identity: Identity, key: bytes, addrs: tuple[str, ...], *, seq: int, ttl_ms: int
+    identity: Identity, key: bytes, addrs: tuple[str, ...], *, seq: int, ttl_ms: int, issued_at_ms: int = 0
 ) -> ProviderRecord:
-    """A provider record for ``identity``'s peer, signed by it."""
-    signature = identity.sign(provider_signing_payload(key, identity.peer_id, addrs, seq, ttl_ms))
+    """A provider record for ``identity``'s peer issued at wall-clock ``issued_at_ms``, signed by it."""
+    signature = identity.sign(provider_signing_payload(key, identity.peer_id, addrs, seq, ttl_ms, issued_at_ms))
     return ProviderRecord(key=key, provider=identity.peer_id, addrs=addrs, seq=seq, ttl_ms=ttl_ms,
-                          remaining_ms=ttl_ms, signature=signature)
+                          remaining_ms=ttl_ms, signature=signature, issued_at_ms=issued_at_ms)
 
 
 def check_record(record: Record, *, max_key_bytes: int, max_value_bytes: int) -> StoreStatus:
@@ -93,7 +105,7 @@ def _check_record_shape(record: Record) -> StoreStatus:
 def _check_record_signature(record: Record) -> StoreStatus:
     if record.publisher is None:
         return StoreStatus.OK
-    payload = record_signing_payload(record.key, record.value, record.version, record.ttl_ms)
+    payload = record_signing_payload(record.key, record.value, record.version, record.ttl_ms, record.issued_at_ms)
     return StoreStatus.OK if record.publisher.verify(record.signature, payload) else StoreStatus.BAD_SIGNATURE
 
 
@@ -105,7 +117,9 @@ def check_provider(
         return StoreStatus.OVERSIZED
     if not 0 < record.remaining_ms <= record.ttl_ms or not validator.valid(record.provider, record.addrs):
         return StoreStatus.MALFORMED
-    payload = provider_signing_payload(record.key, record.provider, record.addrs, record.seq, record.ttl_ms)
+    payload = provider_signing_payload(
+        record.key, record.provider, record.addrs, record.seq, record.ttl_ms, record.issued_at_ms
+    )
     return StoreStatus.OK if record.provider.verify(record.signature, payload) else StoreStatus.BAD_SIGNATURE
 
 
@@ -147,7 +161,12 @@ class RecordStore:
         max_total: int,
         max_providers_per_key: int,
         validator: AddressValidator,
+        max_clock_skew_s: float = 60.0,
+        wall_offset_s: float = 0.0,
     ) -> None:
+        self.max_clock_skew_s = max_clock_skew_s
+        self.wall_offset_s = wall_offset_s
+        """``now + wall_offset_s`` is this peer's wall clock (Unix seconds)."""
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
         self.max_ttl_s = max_ttl_s
@@ -162,6 +181,29 @@ class RecordStore:
         self.expired = 0
         """Records and provider records dropped because their time ran out."""
 
+    # ------------------------------------------------------------------ clocks
+    def wall_ms(self, now: float) -> int:
+        """This peer's wall clock at monotonic ``now``, in Unix milliseconds."""
+        return int((now + self.wall_offset_s) * 1000)
+
+    def _lifetime_s(self, now: float, issued_at_ms: int, ttl_ms: int, remaining_ms: int) -> float | None:
+        """How long a record may live here from ``now``; ``None`` if it lapsed or comes from the future."""
+        wall = self.wall_ms(now)
+        if issued_at_ms > wall + self.max_clock_skew_s * 1000:
+            return None
+        left_ms = issued_at_ms + ttl_ms - wall
+        if left_ms <= 0:
+            return None
+        return min(remaining_ms, left_ms) / 1000.0
+
+    def live(self, now: float, record: Record | ProviderRecord) -> bool:
+        """True if ``record`` has not lapsed and was not issued in our future (beyond the skew)."""
+        return self._lifetime_s(now, record.issued_at_ms, record.ttl_ms, record.remaining_ms) is not None
+
+    def max_unsigned_version(self, now: float) -> int:
+        """The highest version an unsigned record may carry here now (anti-squatting bound)."""
+        return self.wall_ms(now) + int(self.max_clock_skew_s * 1000)
+
     # ------------------------------------------------------------------ records
     def put_record(
         self, now: float, record: Record, sender: PeerID, *, verified: bool = False
@@ -172,19 +214,27 @@ class RecordStore:
         status = _check_record_shape(record)
         if status is not StoreStatus.OK:
             return status, None
+        lifetime = self._lifetime_s(now, record.issued_at_ms, record.ttl_ms, record.remaining_ms)
+        if lifetime is None:
+            return StoreStatus.MALFORMED, None
+        if record.publisher is None and record.version > self.max_unsigned_version(now):
+            return StoreStatus.MALFORMED, None  # a version from the future: squatting
         held = self._records.get(record.key)
         if held is not None and held.expires_at <= now:
             self._drop_record(record.key)
             held = None
-        expires_at = now + min(record.remaining_ms / 1000.0, self.max_ttl_s)
+        expires_at = now + min(lifetime, self.max_ttl_s)
         if held is not None:
             ours, theirs = (held.record.version, held.record.value), (record.version, record.value)
             if theirs < ours:
                 return StoreStatus.STALE, held.record.version
             if theirs == ours:
-                same_proof = (held.record.ttl_ms, held.record.signature) == (record.ttl_ms, record.signature)
+                held_proof = (held.record.ttl_ms, held.record.issued_at_ms, held.record.signature)
+                same_proof = held_proof == (record.ttl_ms, record.issued_at_ms, record.signature)
                 if not (verified or same_proof) and _check_record_signature(record) is not StoreStatus.OK:
                     return StoreStatus.BAD_SIGNATURE, None
+                if record.issued_at_ms < held.record.issued_at_ms:
+                    return StoreStatus.OK, None  # an older issue of what we hold: it extends nothing
                 if not same_proof:
                     held.record = record
                 held.expires_at = max(held.expires_at, expires_at)
@@ -228,12 +278,15 @@ class RecordStore:
             return StoreStatus.OVERSIZED, None
         if not 0 < record.remaining_ms <= record.ttl_ms or not self.validator.valid(record.provider, record.addrs):
             return StoreStatus.MALFORMED, None
+        lifetime = self._lifetime_s(now, record.issued_at_ms, record.ttl_ms, record.remaining_ms)
+        if lifetime is None:
+            return StoreStatus.MALFORMED, None
         table = self._providers.get(record.key)
         held = table.get(record.provider) if table is not None else None
         if held is not None and held.expires_at <= now:
             self._drop_provider(record.key, record.provider)
             held = None
-        expires_at = now + min(record.remaining_ms / 1000.0, self.max_ttl_s)
+        expires_at = now + min(lifetime, self.max_ttl_s)
         if held is not None:
             if record.seq < held.record.seq:
                 return StoreStatus.STALE, held.record.seq
@@ -241,13 +294,19 @@ class RecordStore:
                 held.expires_at = max(held.expires_at, expires_at)
                 held.last_stored_at = now
                 return StoreStatus.OK, None
-        payload = provider_signing_payload(record.key, record.provider, record.addrs, record.seq, record.ttl_ms)
+        payload = provider_signing_payload(
+            record.key, record.provider, record.addrs, record.seq, record.ttl_ms, record.issued_at_ms
+        )
         if not record.provider.verify(record.signature, payload):
             return StoreStatus.BAD_SIGNATURE, None
         if held is not None:
-            # Same seq, different content: the provider re-signed; keep the larger signature so
-            # every holder converges on one record.
-            if record.seq == held.record.seq and record.signature < held.record.signature:
+            # Same seq, different content: the provider re-signed. The later issue wins (that is
+            # how a provider extends its record); on a tie the larger signature, so every holder
+            # converges on one record.
+            if record.seq == held.record.seq and (record.issued_at_ms, record.signature) < (
+                held.record.issued_at_ms,
+                held.record.signature,
+            ):
                 return StoreStatus.STALE, held.record.seq
             newer = record.seq > held.record.seq
             held.record = record

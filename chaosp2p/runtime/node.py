@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -89,7 +90,13 @@ class Node:
         host.on_connection_change(self._on_connection_change)
         host.set_request_handler("/chaos/status/1", self._serve_status)
         self.dht = DHTService(
-            machine=DHTMachine(host.identity, rng=random.Random(rng.random()), config=config.dht, now=clock.now()),
+            machine=DHTMachine(
+                host.identity,
+                rng=random.Random(rng.random()),
+                config=config.dht,
+                now=clock.now(),
+                wall_offset_s=time.time() - clock.now(),  # records carry their signed wall-clock issue time
+            ),
             host=host,
             clock=clock,
             task_group=task_group,

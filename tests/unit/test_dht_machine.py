@@ -27,6 +27,7 @@ from chaosp2p.dht import (
 from chaosp2p.dht.keys import bucket_index, id_to_bytes, key_id, node_id
 from chaosp2p.dht.messages import (
     DHT_CODEC,
+    MAX_VERSION,
     Contact,
     FindNode,
     FindValue,
@@ -576,6 +577,45 @@ def test_records_expire_and_are_republished_by_holders() -> None:
     net.run(6.0, step=0.5)  # past the 25 s TTL: gone everywhere, republishing did not extend it
     assert all(m.held_record(net.now, b"key") is None for m in net.machines.values())
     assert sum(m.statistics().records_expired for m in net.machines.values()) >= 20
+
+
+def test_the_owner_reissues_its_signed_records_and_they_lapse_once_it_is_gone() -> None:
+    """Holders cannot extend a signed record (its issue time is signed); its owner re-signs it."""
+    config = dataclasses.replace(DHTConfig.local(), republish_interval_s=10.0, expiry_sweep_interval_s=1.0)
+    net, machines = swarm(12, config)
+    owner = machines[0]
+    key = signed_key(owner.peer_id, "cfg")
+    op = owner.start_store(net.now, key, b"v", ttl_s=30.0)
+    net.flush()
+    assert net.done(owner.peer_id, op).ok  # type: ignore[union-attr]
+    net.run(45.0, step=0.5)  # past the first issue's 30 s: alive because the owner re-issued it
+    held = [m.held_record(net.now, key) for m in machines[1:]]
+    assert sum(r is not None for r in held) >= 5
+    assert max(r.issued_at_ms for r in held if r is not None) > 0
+    net.down.add(owner.peer_id)
+    del net.machines[owner.peer_id]
+    net.run(31.0, step=0.5)  # holders keep republishing among themselves, but nobody can re-sign
+    assert all(m.held_record(net.now, key) is None for m in machines[1:])
+
+
+def test_an_unsigned_key_squatted_at_the_clock_limit_is_taken_back_by_a_later_store() -> None:
+    config = dataclasses.replace(DHTConfig.local(), max_clock_skew_s=5.0)
+    net, machines = swarm(10, config)
+    squatter, honest = machines[1], machines[2]
+    op = squatter.start_store(net.now, b"open", b"squat", version=MAX_VERSION)
+    net.flush()
+    assert net.done(squatter.peer_id, op).accepted == 0  # type: ignore[union-attr]
+    op = squatter.start_store(net.now, b"open", b"squat", version=5_000)  # the furthest anyone accepts
+    net.flush()
+    assert net.done(squatter.peer_id, op).ok  # type: ignore[union-attr]
+    net.run(6.0, step=0.5)
+    op = honest.start_store(net.now, b"open", b"ours")  # version: the current time
+    net.flush()
+    assert net.done(honest.peer_id, op).ok  # type: ignore[union-attr]
+    op = machines[5].start_get(net.now, b"open")
+    net.flush()
+    found = net.done(machines[5].peer_id, op)
+    assert found is not None and found.record is not None and found.record.value == b"ours"  # type: ignore[attr-defined]
 
 
 def test_statistics_is_a_frozen_snapshot() -> None:

@@ -10,7 +10,7 @@ import pytest
 from chaosp2p.clock import VirtualClock
 from chaosp2p.dht.contacts import AddressValidator
 from chaosp2p.dht.keys import MalformedKey, key_owner, signed_key, state_provider_key
-from chaosp2p.dht.messages import StoreStatus
+from chaosp2p.dht.messages import MAX_VERSION, StoreStatus
 from chaosp2p.dht.records import (
     RecordStore,
     check_record,
@@ -27,7 +27,7 @@ def ident(n: int) -> Identity:
     return Identity.from_seed(hashlib.sha256(b"records-test/%d" % n).digest())
 
 
-ALICE, BOB, CAROL = ident(1), ident(2), ident(3)
+ALICE, BOB, CAROL, MALLORY = ident(1), ident(2), ident(3), ident(4)
 ADDR = ("/ip4/10.0.0.1/tcp/4001",)
 
 
@@ -68,7 +68,7 @@ def test_state_provider_key_shape() -> None:
 
 
 def test_signing_payload_is_canonical_msgpack() -> None:
-    assert record_signing_payload(b"k", b"v", 3, 1000) == pack(["chaosp2p/dht/record/1", b"k", b"v", 3, 1000])
+    assert record_signing_payload(b"k", b"v", 3, 1000, 7) == pack(["chaosp2p/dht/record/2", b"k", b"v", 3, 1000, 7])
 
 
 # ------------------------------------------------------------------ signed records
@@ -76,7 +76,7 @@ def test_owner_signed_record_is_accepted_and_served_with_remaining_ttl() -> None
     clock = VirtualClock(100.0)
     store = new_store()
     key = signed_key(ALICE.peer_id, "x")
-    record = make_record(key, b"v1", version=1, ttl_ms=60_000, identity=ALICE)
+    record = make_record(key, b"v1", version=1, ttl_ms=60_000, issued_at_ms=100_000, identity=ALICE)
     assert store.put_record(clock.now(), record, BOB.peer_id) == (StoreStatus.OK, None)
     clock.advance(20.0)
     held = store.get_record(clock.now(), key)
@@ -122,15 +122,84 @@ def test_only_newer_versions_replace_a_signed_record() -> None:
     assert held is not None and held.version == 3
 
 
-def test_equal_record_refreshes_expiry_and_republish_clock() -> None:
+def test_equal_record_refreshes_the_republish_clock_but_never_the_life() -> None:
     store = new_store()
     record = make_record(b"k", b"v", version=1, ttl_ms=10_000)
     store.put_record(0.0, record, BOB.peer_id)
-    later = dataclasses.replace(record, remaining_ms=10_000)
+    later = dataclasses.replace(record, remaining_ms=10_000)  # a replay claiming the full TTL again
     assert store.put_record(8.0, later, CAROL.peer_id)[0] is StoreStatus.OK
-    assert store.get_record(15.0, b"k") is not None  # would have expired at 10 without the refresh
-    assert store.due_for_republish(15.0, 10.0) == ([], [])  # re-stored at 8: not due yet
-    assert store.get_record(18.0, b"k") is None
+    assert store.due_for_republish(9.9, 5.0) == ([], [])  # re-stored at 8: not due yet
+    assert store.get_record(9.9, b"k") is not None
+    assert store.get_record(10.0, b"k") is None  # issued at 0 with a 10 s TTL: gone at 10, replay or not
+
+
+# ------------------------------------------------------------------ lifetimes are signed (issue 10)
+def test_replaying_an_owners_signed_record_never_keeps_it_alive() -> None:
+    """Anyone may re-send Alice's last record with a fresh ``remaining_ms``; it still lapses on time."""
+    key = signed_key(ALICE.peer_id, "cfg")
+    record = make_record(key, b"v1", version=1, ttl_ms=10_000, issued_at_ms=0, identity=ALICE)
+    holder = new_store()
+    assert holder.put_record(0.0, record, ALICE.peer_id)[0] is StoreStatus.OK
+    for t in (3.0, 6.0, 9.0):  # a replayer keeps claiming the full TTL
+        replay = dataclasses.replace(record, remaining_ms=10_000)
+        assert holder.put_record(t, replay, MALLORY.peer_id)[0] is StoreStatus.OK
+    assert holder.get_record(10.0, key) is None
+    # A holder that never saw it (or forgot it) refuses the lapsed record outright.
+    for fresh_holder_time in (10.0, 500.0):
+        replay = dataclasses.replace(record, remaining_ms=10_000)
+        assert new_store().put_record(fresh_holder_time, replay, MALLORY.peer_id) == (StoreStatus.MALFORMED, None)
+    # Changing the issue time or TTL breaks the owner's signature.
+    forged = dataclasses.replace(record, issued_at_ms=9_000)
+    assert new_store().put_record(9.5, forged, MALLORY.peer_id)[0] is StoreStatus.BAD_SIGNATURE
+
+
+def test_only_the_owner_extends_a_signed_record_by_reissuing_it() -> None:
+    key = signed_key(ALICE.peer_id, "cfg")
+    first = make_record(key, b"v1", version=1, ttl_ms=10_000, issued_at_ms=0, identity=ALICE)
+    reissued = make_record(key, b"v1", version=1, ttl_ms=10_000, issued_at_ms=8_000, identity=ALICE)
+    store = new_store()
+    store.put_record(0.0, first, ALICE.peer_id)
+    assert store.put_record(8.0, reissued, ALICE.peer_id)[0] is StoreStatus.OK
+    assert store.put_record(8.5, first, MALLORY.peer_id)[0] is StoreStatus.OK  # the older issue changes nothing
+    held = store.get_record(12.0, key)
+    assert held is not None and held.issued_at_ms == 8_000
+    assert store.get_record(18.0, key) is None
+
+
+def test_records_issued_in_our_future_are_refused() -> None:
+    store = new_store(max_clock_skew_s=60.0)
+    key = signed_key(ALICE.peer_id, "cfg")
+    ahead = make_record(key, b"v", version=1, ttl_ms=10_000, issued_at_ms=61_000, identity=ALICE)
+    assert store.put_record(0.0, ahead, ALICE.peer_id)[0] is StoreStatus.MALFORMED
+    within_skew = make_record(key, b"v", version=1, ttl_ms=10_000, issued_at_ms=59_000, identity=ALICE)
+    assert store.put_record(0.0, within_skew, ALICE.peer_id)[0] is StoreStatus.OK
+
+
+def test_a_provider_record_replay_never_keeps_it_alive() -> None:
+    key = state_provider_key("run", 1)
+    record = make_provider_record(ALICE, key, ADDR, seq=0, ttl_ms=10_000, issued_at_ms=0)
+    store = new_store()
+    assert store.put_provider(0.0, record)[0] is StoreStatus.OK
+    assert store.put_provider(9.0, dataclasses.replace(record, remaining_ms=10_000))[0] is StoreStatus.OK
+    assert store.get_providers(10.0, key, 10) == []
+    assert new_store().put_provider(10.0, record)[0] is StoreStatus.MALFORMED
+
+
+def test_an_unsigned_key_cannot_be_squatted_at_a_huge_version() -> None:
+    """Unsigned versions are wall-clock times: one write at the maximum version cannot lock a key."""
+    store = new_store(max_clock_skew_s=60.0)
+    squat = make_record(b"open", b"mine", version=MAX_VERSION, ttl_ms=3_600_000)
+    assert store.put_record(0.0, squat, MALLORY.peer_id) == (StoreStatus.MALFORMED, None)
+    # The furthest a squatter gets is the skew ahead of our clock...
+    ahead = make_record(b"open", b"mine", version=60_000, ttl_ms=3_600_000)
+    assert store.put_record(0.0, ahead, MALLORY.peer_id)[0] is StoreStatus.OK
+    honest_now = make_record(b"open", b"ours", version=30_000, ttl_ms=3_600_000, issued_at_ms=30_000)
+    assert store.put_record(30.0, honest_now, BOB.peer_id)[0] is StoreStatus.STALE
+    # ...and once it stops re-writing, an honest write at the current time wins within the skew.
+    honest_later = make_record(b"open", b"ours", version=61_000, ttl_ms=3_600_000, issued_at_ms=61_000)
+    assert store.put_record(61.0, honest_later, BOB.peer_id)[0] is StoreStatus.OK
+    held = store.get_record(61.0, b"open")
+    assert held is not None and held.value == b"ours"
 
 
 def test_record_expires_on_the_virtual_clock_and_is_swept() -> None:

@@ -42,15 +42,20 @@ ALICE = Identity.from_seed(bytes([1]) * 32)
 BOB = Identity.from_seed(bytes([2]) * 32)
 ALICE_ADDR = "/ip4/127.0.0.1/tcp/4001"
 BOB_ADDR = "/ip4/127.0.0.1/tcp/4002"
+ISSUED_AT_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 
 
 def vector_objects() -> dict[str, Message | bytes]:
     """Every vector by name: a message, or raw bytes (signature payloads)."""
-    signed = make_record(signed_key(ALICE.peer_id, "cfg"), b"v1", version=1, ttl_ms=60_000, identity=ALICE)
+    signed = make_record(
+        signed_key(ALICE.peer_id, "cfg"), b"v1", version=1, ttl_ms=60_000, issued_at_ms=ISSUED_AT_MS, identity=ALICE
+    )
     served = Value(request_id=4, record=signed.__class__(**{**_fields(signed), "remaining_ms": 59_500}),
                    closer=(Contact(peer_id=BOB.peer_id, addrs=(BOB_ADDR,)),))
-    plain = make_record(b"plain-key", b"hello", version=0, ttl_ms=3_600_000)
-    provider = make_provider_record(ALICE, b"/prov/state/run1/7", (ALICE_ADDR,), seq=0, ttl_ms=600_000)
+    plain = make_record(b"plain-key", b"hello", version=ISSUED_AT_MS, ttl_ms=3_600_000, issued_at_ms=ISSUED_AT_MS)
+    provider = make_provider_record(
+        ALICE, b"/prov/state/run1/7", (ALICE_ADDR,), seq=0, ttl_ms=600_000, issued_at_ms=ISSUED_AT_MS
+    )
     return {
         "Ping": Ping(request_id=1, sender_addrs=(ALICE_ADDR,)),
         "Pong": Pong(request_id=1),
@@ -65,9 +70,11 @@ def vector_objects() -> dict[str, Message | bytes]:
         "AddProvider": AddProvider(request_id=8, sender_addrs=(ALICE_ADDR,), provider=provider),
         "GetProviders": GetProviders(request_id=9, sender_addrs=(), key=provider.key),
         "Providers": Providers(request_id=9, providers=(provider,), closer=()),
-        "record-signing-payload": record_signing_payload(signed.key, signed.value, signed.version, signed.ttl_ms),
+        "record-signing-payload": record_signing_payload(
+            signed.key, signed.value, signed.version, signed.ttl_ms, signed.issued_at_ms
+        ),
         "provider-signing-payload": provider_signing_payload(
-            provider.key, provider.provider, provider.addrs, provider.seq, provider.ttl_ms
+            provider.key, provider.provider, provider.addrs, provider.seq, provider.ttl_ms, provider.issued_at_ms
         ),
     }
 
