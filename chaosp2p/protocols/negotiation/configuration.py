@@ -1,0 +1,637 @@
+"""Configurations of a training run and everything derived from them, as pure functions.
+
+A :class:`Configuration` C_e is what the members of a run agree on for epoch ``e``: who is in the
+run (with incarnations and measured training throughput), each member's share of the global batch,
+a snapshot of the links between members (up/down, bandwidth, RTT), the run parameters, a seed, and
+the first training step it governs (``activation_step``). Its ``digest`` is the SHA-256 of its
+canonical msgpack encoding, so two peers holding the same digest hold the same configuration.
+
+C_{e+1} = :func:`next_configuration` (C_e, committed operations, activation step) is a pure
+function: every member computes it locally from the decided value and checks the digest. So are
+:func:`ring_order` (the all-reduce ring), :func:`quorum` and :func:`compute_shares`.
+
+Performance: configurations of 1024 members are rebuilt on every commit, so members are stored
+column-wise (sorted PeerIDs, incarnations, throughputs, shares), lookups bisect the sorted raw ids,
+and :attr:`Configuration.members` (one :class:`MemberEntry` per member) is built lazily.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaosp2p.protocols.negotiation.config import MAX_STEP
+from chaosp2p.protocols.negotiation.operations import (
+    DIGEST_BYTES,
+    WIRE_MAX_LINKS,
+    WIRE_MAX_MEMBERS,
+    WIRE_MAX_RATE,
+    WIRE_MAX_RTT_S,
+    Operation,
+    OpKind,
+    apply_order,
+    check_count,
+    check_number,
+    check_run,
+    check_uint,
+    reject,
+)
+from chaosp2p.wire.framing import pack, unpack
+from chaosp2p.wire.identity import PeerID
+
+_CONFIG_DOMAIN = "chaosp2p/negotiation/config/1"
+MODES = ("sync", "diloco")
+MAX_OP_AGE_EPOCHS = 256
+"""An operation raised at epoch E applies only to configurations of epoch <= E + this (a protocol
+constant, not a setting: every member must judge an operation the same way). Departed members are
+remembered as long, so a replayed JOIN cannot re-admit a peer that left or failed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunParams:
+    """Parameters of a run that do not change with membership."""
+
+    global_batch: int
+    """Samples per step over all members (each member gets >= 1)."""
+    mode: str = "sync"
+    """``"sync"`` (average every step) or ``"diloco"`` (average every ``local_steps``)."""
+    local_steps: int = 1
+
+    def validate(self) -> None:
+        """Reject nonsense parameters."""
+        check_uint(self.global_batch, "global_batch")
+        if self.global_batch < 1:
+            raise reject("global_batch must be >= 1")
+        if self.mode not in MODES:
+            raise reject(f"mode must be one of {MODES}")
+        check_uint(self.local_steps, "local_steps")
+        if self.local_steps < 1:
+            raise reject("local_steps must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberEntry:
+    """One member of a configuration."""
+
+    peer_id: PeerID
+    incarnation: int
+    throughput_samples_per_s: float
+    batch_share: int
+    """Samples of the global batch this member computes per step."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkEntry:
+    """The link between members ``a`` < ``b`` as last agreed."""
+
+    a: PeerID
+    b: PeerID
+    up: bool
+    bandwidth_bytes_per_s: float = 0.0
+    """0 = unknown."""
+    rtt_s: float = 0.0
+    """0 = unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DepartedEntry:
+    """A member removed at ``epoch`` while at ``incarnation`` (kept MAX_OP_AGE_EPOCHS epochs)."""
+
+    peer_id: PeerID
+    incarnation: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Configuration:
+    """C_e: the agreed state of one run for epoch ``epoch`` (see the module docstring)."""
+
+    run: str
+    epoch: int
+    activation_step: int
+    """The first training step this configuration governs."""
+    peers: tuple[PeerID, ...]
+    """Members, sorted by PeerID bytes."""
+    incarnations: tuple[int, ...]
+    throughputs: tuple[float, ...]
+    shares: tuple[int, ...]
+    links: tuple[LinkEntry, ...]
+    """Sorted by (a, b)."""
+    params: RunParams
+    seed: int
+    digest: bytes
+    departed: tuple[DepartedEntry, ...] = ()
+    """Recently removed members, sorted by PeerID: a JOIN must use a higher incarnation."""
+    _raws: tuple[bytes, ...] = field(default=(), init=False, repr=False, compare=False)
+    _link_keys: tuple[bytes, ...] = field(default=(), init=False, repr=False, compare=False)
+    _departed_raws: tuple[bytes, ...] = field(default=(), init=False, repr=False, compare=False)
+    _members: tuple[MemberEntry, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_raws", tuple(p.raw for p in self.peers))
+        object.__setattr__(self, "_link_keys", tuple(link.a.raw + link.b.raw for link in self.links))
+        object.__setattr__(self, "_departed_raws", tuple(d.peer_id.raw for d in self.departed))
+
+    # ------------------------------------------------------------------ lookups
+    @property
+    def members(self) -> tuple[MemberEntry, ...]:
+        """One entry per member, sorted by PeerID (built on first use)."""
+        members = self._members
+        if members is None:
+            members = tuple(
+                MemberEntry(peer_id=p, incarnation=i, throughput_samples_per_s=t, batch_share=s)
+                for p, i, t, s in zip(self.peers, self.incarnations, self.throughputs, self.shares, strict=True)
+            )
+            object.__setattr__(self, "_members", members)
+        return members
+
+    def __len__(self) -> int:
+        return len(self.peers)
+
+    def index_of(self, peer: PeerID) -> int:
+        """Position of ``peer`` among the members, or -1."""
+        raws = self._raws
+        i = bisect.bisect_left(raws, peer.raw)
+        return i if i < len(raws) and raws[i] == peer.raw else -1
+
+    def has_member(self, peer: PeerID) -> bool:
+        """Is ``peer`` a member?"""
+        return self.index_of(peer) >= 0
+
+    def incarnation_of(self, peer: PeerID) -> int | None:
+        """The member's incarnation, or None if it is not a member."""
+        i = self.index_of(peer)
+        return None if i < 0 else self.incarnations[i]
+
+    def member(self, peer: PeerID) -> MemberEntry | None:
+        """The member's entry, or None."""
+        i = self.index_of(peer)
+        return None if i < 0 else self.members[i]
+
+    def link(self, a: PeerID, b: PeerID) -> LinkEntry | None:
+        """The agreed link between ``a`` and ``b`` (either order), or None."""
+        key = a.raw + b.raw if a.raw < b.raw else b.raw + a.raw
+        keys = self._link_keys
+        i = bisect.bisect_left(keys, key)
+        return self.links[i] if i < len(keys) and keys[i] == key else None
+
+    def departed_incarnation(self, peer: PeerID) -> int | None:
+        """The incarnation ``peer`` had when it was removed (if within MAX_OP_AGE_EPOCHS), or None."""
+        raws = self._departed_raws
+        i = bisect.bisect_left(raws, peer.raw)
+        return self.departed[i].incarnation if i < len(raws) and raws[i] == peer.raw else None
+
+    @property
+    def quorum(self) -> int:
+        """Majority of the members."""
+        return quorum(self)
+
+    # ------------------------------------------------------------------ encoding
+    def body(self) -> list[Any]:
+        """The canonical array the digest covers."""
+        return [
+            self.run,
+            self.epoch,
+            self.activation_step,
+            list(self._raws),
+            list(self.incarnations),
+            [float(t) for t in self.throughputs],
+            list(self.shares),
+            [[lk.a.raw, lk.b.raw, lk.up, float(lk.bandwidth_bytes_per_s), float(lk.rtt_s)] for lk in self.links],
+            [self.params.global_batch, self.params.mode, self.params.local_steps],
+            self.seed,
+            [[d.peer_id.raw, d.incarnation, d.epoch] for d in self.departed],
+        ]
+
+    def encode(self) -> bytes:
+        """The wire form: the canonical array followed by the digest."""
+        return pack([*self.body(), self.digest])
+
+
+def _digest(body: list[Any]) -> bytes:
+    return hashlib.sha256(pack([_CONFIG_DOMAIN, *body])).digest()
+
+
+def quorum(config: Configuration) -> int:
+    """A majority of ``config``'s members: len // 2 + 1."""
+    return len(config.peers) // 2 + 1
+
+
+def compute_shares(throughputs: Sequence[float], global_batch: int) -> tuple[int, ...]:
+    """Batch shares proportional to throughput by largest remainder, every member >= 1 sample.
+
+    If the global batch is smaller than the member count every member gets 1 (the effective batch
+    grows to the member count). Ties in the remainder go to the earlier member (smaller PeerID).
+    """
+    n = len(throughputs)
+    if n == 0:
+        return ()
+    if global_batch <= n:
+        return (1,) * n
+    spare = global_batch - n
+    first = throughputs[0]
+    if all(t == first for t in throughputs):
+        base, extra = divmod(spare, n)
+        return tuple(1 + base + (1 if i < extra else 0) for i in range(n))
+    total = float(sum(throughputs))
+    quotas = [spare * t / total for t in throughputs]
+    floors = [int(q) for q in quotas]
+    left = spare - sum(floors)
+    if left > 0:
+        order = sorted(range(n), key=lambda i: (floors[i] - quotas[i], i))
+        for i in order[:left]:
+            floors[i] += 1
+    return tuple(1 + f for f in floors)
+
+
+def derive_seed(previous_seed: int, epoch: int, previous_digest: bytes) -> int:
+    """The seed of epoch ``epoch`` from the previous configuration's seed and digest."""
+    data = previous_seed.to_bytes(8, "big") + epoch.to_bytes(8, "big") + previous_digest
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big") >> 1
+
+
+def make_configuration(
+    *,
+    run: str,
+    epoch: int,
+    activation_step: int,
+    peers: Sequence[PeerID],
+    incarnations: Sequence[int],
+    throughputs: Sequence[float],
+    links: Sequence[LinkEntry],
+    params: RunParams,
+    seed: int,
+    shares: Sequence[int] | None = None,
+    departed: Sequence[DepartedEntry] = (),
+) -> Configuration:
+    """Build a configuration (peers already sorted), computing shares if not given, and the digest."""
+    shares_t = tuple(shares) if shares is not None else compute_shares(throughputs, params.global_batch)
+    config = Configuration(
+        run=run,
+        epoch=epoch,
+        activation_step=activation_step,
+        peers=tuple(peers),
+        incarnations=tuple(incarnations),
+        throughputs=tuple(float(t) for t in throughputs),
+        shares=shares_t,
+        links=tuple(links),
+        params=params,
+        seed=seed,
+        digest=b"",
+        departed=tuple(departed),
+    )
+    object.__setattr__(config, "digest", _digest(config.body()))
+    return config
+
+
+def genesis_configuration(
+    run: str, founder: PeerID, *, incarnation: int, throughput: float, params: RunParams
+) -> Configuration:
+    """C_0 of a new run: the founder alone, governing from step 0."""
+    seed = int.from_bytes(hashlib.sha256(run.encode() + founder.raw).digest()[:8], "big") >> 1
+    return make_configuration(
+        run=run,
+        epoch=0,
+        activation_step=0,
+        peers=(founder,),
+        incarnations=(incarnation,),
+        throughputs=(throughput,),
+        links=(),
+        params=params,
+        seed=seed,
+    )
+
+
+# ---------------------------------------------------------------------------------- validity
+def check_operation(op: Operation, config: Configuration) -> str | None:
+    """Why ``op`` may not apply to ``config`` (a rejection reason), or None if it may.
+
+    This is the deterministic rule every acceptor applies: the same operation and configuration
+    give the same answer everywhere.
+    """
+    if op.run != config.run:
+        return "wrong_run"
+    if op.epoch > config.epoch:
+        return "future_epoch"
+    if op.epoch + MAX_OP_AGE_EPOCHS < config.epoch:
+        return "too_old"
+    kind = op.kind
+    if kind is OpKind.FAIL:
+        if op.origin == op.subject or not config.has_member(op.origin):
+            return "forged_origin"
+        held = config.incarnation_of(op.subject)
+        if held is None:
+            return "subject_not_member"
+        return "stale_incarnation" if op.incarnation < held else None
+    if kind in (OpKind.LINK_UP, OpKind.LINK_DOWN):
+        other = op.other
+        if other is None or (op.origin != op.subject and op.origin != other):
+            return "forged_origin"
+        if not (config.has_member(op.subject) and config.has_member(other)):
+            return "subject_not_member"
+        return None if config.incarnation_of(op.origin) == op.incarnation else "stale_incarnation"
+    if op.origin != op.subject:
+        return "forged_origin"
+    held = config.incarnation_of(op.subject)
+    if kind is OpKind.JOIN:
+        if held is not None:
+            return None if held < op.incarnation else "already_member"
+        gone = config.departed_incarnation(op.subject)
+        return None if gone is None or gone < op.incarnation else "replayed"
+    if held is None:
+        return "subject_not_member"
+    if kind is OpKind.LEAVE:
+        return "stale_incarnation" if op.incarnation < held else None
+    return None if op.incarnation == held else "stale_incarnation"  # THROUGHPUT
+
+
+# ---------------------------------------------------------------------------------- next epoch
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppliedOp:
+    """What became of one operation of a committed batch."""
+
+    op_id: bytes
+    op: Operation
+    applied: bool
+    """False if incarnation precedence dropped it or it no longer applied when its turn came."""
+
+
+def next_configuration(
+    prev: Configuration, ops: Iterable[tuple[bytes, Operation]], activation_step: int
+) -> tuple[Configuration, tuple[AppliedOp, ...]]:
+    """C_{e+1} from C_e, the committed operations (with their ids) and the activation step.
+
+    Operations are assumed to have passed :func:`check_operation` against ``prev``; each is checked
+    again against the configuration as it evolves (an op about a member removed earlier in the
+    same batch, a second FAIL of one subject, a link to a removed member are skipped).
+    """
+    ordered, dropped = apply_order(ops)
+    raws = list(prev._raws)
+    peers = list(prev.peers)
+    incs = list(prev.incarnations)
+    thrs = list(prev.throughputs)
+    links: dict[bytes, LinkEntry] | None = None
+    removed: set[bytes] = set()
+    departed = {d.peer_id.raw: d for d in prev.departed if d.epoch + MAX_OP_AGE_EPOCHS >= prev.epoch + 1}
+    departed_changed = len(departed) != len(prev.departed)
+    members_changed = False
+    results: list[AppliedOp] = [AppliedOp(op_id=i, op=op, applied=False) for i, op in _dropped(ops, dropped)]
+    for ident, op in ordered:
+        raw = op.subject.raw
+        i = bisect.bisect_left(raws, raw)
+        present = i < len(raws) and raws[i] == raw
+        applied = False
+        kind = op.kind
+        if kind is OpKind.FAIL or kind is OpKind.LEAVE:
+            if present and op.incarnation >= incs[i]:
+                departed[raw] = DepartedEntry(peer_id=peers[i], incarnation=incs[i], epoch=prev.epoch + 1)
+                del raws[i], peers[i], incs[i], thrs[i]
+                removed.add(raw)
+                members_changed = applied = departed_changed = True
+        elif kind is OpKind.JOIN:
+            if present and incs[i] < op.incarnation:
+                incs[i] = op.incarnation
+                thrs[i] = op.throughput_samples_per_s
+                members_changed = applied = True
+            elif not present:
+                raws.insert(i, raw)
+                peers.insert(i, op.subject)
+                incs.insert(i, op.incarnation)
+                thrs.insert(i, op.throughput_samples_per_s)
+                removed.discard(raw)
+                if departed.pop(raw, None) is not None:
+                    departed_changed = True
+                members_changed = applied = True
+        elif kind is OpKind.THROUGHPUT:
+            if present and incs[i] == op.incarnation:
+                thrs[i] = op.throughput_samples_per_s
+                members_changed = applied = True
+        else:
+            other = op.other
+            assert other is not None
+            j = bisect.bisect_left(raws, other.raw)
+            if present and j < len(raws) and raws[j] == other.raw:
+                if links is None:
+                    links = {k: lk for k, lk in zip(prev._link_keys, prev.links, strict=True)}
+                up = kind is OpKind.LINK_UP
+                old = links.get(raw + other.raw)
+                if up or old is None:
+                    bandwidth, rtt = op.bandwidth_bytes_per_s, op.rtt_s
+                else:  # a link that goes down keeps its last figures
+                    bandwidth, rtt = old.bandwidth_bytes_per_s, old.rtt_s
+                links[raw + other.raw] = LinkEntry(
+                    a=op.subject, b=other, up=up, bandwidth_bytes_per_s=bandwidth, rtt_s=rtt
+                )
+                applied = True
+        results.append(AppliedOp(op_id=ident, op=op, applied=applied))
+    if removed:
+        if links is None:
+            links = {k: lk for k, lk in zip(prev._link_keys, prev.links, strict=True)}
+        links = {k: lk for k, lk in links.items() if lk.a.raw not in removed and lk.b.raw not in removed}
+    link_tuple = prev.links if links is None else tuple(links[k] for k in sorted(links))
+    epoch = prev.epoch + 1
+    config = make_configuration(
+        run=prev.run,
+        epoch=epoch,
+        activation_step=activation_step,
+        peers=peers,
+        incarnations=incs,
+        throughputs=thrs,
+        links=link_tuple,
+        params=prev.params,
+        seed=derive_seed(prev.seed, epoch, prev.digest),
+        shares=None if members_changed else prev.shares,
+        departed=tuple(departed[k] for k in sorted(departed)) if departed_changed else prev.departed,
+    )
+    return config, tuple(results)
+
+
+def _dropped(ops: Iterable[tuple[bytes, Operation]], dropped: set[bytes]) -> list[tuple[bytes, Operation]]:
+    if not dropped:
+        return []
+    return [(i, op) for i, op in ops if i in dropped]
+
+
+# ---------------------------------------------------------------------------------- ring
+def ring_order(config: Configuration) -> tuple[PeerID, ...]:
+    """The all-reduce ring: a greedy bottleneck heuristic over the link snapshot.
+
+    Start at the smallest PeerID; repeatedly go to the unvisited member joined to the current one
+    by the widest agreed link that is better than an unmeasured one, else to the next unvisited
+    member in PeerID order whose link to the current one is not known to be down (else simply the
+    next unvisited). Unknown bandwidths count as equal (the median of the known ones). Runs in
+    O(members + links) and is deterministic.
+    """
+    peers = config.peers
+    n = len(peers)
+    if n <= 2:
+        return peers
+    index = {p.raw: i for i, p in enumerate(peers)}
+    known = sorted(lk.bandwidth_bytes_per_s for lk in config.links if lk.up and lk.bandwidth_bytes_per_s > 0)
+    unknown_bw = known[len(known) // 2] if known else 1.0
+    better: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+    down: list[set[int]] = [set() for _ in range(n)]
+    for lk in config.links:
+        ia, ib = index.get(lk.a.raw), index.get(lk.b.raw)
+        if ia is None or ib is None:
+            continue
+        if not lk.up:
+            down[ia].add(ib)
+            down[ib].add(ia)
+        elif lk.bandwidth_bytes_per_s > unknown_bw:
+            better[ia].append((-lk.bandwidth_bytes_per_s, ib))
+            better[ib].append((-lk.bandwidth_bytes_per_s, ia))
+    for candidates in better:
+        candidates.sort()
+    visited = [False] * n
+    order = [0]
+    visited[0] = True
+    cursor = 1  # every index below it is visited
+    current = 0
+    for _ in range(n - 1):
+        nxt = -1
+        for _, j in better[current]:
+            if not visited[j]:
+                nxt = j
+                break
+        if nxt < 0:
+            while visited[cursor]:
+                cursor += 1
+            nxt = cursor
+            if nxt in down[current]:
+                j = cursor + 1
+                while j < n and (visited[j] or j in down[current]):
+                    j += 1
+                if j < n:
+                    nxt = j
+        visited[nxt] = True
+        order.append(nxt)
+        current = nxt
+    return tuple(peers[i] for i in order)
+
+
+# ---------------------------------------------------------------------------------- decoding
+def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Configuration:
+    """Decode and check a configuration from the wire; a bad one is a RemoteProtocolError.
+
+    Counts are checked before anything is built, and the digest is recomputed: a configuration
+    whose digest does not match its content is refused.
+    """
+    obj = unpack(raw, max_bytes=len(raw))
+    if not isinstance(obj, list) or len(obj) != 12:
+        raise reject("configuration must be an array of 12 items")
+    run, epoch, step, raws, incs, thrs, shares, links, params, seed, gone, digest = obj
+    if type(run) is not str or type(epoch) is not int or type(step) is not int or type(seed) is not int:
+        raise reject("configuration header has wrong types")
+    check_run(run)
+    check_uint(epoch, "epoch")
+    check_uint(step, "activation_step")
+    if not 0 <= seed < (1 << 63):
+        raise reject("seed out of range")
+    if type(digest) is not bytes or len(digest) != DIGEST_BYTES:
+        raise reject("digest must be 32 bytes")
+    for column in (raws, incs, thrs, shares, links, params, gone):
+        if not isinstance(column, list):
+            raise reject("configuration columns must be arrays")
+    check_count(len(raws), min(max_members, WIRE_MAX_MEMBERS), "members")
+    check_count(len(links), min(max_links, WIRE_MAX_LINKS), "links")
+    check_count(len(gone), WIRE_MAX_MEMBERS, "departed members")
+    n = len(raws)
+    if not (len(incs) == len(thrs) == len(shares) == n):
+        raise reject("configuration columns differ in length")
+    try:
+        peers = tuple(PeerID(r) if type(r) is bytes else _bad_peer() for r in raws)
+    except ValueError:
+        raise reject("configuration member is not a PeerID") from None
+    if any(not raws[i] < raws[i + 1] for i in range(n - 1)):
+        raise reject("members must be sorted and distinct")
+    for value in incs:
+        if type(value) is not int:
+            raise reject("incarnation must be an int")
+        check_uint(value, "incarnation")
+    for value in thrs:
+        if type(value) is not float:
+            raise reject("throughput must be a float")
+        check_number(value, WIRE_MAX_RATE, "throughput")
+    for value in shares:
+        if type(value) is not int or not 1 <= value <= MAX_STEP:
+            raise reject("share must be a positive int")
+    link_entries = []
+    previous = b""
+    for item in links:
+        if not (isinstance(item, list) and len(item) == 5):
+            raise reject("link must be an array of 5")
+        a, b, up, bw, rtt = item
+        if type(a) is not bytes or type(b) is not bytes or type(up) is not bool:
+            raise reject("link has wrong types")
+        if type(bw) is not float or type(rtt) is not float:
+            raise reject("link figures must be floats")
+        check_number(bw, WIRE_MAX_RATE, "bandwidth")
+        check_number(rtt, WIRE_MAX_RTT_S, "rtt")
+        if not a < b or not previous < a + b:
+            raise reject("links must be sorted, with a < b")
+        previous = a + b
+        try:
+            link_entries.append(LinkEntry(a=PeerID(a), b=PeerID(b), up=up, bandwidth_bytes_per_s=bw, rtt_s=rtt))
+        except ValueError:
+            raise reject("link endpoint is not a PeerID") from None
+    if len(params) != 3 or type(params[0]) is not int or type(params[1]) is not str or type(params[2]) is not int:
+        raise reject("run params must be [int, str, int]")
+    run_params = RunParams(global_batch=params[0], mode=params[1], local_steps=params[2])
+    run_params.validate()
+    departed = []
+    previous = b""
+    for item in gone:
+        if not (isinstance(item, list) and len(item) == 3 and type(item[0]) is bytes):
+            raise reject("departed entry must be [PeerID, int, int]")
+        if type(item[1]) is not int or type(item[2]) is not int or not previous < item[0]:
+            raise reject("departed entries must be sorted, with int fields")
+        check_uint(item[1], "departed incarnation")
+        check_uint(item[2], "departed epoch")
+        previous = item[0]
+        try:
+            departed.append(DepartedEntry(peer_id=PeerID(item[0]), incarnation=item[1], epoch=item[2]))
+        except ValueError:
+            raise reject("departed entry is not a PeerID") from None
+    config = make_configuration(
+        run=run,
+        epoch=epoch,
+        activation_step=step,
+        peers=peers,
+        incarnations=incs,
+        throughputs=thrs,
+        links=link_entries,
+        params=run_params,
+        seed=seed,
+        shares=shares,
+        departed=departed,
+    )
+    if config.digest != digest:
+        raise reject("configuration digest does not match its content")
+    return config
+
+
+def _bad_peer() -> PeerID:
+    raise ValueError("not bytes")
+
+
+__all__ = [
+    "MAX_OP_AGE_EPOCHS",
+    "AppliedOp",
+    "Configuration",
+    "DepartedEntry",
+    "LinkEntry",
+    "MemberEntry",
+    "RunParams",
+    "check_operation",
+    "compute_shares",
+    "decode_configuration",
+    "genesis_configuration",
+    "make_configuration",
+    "next_configuration",
+    "quorum",
+    "ring_order",
+]

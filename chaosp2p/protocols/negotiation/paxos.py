@@ -1,0 +1,219 @@
+"""Per-run bookkeeping of the negotiation machine and the pure rules of its Paxos instances.
+
+One single-decree Paxos instance decides each epoch: instance e+1 chooses the *value* (operations,
+activation step S) that turns C_e into C_{e+1}; its acceptors are the members of C_e and a quorum is
+a majority of them. This module holds the mutable records (:class:`RunRecord`, the acceptor and
+proposer state inside it) and the two decisions a proposer makes -- which value it may propose
+after phase 1 (:func:`choose_value`) and from which step a fresh value applies
+(:func:`activation_step`). The machine (``machine.py``) moves messages; the reasoning is here.
+
+Safety of skipping an accepted value ("dead" values). Paxos obliges a proposer to re-propose the
+highest-ballot value reported in its quorum of promises. An acceptor accepts a value with
+activation step S only if it has not completed S, and once it accepted it does not complete S
+until it learns the decision (the training layer checks ``config_for_step`` before finishing a
+step). Hence if a value with step S was ever chosen by a quorum Q, every promise from a member of Q
+reports ``completed < S``, so at most n - q promises for one ballot can report ``completed >= S``.
+Conversely, when n - q + 1 promises for our ballot report ``completed >= S`` for the highest
+accepted value v, v was never chosen (and no lower-ballot value was either, since v was safe at its
+ballot): any value is safe, and the proposer proposes a fresh one with S past those steps. This is
+how "a member already past S refuses, and S is raised" stays compatible with Paxos.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from chaosp2p.protocols.negotiation.config import NegotiationConfig
+from chaosp2p.protocols.negotiation.configuration import Configuration, quorum
+from chaosp2p.protocols.negotiation.messages import Ballot, CommitRecord, Value
+from chaosp2p.protocols.negotiation.operations import Operation, OpKind
+from chaosp2p.protocols.negotiation.state import ProposerPhase, RunState
+from chaosp2p.wire.identity import PeerID
+
+
+@dataclass(slots=True)
+class PromiseInfo:
+    """What one promise told the proposer."""
+
+    accepted_ballot: Ballot | None
+    accepted_value: Value | None
+    entered: int
+    completed: int
+    step_time_s: float
+
+
+@dataclass(slots=True)
+class ProposerRecord:
+    """This peer's proposer for the open instance of one run."""
+
+    phase: ProposerPhase = ProposerPhase.IDLE
+    ballot: Ballot | None = None
+    value: Value | None = None
+    value_ids: tuple[bytes, ...] = ()
+    promises: dict[bytes, PromiseInfo] = field(default_factory=dict)
+    accepted_by: set[bytes] = field(default_factory=set)
+    refused: dict[bytes, int] = field(default_factory=dict)
+    """Acceptors that refused our current value (completed >= S), with their completed step."""
+    refusers: set[bytes] = field(default_factory=set)
+    """Everyone who refused any of our values in this instance (worth waiting for in phase 1)."""
+    max_round: int = 0
+    """Highest round seen in this instance (ours or others')."""
+    fast_used: bool = False
+    retry_at: float | None = None
+    started_at: float = 0.0
+
+
+@dataclass(slots=True)
+class JoinRecord:
+    """A newcomer's attempt to be admitted."""
+
+    incarnation: int
+    throughput: float
+    sponsors: list[PeerID]
+    """Members to ask, in order; the first is the sponsor named by the caller."""
+    attempt: int = 0
+    retry_at: float | None = None
+    op: Operation | None = None
+    request_id: int = 0
+    known: Configuration | None = None
+    """The configuration the last RUN_INFO reported."""
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """Everything this peer knows about one run."""
+
+    run: str
+    state: RunState | None = None
+    config: Configuration | None = None
+    configs: list[Configuration] = field(default_factory=list)
+    """Recent configurations, oldest first (config_for_step looks back through them)."""
+    history: dict[int, CommitRecord] = field(default_factory=dict)
+    """Committed values by the epoch they produced (bounded by max_history)."""
+    applied: dict[bytes, int] = field(default_factory=dict)
+    """Op ids committed recently -> epoch (local replay filter for pending ops)."""
+    pending: dict[bytes, Operation] = field(default_factory=dict)
+    pending_removals: dict[bytes, int] = field(default_factory=dict)
+    """Subject raw id -> number of pending FAIL/LEAVE ops about it."""
+    incarnation: int = 0
+    """Our own incarnation in this run."""
+    # acceptor state of the open instance (epoch config.epoch + 1)
+    promised: Ballot | None = None
+    accepted_ballot: Ballot | None = None
+    accepted_value: Value | None = None
+    accepted_ids: tuple[bytes, ...] = ()
+    proposer: ProposerRecord = field(default_factory=ProposerRecord)
+    # progress reported by training
+    entered: int = -1
+    completed: int = -1
+    step_time_s: float = 0.0
+    last_completed_at: float | None = None
+    peer_entered: int = -1
+    peer_completed: int = -1
+    # timers
+    wake_at: float | None = None
+    """Start a proposal (or take over a stuck one) at this time if the instance is still open."""
+    activity_at: float | None = None
+    """Last time another proposer's PREPARE/ACCEPT for the open instance arrived."""
+    sync_at: float | None = None
+    join: JoinRecord | None = None
+    removed_reason: str = ""
+    encoded: bytes | None = None
+    """Cached wire form of ``config`` (RUN_INFO replies and snapshots)."""
+
+    @property
+    def epoch(self) -> int:
+        """Current epoch (-1 without a configuration)."""
+        return -1 if self.config is None else self.config.epoch
+
+    @property
+    def gate_step(self) -> int | None:
+        """The activation step of the accepted, undecided value, if any."""
+        value = self.accepted_value
+        return None if value is None else value.activation_step
+
+    def reset_instance(self) -> None:
+        """Forget the acceptor and proposer state of the instance that was just decided."""
+        self.promised = None
+        self.accepted_ballot = None
+        self.accepted_value = None
+        self.accepted_ids = ()
+        self.proposer = ProposerRecord()
+        self.activity_at = None
+        self.wake_at = None
+
+
+def is_dead(value: Value, promises: Iterable[PromiseInfo], config: Configuration) -> bool:
+    """True if enough promises (n - q + 1) report having completed the value's activation step."""
+    step = value.activation_step
+    past = sum(1 for p in promises if p.completed >= step)
+    return past >= len(config.peers) - quorum(config) + 1
+
+
+def choose_value(promises: dict[bytes, PromiseInfo], config: Configuration) -> tuple[Ballot | None, Value | None, bool]:
+    """Phase-1 outcome: (ballot, value) to re-propose, or (None, None) if any value is safe.
+
+    The third item says whether the highest accepted value was skipped as dead.
+    """
+    best: tuple[tuple[int, bytes], Ballot, Value] | None = None
+    for info in promises.values():
+        if info.accepted_ballot is not None and info.accepted_value is not None:
+            key = info.accepted_ballot.key()
+            if best is None or key > best[0]:
+                best = (key, info.accepted_ballot, info.accepted_value)
+    if best is None:
+        return None, None, False
+    if is_dead(best[2], promises.values(), config):
+        return None, None, True
+    return best[1], best[2], False
+
+
+def is_urgent(ops: Iterable[Operation]) -> bool:
+    """A batch that removes a member that cannot contribute (a FAIL): survivors redo the stuck step."""
+    return any(op.kind is OpKind.FAIL for op in ops)
+
+
+def activation_step(
+    *,
+    config: Configuration,
+    settings: NegotiationConfig,
+    ops: Iterable[Operation],
+    entered: Iterable[int],
+    completed: Iterable[int],
+    step_times: Iterable[float],
+) -> int:
+    """S for a fresh value.
+
+    S = max(max(entered) + margin, max(completed) + 1, C_e.activation_step) with
+    margin = 1 + ceil(decision_estimate_s / step_time_s), decision_estimate_s = 4 x the slowest RTT
+    in the link snapshot (default_rtt_s if none is known) + decision_floor_s, step_time_s the
+    median reported; ``default_margin_steps`` if no step time is known. An urgent batch (a FAIL)
+    uses margin 0 and no lower bound from C_e: S = max(max(entered), max(completed) + 1), so the
+    survivors redo the step the failed member left stuck.
+    """
+    max_entered = max(entered, default=-1)
+    max_completed = max(completed, default=-1)
+    if is_urgent(ops):
+        # No lower bound from C_e: if C_e activates later than the stuck step, the urgent value
+        # supersedes it (the configuration governing a step is the newest one activating at or
+        # before it), otherwise the survivors would wait forever under the old configuration.
+        return max(max_entered, max_completed + 1, 0)
+    else:
+        times = [t for t in step_times if t > 0.0]
+        if times:
+            rtt = max((lk.rtt_s for lk in config.links if lk.up), default=0.0)
+            estimate = 4.0 * max(rtt, settings.default_rtt_s) + settings.decision_floor_s
+            margin = 1 + math.ceil(estimate / statistics.median(times))
+        else:
+            margin = settings.default_margin_steps
+        margin = min(margin, settings.max_margin_steps)
+    return max(max_entered + margin, max_completed + 1, config.activation_step, 0)
+
+
+def coordinator(config: Configuration) -> PeerID | None:
+    """The member allowed to skip phase 1 at round 0 in the instance following ``config``."""
+    peers = config.peers
+    return peers[config.seed % len(peers)] if peers else None
