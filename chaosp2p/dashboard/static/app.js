@@ -1,6 +1,6 @@
 // chaosp2p dashboard: renders the feed of /api/events (Server-Sent Events) into the page.
 // Every string that comes from the swarm is untrusted: it only ever reaches the DOM through
-// textContent or setAttribute on inert attributes (title, data-*), never through innerHTML.
+// textContent or setAttribute on inert attributes (title, data-*), never through an HTML parser.
 "use strict";
 (() => {
   const SVG = "http://www.w3.org/2000/svg";
