@@ -80,9 +80,7 @@ def tag(step: int = 1, *, epoch: int = 0, digest: bytes = b"config-0") -> RoundT
     return RoundTag(run="run", epoch=epoch, config_digest=digest, step=step)
 
 
-async def run_all(
-    calls: Sequence[Callable[[], Any]], *, bound_s: float = 30.0
-) -> list[tuple[str, Any]]:
+async def run_all(calls: Sequence[Callable[[], Any]], *, bound_s: float = 30.0) -> list[tuple[str, Any]]:
     """Run the calls concurrently; each outcome is ("ok", value) or ("error", exception)."""
     outcomes: list[tuple[str, Any]] = [("pending", None)] * len(calls)
 
@@ -203,7 +201,7 @@ async def test_a_wrong_length_contribution_is_excluded() -> None:
 async def test_a_wrong_length_shard_owner_is_named_by_the_others() -> None:
     async with swarm(3) as s:
         members = s.by_peer()
-        buffers = make_buffers(2, 40_000, seed=3) + [np.ones(40_001, dtype=np.float32)]
+        buffers = [*make_buffers(2, 40_000, seed=3), np.ones(40_001, dtype=np.float32)]
         outcomes = await run_all([reduce_call(s, m, b) for m, b in zip(members, buffers, strict=True)])
         for kind, error in outcomes[:2]:
             assert kind == "error" and isinstance(error, RoundAborted), outcomes
@@ -325,7 +323,9 @@ async def test_compressed_wire_formats_stay_within_their_precision(wire_dtype: s
         members = s.by_peer()
         buffers = make_buffers(3, 70_000, seed=10)
         expected = weighted_mean(buffers, [1.0, 1.0, 1.0])
-        outcomes = await run_all([reduce_call(s, m, b, wire_dtype=wire_dtype) for m, b in zip(members, buffers, strict=True)])
+        outcomes = await run_all(
+            [reduce_call(s, m, b, wire_dtype=wire_dtype) for m, b in zip(members, buffers, strict=True)]
+        )
         assert [kind for kind, _ in outcomes] == ["ok"] * 3, outcomes
         for buffer in buffers:
             np.testing.assert_allclose(buffer, expected, rtol=tolerance, atol=tolerance)
