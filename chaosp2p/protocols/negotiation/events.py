@@ -74,6 +74,8 @@ class RemovedFromRun:
     run: str
     epoch: int
     reason: str
+    activation_step: int
+    """The first step this peer is not part of (a leaver trains until the step before it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -430,9 +430,10 @@ class NegotiationMachine:
         """The configuration governing ``step``, or None if the step is gated or not ours.
 
         The governing configuration is the newest committed one whose activation step is <= step.
+        A removed peer (a leaver) still gets the configurations of the steps before its removal.
         """
         rec = self._runs.get(run)
-        if rec is None or rec.state not in MEMBER_STATES:
+        if rec is None or (rec.state not in MEMBER_STATES and rec.state is not RunState.REMOVED):
             return None
         gate = rec.gate_step
         if gate is not None and step >= gate:
@@ -1215,7 +1216,9 @@ class NegotiationMachine:
         rec.pending_removals.clear()
         rec.reset_instance()
         rec.sync_at = None
-        self._events.append(RemovedFromRun(run=rec.run, epoch=rec.epoch, reason=reason))
+        config = rec.config
+        step = 0 if config is None else config.activation_step
+        self._events.append(RemovedFromRun(run=rec.run, epoch=rec.epoch, reason=reason, activation_step=step))
 
     # ================================================================== anti-entropy
     def _send_sync(self, now: float, rec: RunRecord) -> None:

@@ -13,7 +13,8 @@ Run states:
 * ``NEGOTIATING`` -- member; operations are pending (an instance is being or will be proposed).
 * ``GATED``       -- member that accepted a value for the open instance: it does not begin the
   value's activation step until the instance is decided.
-* ``REMOVED``     -- not a member any more (left, failed, or removed while partitioned away).
+* ``REMOVED``     -- not in the newest configuration (left, failed, or removed while partitioned
+  away); a leaver still trains the steps before that configuration's activation step.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ TRANSITIONS: dict[tuple[RunState | None, RunEvent], RunState] = {
     (S, RunEvent.REPORT_STEP): S,
     (N, RunEvent.REPORT_STEP): N,
     (G, RunEvent.REPORT_STEP): G,
+    (R, RunEvent.REPORT_STEP): R,
     (S, RunEvent.COMMIT): S,
     (N, RunEvent.COMMIT): S,
     (G, RunEvent.COMMIT): S,
