@@ -126,6 +126,9 @@ class RoundTag:
     config_digest: bytes
     step: int
     phase: RoundPhase = RoundPhase.GRADIENTS
+    attempt: int = 0
+    """Rounds of the same step under the same configuration that failed before this one (a round
+    that failed is final; members that retry it without a configuration change count up)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.phase, RoundPhase):  # a plain int from a caller
@@ -139,14 +142,16 @@ class RoundTag:
             raise _reject(f"config digest longer than {WIRE_MAX_DIGEST_BYTES} bytes")
         _check_u64(self.epoch, "epoch")
         _check_u64(self.step, "step")
+        _check_u64(self.attempt, "attempt")
 
     @property
-    def order(self) -> tuple[int, int, int]:
+    def order(self) -> tuple[int, int, int, int]:
         """Position of the round within its run: later rounds compare greater."""
-        return (self.epoch, self.step, int(self.phase))
+        return (self.epoch, self.step, int(self.phase), self.attempt)
 
     def __str__(self) -> str:
-        return f"{self.run}@e{self.epoch}/s{self.step}/{self.phase.name.lower()}/{self.config_digest.hex()[:8]}"
+        retry = f"/a{self.attempt}" if self.attempt else ""
+        return f"{self.run}@e{self.epoch}/s{self.step}/{self.phase.name.lower()}{retry}/{self.config_digest.hex()[:8]}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
