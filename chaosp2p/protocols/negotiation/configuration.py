@@ -460,10 +460,10 @@ def ring_order(config: Configuration) -> tuple[PeerID, ...]:
     """The all-reduce ring: a greedy bottleneck heuristic over the link snapshot.
 
     Start at the smallest PeerID; repeatedly go to the unvisited member joined to the current one
-    by the widest agreed link that is better than an unmeasured one, else to the next unvisited
-    member in PeerID order whose link to the current one is not known to be down (else simply the
-    next unvisited). Unknown bandwidths count as equal (the median of the known ones). Runs in
-    O(members + links) and is deterministic.
+    by the widest agreed link at least as good as an unmeasured one, else to the next unvisited
+    member in PeerID order whose link to the current one is neither down nor known to be narrower
+    (else simply the next unvisited). Unknown bandwidths count as equal: the median of the known
+    ones. Runs in O(members + links) and is deterministic.
     """
     peers = config.peers
     n = len(peers)
@@ -478,10 +478,10 @@ def ring_order(config: Configuration) -> tuple[PeerID, ...]:
         ia, ib = index.get(lk.a.raw), index.get(lk.b.raw)
         if ia is None or ib is None:
             continue
-        if not lk.up:
-            down[ia].add(ib)
+        if not lk.up or 0 < lk.bandwidth_bytes_per_s < unknown_bw:
+            down[ia].add(ib)  # down, or known to be narrower than an unmeasured link is assumed
             down[ib].add(ia)
-        elif lk.bandwidth_bytes_per_s > unknown_bw:
+        elif lk.bandwidth_bytes_per_s >= unknown_bw:
             better[ia].append((-lk.bandwidth_bytes_per_s, ib))
             better[ib].append((-lk.bandwidth_bytes_per_s, ia))
     for candidates in better:

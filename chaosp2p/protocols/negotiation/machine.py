@@ -938,9 +938,14 @@ class NegotiationMachine:
         if prop.ballot is not None and prop.phase is not _IDLE and prop.ballot.key() < ballot.key():
             self._abandon(now, rec)
         prop.max_round = max(prop.max_round, ballot.round)
+        first = rec.activity_at is None
         rec.activity_at = now
-        rank = min(self._rank_of_self(rec), 8)
-        rec.wake_at = now + self.config.decision_timeout_s * (1.0 + 0.5 * rank) * self._jitter()
+        if first or rec.wake_at is None:
+            # Counted from the first sign of the instance, not postponed by later ones: a proposer
+            # that keeps retrying without success (say it cannot hear the answers) must not keep
+            # everyone else from finishing the instance.
+            rank = min(self._rank_of_self(rec), 8)
+            rec.wake_at = now + self.config.decision_timeout_s * (1.0 + 0.5 * rank) * self._jitter()
 
     def _on_accept(self, now: float, sender: PeerID, msg: Accept) -> None:
         rec = self._instance(now, sender, msg.run, msg.epoch)
@@ -1139,6 +1144,7 @@ class NegotiationMachine:
         old = rec.config
         assert old is not None
         was_gated = rec.accepted_value is not None
+        self._abandon(now, rec)  # a decision learned from elsewhere ends our own proposal
         self._install(rec, new_config)
         rec.history[record.epoch] = record
         rec.history.pop(record.epoch - self.config.max_history, None)
@@ -1333,6 +1339,7 @@ class NegotiationMachine:
             self._reject(rec.run, "not_member", sender)
             return
         was_gated = rec.accepted_value is not None
+        self._abandon(now, rec)
         self._count("snapshots_adopted")
         rec.configs.clear()
         rec.history.clear()

@@ -562,3 +562,77 @@ class NegotiationSwarm:
             last[key] = max(last.get(key, 0.0), at)
             detected[key] = event.detected_at
         return sorted(last[k] - detected[k] for k in last)
+
+
+class ManualNet:
+    """Machines wired by hand, for unit tests: nothing moves until the test says so.
+
+    ``deliver()`` hands every queued message to its receiver (optionally dropping some), ``advance``
+    moves the shared clock and fires due timers; events are collected per peer.
+    """
+
+    def __init__(self, machines: Iterable[NegotiationMachine], *, now: float = 0.0) -> None:
+        self.now = now
+        self.machines: dict[PeerID, NegotiationMachine] = {m.local_peer: m for m in machines}
+        self.crashed: set[PeerID] = set()
+        self.queue: list[tuple[PeerID, Outgoing]] = []
+        self.events: dict[PeerID, list[NegotiationEvent]] = {p: [] for p in self.machines}
+        self.delivered: list[tuple[PeerID, PeerID, Message]] = []
+
+    def collect(self) -> None:
+        """Move every machine's output into the queue and its events into ``events``."""
+        for peer, machine in self.machines.items():
+            for out in machine.take_outgoing():
+                self.queue.append((peer, out))
+            self.events[peer].extend(machine.take_events())
+
+    def call(self, peer: PeerID, action: Callable[[NegotiationMachine, float], Any]) -> Any:
+        """Run ``action(machine, now)`` and collect the output."""
+        result = action(self.machines[peer], self.now)
+        self.collect()
+        return result
+
+    def deliver(self, drop: Callable[[PeerID, PeerID, Message], bool] | None = None, *, rounds: int = 1000) -> int:
+        """Deliver queued messages (and what they cause) until none are left; returns how many."""
+        count = 0
+        for _ in range(rounds):
+            self.collect()
+            if not self.queue:
+                break
+            batch, self.queue = self.queue, []
+            for sender, out in batch:
+                if out.to in self.crashed or sender in self.crashed or out.to not in self.machines:
+                    continue
+                if drop is not None and drop(sender, out.to, out.message):
+                    continue
+                self.machines[out.to].receive(self.now, sender, out.protocol, out.message)
+                self.delivered.append((sender, out.to, out.message))
+                count += 1
+        self.collect()
+        return count
+
+    def advance(self, seconds: float, drop: Callable[[PeerID, PeerID, Message], bool] | None = None) -> None:
+        """Move the clock forward in small steps, firing timers and delivering messages."""
+        end = self.now + seconds
+        while True:
+            due = [
+                d for p, m in self.machines.items() if p not in self.crashed and (d := m.next_deadline()) is not None
+            ]
+            nxt = min(due, default=end)
+            if nxt > end:
+                break
+            self.now = max(self.now, nxt)
+            for peer, machine in self.machines.items():
+                deadline = machine.next_deadline()
+                if peer not in self.crashed and deadline is not None and deadline <= self.now:
+                    machine.handle_timeout(self.now)
+            self.deliver(drop)
+            if nxt >= end:
+                break
+        self.now = end
+        self.deliver(drop)
+
+    def take(self, peer: PeerID) -> list[NegotiationEvent]:
+        """Remove and return the events collected for ``peer``."""
+        events, self.events[peer] = self.events[peer], []
+        return events

@@ -40,7 +40,7 @@ class RunEvent(enum.Enum):
     CREATE = "create"
     """create_run(): found C_0 with this peer alone."""
     REQUEST_JOIN = "request_join"
-    """request_join(): ask a sponsor to admit us."""
+    """request_join(): ask a sponsor to admit us (again, with another sponsor, while joining)."""
     JOIN_REFUSED = "join_refused"
     """A sponsor refused; retry another member."""
     ADMIT = "admit"
@@ -64,6 +64,7 @@ TRANSITIONS: dict[tuple[RunState | None, RunEvent], RunState] = {
     (None, RunEvent.CREATE): S,
     (None, RunEvent.REQUEST_JOIN): J,
     (R, RunEvent.REQUEST_JOIN): J,
+    (J, RunEvent.REQUEST_JOIN): J,
     (J, RunEvent.JOIN_REFUSED): J,
     (J, RunEvent.ADMIT): S,
     (S, RunEvent.OP_PENDING): N,
@@ -132,7 +133,6 @@ PROPOSER_TRANSITIONS: dict[tuple[ProposerPhase, ProposerEvent], ProposerPhase] =
     (PI, ProposerEvent.FAST_ACCEPT): PA,
     (PP, ProposerEvent.PROMISED): PA,
     (PA, ProposerEvent.DECIDED): PI,
-    (PI, ProposerEvent.ABANDON): PI,
     (PP, ProposerEvent.ABANDON): PI,
     (PA, ProposerEvent.ABANDON): PI,
 }
