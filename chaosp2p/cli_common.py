@@ -33,12 +33,24 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
-def load_config(profile: str, **changes: Any) -> PeerConfig:
-    """A PeerConfig from a built-in profile name or a TOML file, with command-line changes on top."""
+DEFAULT_PROFILE = "lan"
+"""What the commands run when ``--profile`` is not given: listen on every interface, announce the
+host's routable addresses, LAN timings. ``local`` (loopback, fast timers) is for the demo and tests."""
+
+
+def load_config(profile: str, *, any_port: bool = False, **changes: Any) -> PeerConfig:
+    """A PeerConfig from a built-in profile name or a TOML file, with command-line changes on top.
+
+    ``any_port``: without ``--listen``, a built-in profile listens on a free port instead of its
+    fixed one (for short-lived commands that may run beside a ``chaosp2p peer`` on the same host).
+    """
     changes = {k: v for k, v in changes.items() if v not in (None, ())}
     if profile.endswith(".toml") or Path(profile).is_file():
         return PeerConfig.from_toml(profile, **changes)
-    return PeerConfig.profile_named(profile, **changes)
+    config = PeerConfig.profile_named(profile, **changes)
+    if any_port and "listen" not in changes:
+        config = config.replace(listen=[str(Multiaddr(a.host_kind, a.host, 0)) for a in config.listen_addrs()])
+    return config
 
 
 def fail(message: str) -> NoReturn:
@@ -80,10 +92,11 @@ def peer_options(function: F) -> F:
         ),
         click.option(
             "--profile",
-            default="local",
+            default=DEFAULT_PROFILE,
             show_default=True,
             metavar="NAME|FILE.toml",
-            help=f"Built-in profile ({', '.join(PROFILES)}) or a TOML profile file such as peers/lan.toml.",
+            help=f"Built-in profile ({', '.join(PROFILES)}) or a TOML profile file such as peers/lan.toml. "
+            "lan listens on all interfaces with LAN timings; local (loopback only) is for one machine.",
         ),
         click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS)),
     ]

@@ -50,7 +50,7 @@ def serve(
     """Serve CHECKPOINT (.npz, .pt) as run RUN's state to newcomers until interrupted."""
     setup_logging("info")
     try:
-        config = load_config(profile, **peer)
+        config = load_config(profile, any_port=True, **peer)
         flat = read_checkpoint(checkpoint)
         store = SnapshotStore(config.transfer)
         info = store.publish(run, step, flat)
@@ -114,7 +114,7 @@ def pull(
     if not sources and not peer.get("bootstrap"):
         fail("give --bootstrap (to find the run's sources in the DHT) or --source")
     try:
-        config = load_config(profile, **peer)
+        config = load_config(profile, any_port=True, **peer)
         summary = anyio.run(
             _pull, config, run, out, step, sources, max_sources, resume_path, timeout_s, as_json, backend=backend
         )

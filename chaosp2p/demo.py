@@ -74,6 +74,8 @@ def source_processes(
                 RUN,
                 "--step",
                 str(STEP),
+                "--profile",
+                "local",  # one machine; the CLI's default (lan) is for real hosts
                 "--ready-file",
                 str(ready),
                 *bootstrap,

@@ -47,7 +47,9 @@ class Peer:
         start: bool = True,
         keep_snapshots: int = 1,
     ) -> None:
-        base = config or PeerConfig.local()
+        # Default: reachable from other hosts (all interfaces, a free port, LAN timings).
+        # Pass PeerConfig.local() for everything on one machine (the tests do).
+        base = config or PeerConfig.lan(listen=("/ip4/0.0.0.0/tcp/0",))
         if initial_peers:
             base = base.replace(bootstrap=tuple(initial_peers))
         self.config = base

@@ -43,12 +43,21 @@ def main() -> None:
     parser.add_argument("--publish-every", type=int, default=20)
     parser.add_argument("--linger", type=float, default=0.0, help="keep serving this many seconds at the end")
     parser.add_argument("--seed", type=int, default=0, help="this peer's data shard")
+    parser.add_argument(
+        "--profile",
+        default="lan",
+        help="lan (default: every interface, a free port, reachable from other machines) or local (loopback only)",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(1234)  # the teacher every peer learns from
     teacher = torch.randn(64, 10)
     model, optimizer = make_model()
-    with chaosp2p.Peer(initial_peers=args.join, run=RUN) as peer:
+    if args.profile == "local":
+        config = chaosp2p.PeerConfig.local()
+    else:
+        config = chaosp2p.PeerConfig.profile_named(args.profile, listen=["/ip4/0.0.0.0/tcp/0"])
+    with chaosp2p.Peer(initial_peers=args.join, run=RUN, config=config) as peer:
         print(f"peer {peer.peer_id} listening on {peer.addrs[0]}", flush=True)
         start = 0
         if args.join:

@@ -44,6 +44,7 @@ from chaosp2p.protocols.noise import HandshakeState, NoiseHandshake, SessionKeys
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
+from chaosp2p.transport.interfaces import interface_addresses
 from chaosp2p.transport.shaper import TokenBucket
 from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.transport.stream import Stream
@@ -606,18 +607,12 @@ def _protocol(protocol: ProtocolId | str) -> ProtocolId:
 
 
 def _advertised(bound: Multiaddr) -> list[Multiaddr]:
-    """Concrete addresses for a listener: a wildcard bind is advertised as loopback plus host IPs."""
+    """Concrete addresses for a listener: a wildcard bind is announced as the host's interface
+    addresses, routable first and loopback last (never 0.0.0.0 or ::)."""
     if bound.host not in ("0.0.0.0", "::"):
         return [bound]
-    addrs = [Multiaddr.from_socket_address("127.0.0.1" if bound.host == "0.0.0.0" else "::1", bound.port)]
-    try:
-        _, _, ips = socket.gethostbyname_ex(socket.gethostname())
-    except OSError:
-        ips = []
-    for ip in ips:
-        if not ip.startswith("127.") and bound.host == "0.0.0.0":
-            addrs.append(Multiaddr.from_socket_address(ip, bound.port))
-    return addrs
+    family = socket.AF_INET if bound.host == "0.0.0.0" else socket.AF_INET6
+    return [Multiaddr.from_socket_address(ip, bound.port) for ip in interface_addresses(family)]
 
 
 @asynccontextmanager

@@ -100,7 +100,7 @@ class Swarm:
         extra: Sequence[str] = (),
         wait_ready: bool = True,
         identity: Path | None = None,
-        command: Sequence[str] = ("peer", "--listen", "/ip4/127.0.0.1/tcp/0"),
+        command: Sequence[str] = ("peer", "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "local"),
         module: str = "chaosp2p",
     ) -> PeerProcess:
         """Start ``python -m MODULE COMMAND ... --ready-file F`` and wait until it listens."""

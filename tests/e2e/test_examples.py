@@ -13,13 +13,14 @@ from .processes import ROOT, wait_until
 
 pytest.importorskip("torch")
 EXAMPLE = ROOT / "examples" / "elastic_training.py"
+LOCAL_EXAMPLE = (sys.executable, str(EXAMPLE), "--profile", "local")  # the example's default (lan) is for real hosts
 
 
 def test_a_joining_peer_catches_up_and_continues(tmp_path: Path) -> None:
     log = tmp_path / "first.log"
     with log.open("w") as out:
         first = subprocess.Popen(
-            [sys.executable, str(EXAMPLE), "--steps", "60", "--publish-every", "20", "--linger", "60"],
+            [*LOCAL_EXAMPLE, "--steps", "60", "--publish-every", "20", "--linger", "60"],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -33,7 +34,7 @@ def test_a_joining_peer_catches_up_and_continues(tmp_path: Path) -> None:
         address = re.search(r"listening on (\S+)", log.read_text())
         assert address, log.read_text()
         joined = subprocess.run(
-            [sys.executable, str(EXAMPLE), "--join", address.group(1), "--steps", "80", "--seed", "1"],
+            [*LOCAL_EXAMPLE, "--join", address.group(1), "--steps", "80", "--seed", "1"],
             capture_output=True,
             text=True,
             timeout=180,

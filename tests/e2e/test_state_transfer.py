@@ -65,7 +65,7 @@ def start_sources(swarm: Swarm, checkpoint: Path, count: int, profile: Path | No
     for _ in range(count):
         extra = ["--profile", str(profile)] if profile is not None else []
         source = swarm.start(
-            command=("state", "serve", str(checkpoint), "--run", RUN, "--step", str(STEP)),
+            command=("state", "serve", str(checkpoint), "--run", RUN, "--step", str(STEP), "--profile", "local"),
             bootstrap=[first.addr] if first else [],
             extra=extra,
         )
@@ -87,7 +87,8 @@ def test_four_sources_newcomer_loads_bit_exact_through_the_cli(swarm: Swarm, che
     out = tmp_path / "pulled.npz"
 
     def pulled() -> bool:
-        result = cli("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", sources[0].addr, "--json",
+        result = cli("state", "pull", "--profile", "local", "--run", RUN, "--out", str(out),
+                     "--bootstrap", sources[0].addr, "--json",
                      timeout_s=60)
         if result.returncode != 0:
             return False

@@ -9,6 +9,7 @@ import chaosp2p
 from chaosp2p.errors import LocalProtocolError
 
 torch = pytest.importorskip("torch")
+LOCAL = chaosp2p.PeerConfig.local()  # the default (lan) listens on every interface; tests stay on loopback
 
 
 def make_model(seed: int) -> tuple[object, object]:
@@ -29,11 +30,11 @@ def train(model: object, optimizer: object, steps: int, seed: int) -> None:
 
 
 def test_newcomer_loads_model_and_adam_and_continues_identically() -> None:
-    with chaosp2p.Peer(run="sync-demo") as veteran:
+    with chaosp2p.Peer(run="sync-demo", config=LOCAL) as veteran:
         model, optimizer = make_model(seed=1)
         train(model, optimizer, steps=3, seed=10)
         veteran.publish_state(model, optimizer, step=3)
-        with chaosp2p.Peer(initial_peers=veteran.addrs, run="sync-demo") as newcomer:
+        with chaosp2p.Peer(initial_peers=veteran.addrs, run="sync-demo", config=LOCAL) as newcomer:
             fresh_model, fresh_optimizer = make_model(seed=2)  # different weights until loaded
             step = newcomer.load_state_from_peers(fresh_model, fresh_optimizer, timeout=60)
             assert step == 3
@@ -48,9 +49,9 @@ def test_newcomer_loads_model_and_adam_and_continues_identically() -> None:
 
 def test_numpy_state_without_torch_and_errors_after_shutdown() -> None:
     arrays = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(3)}
-    with chaosp2p.Peer(run="arrays") as source:
+    with chaosp2p.Peer(run="arrays", config=LOCAL) as source:
         source.publish_arrays(arrays, step=7)
-        with chaosp2p.Peer(initial_peers=source.addrs, run="arrays") as newcomer:
+        with chaosp2p.Peer(initial_peers=source.addrs, run="arrays", config=LOCAL) as newcomer:
             loaded = newcomer.load_arrays_from_peers(timeout=60)
             assert loaded.step == 7
             assert all(np.array_equal(loaded.arrays[k], v) for k, v in arrays.items())

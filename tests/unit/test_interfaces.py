@@ -1,0 +1,51 @@
+"""Defaults that work across hosts: wildcard listeners announce routable addresses, loopback last."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import chaosp2p
+from chaosp2p.cli_common import DEFAULT_PROFILE, load_config
+from chaosp2p.transport.host import _advertised
+from chaosp2p.transport.interfaces import interface_addresses
+from chaosp2p.wire.multiaddr import Multiaddr
+
+
+def test_a_wildcard_listener_announces_interface_addresses_with_loopback_last() -> None:
+    announced = _advertised(Multiaddr.parse("/ip4/0.0.0.0/tcp/4001"))
+    hosts = [a.host for a in announced]
+    assert "0.0.0.0" not in hosts and hosts
+    assert all(a.port == 4001 for a in announced)
+    loopback = [ipaddress.ip_address(h).is_loopback for h in hosts]
+    assert loopback == sorted(loopback)  # every routable address comes before any loopback one
+    assert set(hosts) == set(interface_addresses(socket.AF_INET))
+
+
+def test_a_concrete_listener_announces_itself_only() -> None:
+    assert [str(a) for a in _advertised(Multiaddr.parse("/ip4/127.0.0.1/tcp/5"))] == ["/ip4/127.0.0.1/tcp/5"]
+
+
+def test_ipv6_wildcard_never_announces_link_local_or_the_wildcard() -> None:
+    for address in interface_addresses(socket.AF_INET6):
+        ip = ipaddress.ip_address(address)
+        assert not ip.is_link_local and not ip.is_unspecified
+
+
+def test_the_commands_default_to_a_profile_other_hosts_can_reach() -> None:
+    assert DEFAULT_PROFILE == "lan"
+    peer = load_config(DEFAULT_PROFILE)
+    assert peer.profile == "lan" and peer.listen == ("/ip4/0.0.0.0/tcp/4001",)
+    # state serve/pull: the same profile on a free port, so they can run beside a peer on 4001
+    assert load_config(DEFAULT_PROFILE, any_port=True).listen == ("/ip4/0.0.0.0/tcp/0",)
+    assert load_config(DEFAULT_PROFILE, any_port=True, listen=("/ip4/0.0.0.0/tcp/9",)).listen == (
+        "/ip4/0.0.0.0/tcp/9",
+    )
+    assert load_config("local").listen == ("/ip4/127.0.0.1/tcp/0",)
+
+
+def test_the_blocking_facade_defaults_to_lan_on_every_interface() -> None:
+    peer = chaosp2p.Peer(start=False)
+    assert peer.config.profile == "lan"
+    assert peer.config.listen == ("/ip4/0.0.0.0/tcp/0",)
+    assert peer.config.membership == chaosp2p.PeerConfig.lan().membership
