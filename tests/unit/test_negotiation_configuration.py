@@ -36,7 +36,9 @@ P = [i.peer_id for i in IDS]
 PARAMS = RunParams(global_batch=100)
 
 
-def config_of(peers: list[PeerID], *, epoch: int = 3, step: int = 10, links: tuple[LinkEntry, ...] = ()) -> Configuration:
+def config_of(
+    peers: list[PeerID], *, epoch: int = 3, step: int = 10, links: tuple[LinkEntry, ...] = ()
+) -> Configuration:
     return make_configuration(
         run="r",
         epoch=epoch,

@@ -28,7 +28,7 @@ from chaosp2p.protocols.negotiation import (
     RunParams,
     RunState,
 )
-from chaosp2p.protocols.negotiation.messages import Accept, Accepted, Commit, Prepare, Promise
+from chaosp2p.protocols.negotiation.messages import Accept, Accepted, Commit, Promise
 from chaosp2p.protocols.negotiation.paxos import coordinator
 from chaosp2p.protocols.negotiation.simswarm import ManualNet
 from chaosp2p.protocols.negotiation.state import (
@@ -50,7 +50,9 @@ PARAMS = RunParams(global_batch=120)
 def make_net(n: int, *, config: NegotiationConfig = CFG, extra: int = 0) -> tuple[ManualNet, list[PeerID]]:
     """A run of ``n`` members founded by the first and joined one by one; ``extra`` outsiders."""
     ids = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(n + extra)]
-    net = ManualNet(NegotiationMachine(identity=i, config=config, rng=random.Random(k), now=0.0) for k, i in enumerate(ids))
+    net = ManualNet(
+        NegotiationMachine(identity=i, config=config, rng=random.Random(k), now=0.0) for k, i in enumerate(ids)
+    )
     peers = [i.peer_id for i in ids]
     net.call(peers[0], lambda m, now: m.create_run(now, RUN, params=PARAMS))
     for p in peers[1:n]:
