@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,10 +23,12 @@ from rich.progress import (
 from chaosp2p.api import open_peer
 from chaosp2p.cli_common import announce_ready, console, fail, load_config, peer_options, setup_logging
 from chaosp2p.errors import ChaosError, ConfigError
-from chaosp2p.protocols.transfer import TransferProgress
+from chaosp2p.protocols.transfer import DropReason, TransferProgress
+from chaosp2p.protocols.transfer_messages import MANIFEST_DIGEST_BYTES
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.state.checkpoint_file import read_checkpoint, write_checkpoint
 from chaosp2p.state.snapshot import SnapshotStore
+from chaosp2p.wire.identity import PeerID
 
 
 @click.group()
@@ -57,7 +60,9 @@ def serve(
     except ConfigError as exc:
         fail(str(exc))
     console.print(
-        f"serving run [bold]{run}[/] step {step}: {info.total_bytes / 2**20:.1f} MiB, {len(flat.arrays)} arrays"
+        f"serving run [bold]{run}[/] step {step}: {info.total_bytes / 2**20:.1f} MiB, {len(flat.arrays)} arrays, "
+        f"digest {info.digest.hex()}",
+        highlight=False,
     )
     try:
         anyio.run(_serve, config, store, run, ready_file, backend=backend)
@@ -87,6 +92,20 @@ async def _serve(config: PeerConfig, store: SnapshotStore, run: str, ready_file:
 )
 @click.option("--max-sources", default=8, show_default=True, help="Use at most this many sources.")
 @click.option(
+    "--digest",
+    "digest_hex",
+    default=None,
+    metavar="HEX",
+    help="Pull only the snapshot with this digest (SHA-256 of its manifest, as `state serve` prints).",
+)
+@click.option(
+    "--trust",
+    "trusted",
+    multiple=True,
+    metavar="PEERID",
+    help="Only versions these sources hold are eligible (repeatable); others still serve chunks of it.",
+)
+@click.option(
     "--resume",
     "resume_path",
     type=click.Path(dir_okay=False),
@@ -102,6 +121,8 @@ def pull(
     step: int | None,
     sources: tuple[str, ...],
     max_sources: int,
+    digest_hex: str | None,
+    trusted: tuple[str, ...],
     resume_path: str | None,
     timeout_s: float,
     as_json: bool,
@@ -109,14 +130,24 @@ def pull(
     profile: str,
     **peer: Any,
 ) -> None:
-    """Fetch run RUN's state from several peers in parallel and write it to --out."""
+    """Fetch run RUN's state from several peers in parallel and write it to --out.
+
+    The state pulled is the step and digest that most sources agree on; a source announcing
+    anything else is reported and not used. --digest and --trust pin the state.
+    """
     setup_logging("warning")
     if not sources and not peer.get("bootstrap"):
         fail("give --bootstrap (to find the run's sources in the DHT) or --source")
     try:
+        digest = _parse_digest(digest_hex)
+        trust = tuple(PeerID.parse(p) for p in trusted)
+    except (ValueError, ChaosError) as exc:
+        fail(str(exc))
+    pins = _Pins(digest=digest, trusted=trust)
+    try:
         config = load_config(profile, any_port=True, **peer)
         summary = anyio.run(
-            _pull, config, run, out, step, sources, max_sources, resume_path, timeout_s, as_json, backend=backend
+            _pull, config, run, out, step, sources, max_sources, pins, resume_path, timeout_s, as_json, backend=backend
         )
     except TimeoutError:
         fail(f"the pull did not finish within {timeout_s:g} s")
@@ -132,6 +163,24 @@ def pull(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Pins:
+    digest: bytes | None
+    trusted: tuple[PeerID, ...]
+
+
+def _parse_digest(text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        digest = bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(f"--digest must be hexadecimal (got {text!r})") from None
+    if len(digest) != MANIFEST_DIGEST_BYTES:
+        raise ConfigError(f"--digest must be {MANIFEST_DIGEST_BYTES * 2} hex digits (SHA-256 of the manifest)")
+    return digest
+
+
 async def _pull(
     config: PeerConfig,
     run: str,
@@ -139,6 +188,7 @@ async def _pull(
     step: int | None,
     sources: tuple[str, ...],
     max_sources: int,
+    pins: _Pins,
     resume_path: str | None,
     timeout_s: float,
     quiet: bool,
@@ -167,19 +217,24 @@ async def _pull(
     with anyio.fail_after(timeout_s):
         async with open_peer(config) as peer:
             with progress:
-                loaded = await peer.load_state(
+                loaded = await peer.state.load(
                     run,
                     step=step,
                     sources=list(sources) or None,
                     max_sources=max_sources,
                     progress=update,
                     resume_path=resume_path,
+                    digest=pins.digest,
+                    trusted=pins.trusted,
                 )
                 if bar is not None:
                     progress.update(bar, completed=loaded.completed.manifest.total_bytes)
     elapsed = time.perf_counter() - started
     await anyio.to_thread.run_sync(write_checkpoint, out, loaded.state)
     total = loaded.completed.manifest.total_bytes
+    conflicts = [d for d in loaded.result.dropped if d.reason is DropReason.CONFLICT]
+    for conflict in conflicts:
+        console.print(f"[yellow]ignored source {conflict.source}[/]: {conflict.detail}", highlight=False)
     return {
         "run": run,
         "step": loaded.step,
@@ -190,4 +245,6 @@ async def _pull(
         "sources": {str(peer): count for peer, count in loaded.completed.bytes_by_source},
         "penalised": [str(p.source) for p in loaded.result.penalised],
         "dropped": [str(d.source) for d in loaded.result.dropped],
+        "conflicting": {str(d.source): d.detail for d in conflicts},
+        "digest": loaded.completed.digest.hex(),
     }

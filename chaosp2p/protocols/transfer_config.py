@@ -30,22 +30,26 @@ class TransferConfig:
     """Hash/verify/request unit of snapshots this peer builds (a pull uses the manifest's value)."""
     hash_algorithm: str = "xxh3_128"
     """Chunk and manifest hash of snapshots this peer builds: ``xxh3_128`` or ``blake3``."""
-    max_inflight_chunks_per_source: int = 4
-    """Chunk requests kept outstanding on each source (pipelining hides the round trip)."""
+    max_inflight_chunks_per_source: int = 16
+    """Most chunks outstanding on one source at once, over all its requests (bounds its receive window)."""
+    max_requests_per_source: int = 2
+    """Requests kept outstanding on each source: the next one is queued there while one is sent."""
+    max_chunks_per_request: int = 8
+    """Most chunks one ``GetChunks`` asks for (a batch is one header and one contiguous payload)."""
+    request_target_s: float = 0.05
+    """Size each request to about this much of the source's measured rate (at least one chunk)."""
     request_timeout_s: float = 5.0
     """Wait this long for a version list or a manifest before treating the source as failed."""
     stall_timeout_s: float = 10.0
     """A source with requests outstanding that shows no progress for this long is dropped."""
-    behind_plan_factor: float = 2.0
-    """Replan when a source delivers less than 1/factor of what its planned rate promised."""
-    behind_plan_min_s: float = 2.0
-    """Observe a source at least this long (after its first request) before judging its rate."""
+    replan_factor: float = 1.5
+    """Replan when a source's measured rate differs from the rate its plan assumed by this factor."""
     check_interval_s: float = 0.5
-    """How often the newcomer compares each source's progress with the plan."""
+    """Least time between two re-plans on measured rates (and between periodic checks)."""
     progress_interval_s: float = 0.25
     """At most one progress event per this interval (plus one at the end)."""
     max_replans: int = 64
-    """Behind-plan replans per transfer (failures always replan)."""
+    """Re-plans on measured rates per transfer (failures and new sources always replan)."""
     max_chunk_retries: int = 3
     """A chunk that fails verification this many times fails the whole transfer."""
     max_manifest_entries: int = 100_000
@@ -55,7 +59,9 @@ class TransferConfig:
     max_dims: int = 32
     """Most dimensions a buffer's shape may have."""
     max_state_bytes: int = 1 << 40
-    """Largest snapshot a newcomer agrees to stage."""
+    """Largest snapshot a newcomer agrees to stage (it also checks free memory or disk first)."""
+    max_staging_memory_fraction: float = 0.8
+    """An in-memory staging buffer may take at most this share of the memory available right now."""
     max_chunk_bytes: int = 64 << 20
     """Largest chunk size a manifest may declare (the unit the newcomer hashes and retries)."""
     max_manifest_bytes: int = 64 << 20
@@ -68,6 +74,8 @@ class TransferConfig:
     """Leases a source grants at once, over all newcomers (more get ``BUSY``)."""
     max_leases_per_peer: int = 4
     """Leases one newcomer may hold on a source at once."""
+    max_queued_requests: int = 32
+    """Requests a source reads ahead on one stream (so a newcomer can cancel those not yet started)."""
     max_shards: int = 4096
     """Passed to the shard planner."""
     per_shard_overhead_s: float = 0.0
@@ -78,9 +86,11 @@ class TransferConfig:
             self,
             "chunk_bytes",
             "max_inflight_chunks_per_source",
+            "max_requests_per_source",
+            "max_chunks_per_request",
+            "request_target_s",
             "request_timeout_s",
             "stall_timeout_s",
-            "behind_plan_min_s",
             "check_interval_s",
             "progress_interval_s",
             "max_chunk_retries",
@@ -94,13 +104,16 @@ class TransferConfig:
             "lease_ttl_s",
             "max_leases",
             "max_leases_per_peer",
+            "max_queued_requests",
             "max_shards",
+            "max_staging_memory_fraction",
         )
         for name in (
             "request_timeout_s",
             "stall_timeout_s",
-            "behind_plan_factor",
-            "behind_plan_min_s",
+            "replan_factor",
+            "request_target_s",
+            "max_staging_memory_fraction",
             "check_interval_s",
             "progress_interval_s",
             "lease_ttl_s",
@@ -110,7 +123,8 @@ class TransferConfig:
             require(math.isfinite(value), f"TransferConfig.{name} must be finite (got {value!r})")
         require(self.max_replans >= 0, "TransferConfig.max_replans must be >= 0")
         require(self.per_shard_overhead_s >= 0, "TransferConfig.per_shard_overhead_s must be >= 0")
-        require(self.behind_plan_factor > 1.0, "TransferConfig.behind_plan_factor must be > 1")
+        require(self.replan_factor > 1.0, "TransferConfig.replan_factor must be > 1")
+        require(self.max_staging_memory_fraction <= 1.0, "TransferConfig.max_staging_memory_fraction must be <= 1")
         require(
             self.hash_algorithm in HASH_ALGORITHMS,
             f"TransferConfig.hash_algorithm must be one of {HASH_ALGORITHMS} (got {self.hash_algorithm!r})",
@@ -140,7 +154,6 @@ class TransferConfig:
         return cls(
             request_timeout_s=2.0,
             stall_timeout_s=3.0,
-            behind_plan_min_s=1.0,
             check_interval_s=0.25,
             progress_interval_s=0.1,
             lease_ttl_s=30.0,
@@ -156,10 +169,11 @@ class TransferConfig:
         """Institutions across the internet: long RTTs need deeper pipelines and patience."""
         return replace(
             cls(),
-            max_inflight_chunks_per_source=8,
+            max_inflight_chunks_per_source=32,
+            max_requests_per_source=4,
+            request_target_s=0.25,
             request_timeout_s=20.0,
             stall_timeout_s=45.0,
-            behind_plan_min_s=15.0,
             check_interval_s=2.0,
             progress_interval_s=0.5,
             lease_ttl_s=300.0,

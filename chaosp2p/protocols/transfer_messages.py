@@ -11,26 +11,32 @@ the header frame on the same stream, exactly ``length`` bytes, never msgpack-enc
 A manifest describes one snapshot as a single logical byte space of ``total_bytes``: named buffers
 at byte offsets (sorted, non-overlapping, gaps are zero bytes) and fixed-size chunks of
 ``chunk_bytes`` (the last one shorter) with one hash per chunk, concatenated in ``chunk_hashes``.
-The snapshot's *digest* is the hash of the encoded manifest body; sources that hold the same
-(run, step) with the same digest serve byte-identical snapshots, so a newcomer can mix their chunks.
+The snapshot's *digest* is SHA-256 of the encoded manifest body (:func:`manifest_digest`); sources
+that hold the same (run, step) with the same digest serve byte-identical snapshots, so a newcomer
+can mix their chunks, and a digest can be pinned by a user or signed by the members of a run.
 
 ``validate()`` on messages enforces only configuration-independent limits; :func:`check_manifest`
-applies the configured ones. ``protocols/transfer.md`` is the normative description, with test
-vectors.
+applies the configured ones. Decoding checks counts before it allocates: control frames go through
+:func:`decode_message` (containers capped at what a transfer message can hold) and manifest bodies
+through :func:`decode_manifest` (every count and size checked against the configuration from its
+header, before msgpack builds the item). ``protocols/transfer.md`` is the normative description,
+with test vectors.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import xxhash
 
 from chaosp2p.errors import ConfigError, RemoteProtocolError
 from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.wire.framing import pack, unpack
+from chaosp2p.wire.framing import pack
 from chaosp2p.wire.messages import Message, MessageCodec
 from chaosp2p.wire.protocol_ids import ProtocolId
 
@@ -48,6 +54,10 @@ WIRE_MAX_DIGEST_BYTES = 64
 WIRE_MAX_ALGORITHM_CHARS = 32
 WIRE_MAX_DETAIL_CHARS = 1024
 WIRE_MAX_LEASE_TTL_S = 86_400.0
+WIRE_MAX_FRAME_BYTES = 64 << 10
+"""Largest transfer control frame (a full VersionsReply is about 6 KiB); bulk bytes are payloads."""
+MANIFEST_DIGEST_BYTES = 32
+"""Size of a snapshot digest (SHA-256 of the manifest body, whatever the chunk hash)."""
 
 DIGEST_BYTES: dict[str, int] = {"xxh3_128": 16, "blake3": 32}
 """Digest size of each supported hash algorithm."""
@@ -86,6 +96,7 @@ class TransferMessageType(enum.IntEnum):
     DATA = 7
     RELEASE_LEASE = 8
     ERROR = 9
+    CANCEL = 10
 
 
 class TransferErrorCode(enum.IntEnum):
@@ -97,6 +108,8 @@ class TransferErrorCode(enum.IntEnum):
     BUSY = 4
     NO_LEASE = 5
     BAD_REQUEST = 6
+    CANCELLED = 7
+    """The newcomer cancelled the request before the source started answering it."""
 
 
 codec = MessageCodec(PROTOCOL, TransferMessageType)
@@ -368,10 +381,59 @@ class ErrorReply(Message):
             raise _reject("error detail too long")
 
 
-REQUEST_TYPES: tuple[type[Message], ...] = (GetVersions, GetManifest, GetChunks, GetRange, ReleaseLease)
+@codec.register(TransferMessageType.CANCEL)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRequest(Message):
+    """Do not answer request ``request_id`` if you have not started to (no reply of its own).
+
+    The source answers a request it skips with ``ErrorReply(CANCELLED)`` in the request's place,
+    so every request still gets exactly one answer, in order. One it already answers is unaffected.
+    """
+
+    request_id: int
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_u64(self.request_id, "request_id")
+
+
+REQUEST_TYPES: tuple[type[Message], ...] = (
+    GetVersions,
+    GetManifest,
+    GetChunks,
+    GetRange,
+    ReleaseLease,
+    CancelRequest,
+)
 """Messages a newcomer sends (a source receives)."""
 REPLY_TYPES: tuple[type[Message], ...] = (VersionsReply, ManifestReply, DataHeader, ErrorReply)
 """Messages a source sends (a newcomer receives)."""
+
+
+def decode_message(body: bytes | bytearray | memoryview) -> Message:
+    """Decode one transfer control frame body with the protocol's own, tight container limits.
+
+    No transfer message holds more than :data:`WIRE_MAX_VERSIONS` items in an array, a string
+    longer than a run id or an error detail, or a byte string longer than a digest, so msgpack is
+    told exactly that: an oversized count is refused from its header, before anything is built.
+    """
+    if len(body) > WIRE_MAX_FRAME_BYTES:
+        raise _reject(f"frame of {len(body)} bytes exceeds {WIRE_MAX_FRAME_BYTES}")
+    try:
+        obj = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            max_array_len=max(WIRE_MAX_VERSIONS, 8),
+            max_str_len=4 * max(WIRE_MAX_RUN_CHARS, WIRE_MAX_DETAIL_CHARS),
+            max_bin_len=WIRE_MAX_DIGEST_BYTES,
+            max_map_len=0,
+            max_ext_len=0,
+            timestamp=0,
+        )
+    except Exception as exc:  # msgpack raises many types (ValueError, ExtraData, StackError, ...)
+        raise _reject(f"undecodable frame: {type(exc).__name__}: {exc}") from None
+    return codec.from_obj(obj)
 
 
 # ------------------------------------------------------------------------------------- hashing
@@ -422,57 +484,172 @@ def encode_manifest(manifest: Manifest) -> bytes:
     return pack(manifest_to_obj(manifest))
 
 
-def manifest_digest(body: bytes | memoryview, algorithm: str) -> bytes:
-    """The snapshot digest: ``algorithm`` over the encoded manifest body."""
-    return hash_function(algorithm)(body)
+def manifest_digest(body: bytes | bytearray | memoryview) -> bytes:
+    """The snapshot's identity: SHA-256 of its encoded manifest body (32 bytes).
 
-
-def decode_manifest(body: bytes | bytearray | memoryview, *, max_bytes: int) -> Manifest:
-    """Decode a manifest body; anything malformed is a :class:`RemoteProtocolError`.
-
-    Only the structure and element types are checked here; :func:`check_manifest` checks values.
+    Cryptographic whatever the chunk hash is, so the digest can be pinned by a user
+    (``state pull --digest``) or signed by the members of a training run, and a source cannot
+    craft another manifest with the same digest. Chunk hashes are listed inside the body, so the
+    digest covers every byte of the snapshot -- as strongly as the chunk hash resists forgery
+    (``xxh3_128`` catches corruption, not an adversary; use ``blake3`` chunks where sources may lie).
     """
-    obj = unpack(bytes(body), max_bytes=max_bytes)
-    if not isinstance(obj, list) or len(obj) != 8:
-        raise _reject("manifest must be an array of 8 items")
-    fmt, run, step, total, chunk, algorithm, buffers, hashes = obj
-    if type(fmt) is not int or fmt != MANIFEST_FORMAT:
-        raise _reject(f"unknown manifest format {fmt!r}")
-    _want(run, str, "manifest.run")
-    for value, what in ((step, "step"), (total, "total_bytes"), (chunk, "chunk_bytes")):
-        _want(value, int, f"manifest.{what}")
-    _want(algorithm, str, "manifest.hash_algorithm")
-    _want(hashes, bytes, "manifest.chunk_hashes")
-    if not isinstance(buffers, list):
-        raise _reject("manifest.buffers must be an array")
-    specs = []
-    for i, item in enumerate(buffers):
-        if not isinstance(item, list) or len(item) != 5:
-            raise _reject(f"manifest.buffers[{i}] must be an array of 5 items")
-        name, dtype, shape, offset, length = item
-        _want(name, str, f"manifest.buffers[{i}].name")
-        _want(dtype, str, f"manifest.buffers[{i}].dtype")
-        _want(offset, int, f"manifest.buffers[{i}].offset")
-        _want(length, int, f"manifest.buffers[{i}].length")
-        if not isinstance(shape, list):
-            raise _reject(f"manifest.buffers[{i}].shape must be an array")
-        for dim in shape:
-            _want(dim, int, f"manifest.buffers[{i}].shape[]")
-        specs.append(BufferSpec(name=name, dtype=dtype, shape=tuple(shape), offset=offset, length=length))
-    return Manifest(
-        run=run,
-        step=step,
-        total_bytes=total,
-        chunk_bytes=chunk,
-        hash_algorithm=algorithm,
-        buffers=tuple(specs),
-        chunk_hashes=hashes,
-    )
+    return hashlib.sha256(body).digest()
 
 
-def _want(value: Any, kind: type, what: str) -> None:
-    if type(value) is not kind:
-        raise _reject(f"{what}: expected {kind.__name__}, got {type(value).__name__}")
+def decode_manifest(
+    body: bytes | bytearray | memoryview, *, max_bytes: int, limits: TransferConfig | None = None
+) -> Manifest:
+    """Decode a manifest body; anything malformed or over a limit is a :class:`RemoteProtocolError`.
+
+    Decoding streams through the body and checks every count and size *before* msgpack builds the
+    object it describes: the buffer list against ``max_manifest_entries``, each shape against
+    ``max_dims``, each name against ``max_name_chars``, ``total_bytes`` and ``chunk_bytes``
+    against their maxima and the chunk-hash blob against the exact size they imply. A hostile
+    body can therefore not make the newcomer allocate more than the body's own size. ``limits``
+    defaults to the built-in :class:`TransferConfig`; :func:`check_manifest` then checks values.
+    """
+    view = memoryview(body).cast("B")
+    if len(view) > max_bytes:
+        raise _reject(f"manifest body of {len(view)} bytes exceeds the {max_bytes}-byte limit")
+    reader = _StreamReader(view, limits or TransferConfig())
+    try:
+        return reader.manifest()
+    except RemoteProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises many types (ValueError, OutOfData, StackError, ...)
+        raise _reject(f"undecodable manifest: {type(exc).__name__}: {exc}") from None
+
+
+class _StreamReader:
+    """Walks a manifest body item by item, checking each header before msgpack reads the item."""
+
+    def __init__(self, view: memoryview, limits: TransferConfig) -> None:
+        self._view = view
+        self._limits = limits
+        # Containers are read with read_array_header, never built by msgpack, so these caps only
+        # bound what a misplaced item (an array where a number belongs) could make it allocate.
+        self._unpacker = msgpack.Unpacker(
+            None,
+            raw=False,
+            max_buffer_size=max(1, len(view)),
+            max_str_len=4 * limits.max_name_chars,
+            max_bin_len=max(1, len(view)),
+            max_array_len=8,
+            max_map_len=0,
+            max_ext_len=0,
+            strict_map_key=True,
+            timestamp=0,
+        )
+        self._unpacker.feed(view)
+
+    def manifest(self) -> Manifest:
+        limits = self._limits
+        if self._array("manifest", 8) != 8:
+            raise _reject("manifest must be an array of 8 items")
+        fmt = self._int("manifest.format")
+        if fmt != MANIFEST_FORMAT:
+            raise _reject(f"unknown manifest format {fmt!r}")
+        run = self._str("manifest.run", limits.max_name_chars)
+        step = self._int("manifest.step")
+        total = self._int("manifest.total_bytes")
+        chunk = self._int("manifest.chunk_bytes")
+        algorithm = self._str("manifest.hash_algorithm", WIRE_MAX_ALGORITHM_CHARS)
+        if not 0 <= total <= limits.max_state_bytes:
+            raise _reject(f"manifest total_bytes {total} outside 0..{limits.max_state_bytes}")
+        if not 1 <= chunk <= limits.max_chunk_bytes:
+            raise _reject(f"manifest chunk_bytes {chunk} outside 1..{limits.max_chunk_bytes}")
+        digest_bytes = DIGEST_BYTES.get(algorithm)
+        if digest_bytes is None:
+            raise _reject(f"manifest names unknown hash algorithm {algorithm[:32]!r}")
+        count = self._array("manifest.buffers", limits.max_manifest_entries)
+        specs = []
+        for i in range(count):
+            where = f"manifest.buffers[{i}]"
+            if self._array(where, 5) != 5:
+                raise _reject(f"{where} must be an array of 5 items")
+            name = self._str(f"{where}.name", limits.max_name_chars)
+            dtype = self._str(f"{where}.dtype", WIRE_MAX_ALGORITHM_CHARS)
+            dims = self._array(f"{where}.shape", limits.max_dims)
+            shape = tuple(self._int(f"{where}.shape[]") for _ in range(dims))
+            offset = self._int(f"{where}.offset")
+            length = self._int(f"{where}.length")
+            specs.append(BufferSpec(name=name, dtype=dtype, shape=shape, offset=offset, length=length))
+        hashes = self._bin("manifest.chunk_hashes", -(-total // chunk) * digest_bytes)
+        if self._unpacker.tell() != len(self._view):
+            raise _reject("manifest body has trailing bytes")
+        return Manifest(
+            run=run,
+            step=step,
+            total_bytes=total,
+            chunk_bytes=chunk,
+            hash_algorithm=algorithm,
+            buffers=tuple(specs),
+            chunk_hashes=hashes,
+        )
+
+    # ------------------------------------------------------------------------------ items
+    def _head(self, what: str) -> tuple[int, int]:
+        """(type byte, position) of the next item."""
+        position = self._unpacker.tell()
+        if position >= len(self._view):
+            raise _reject(f"{what}: manifest body ends early")
+        return self._view[position], position
+
+    def _length_after(self, position: int, size: int) -> int:
+        end = position + 1 + size
+        if end > len(self._view):
+            raise _reject("manifest body ends inside an item header")
+        return int.from_bytes(self._view[position + 1 : end], "big")
+
+    def _array(self, what: str, max_items: int) -> int:
+        byte, position = self._head(what)
+        if 0x90 <= byte <= 0x9F:
+            count = byte & 0x0F
+        elif byte == 0xDC:
+            count = self._length_after(position, 2)
+        elif byte == 0xDD:
+            count = self._length_after(position, 4)
+        else:
+            raise _reject(f"{what} must be an array")
+        if count > max_items:
+            raise _reject(f"{what} has {count} items (limit {max_items})")
+        return int(self._unpacker.read_array_header())
+
+    def _int(self, what: str) -> int:
+        byte, _ = self._head(what)
+        if not (byte <= 0x7F or byte >= 0xE0 or 0xCC <= byte <= 0xD3):
+            raise _reject(f"{what}: expected int")
+        value = self._unpacker.unpack()
+        if type(value) is not int:
+            raise _reject(f"{what}: expected int")
+        return value
+
+    def _str(self, what: str, max_chars: int) -> str:
+        byte, position = self._head(what)
+        if 0xA0 <= byte <= 0xBF:
+            size = byte & 0x1F
+        elif 0xD9 <= byte <= 0xDB:
+            size = self._length_after(position, 1 << (byte - 0xD9))
+        else:
+            raise _reject(f"{what}: expected str")
+        if size > 4 * max_chars:
+            raise _reject(f"{what}: {size} bytes exceed {max_chars} characters")
+        value = self._unpacker.unpack()
+        if type(value) is not str:
+            raise _reject(f"{what}: expected str")
+        return value
+
+    def _bin(self, what: str, expected: int) -> bytes:
+        byte, position = self._head(what)
+        if not 0xC4 <= byte <= 0xC6:
+            raise _reject(f"{what}: expected bin")
+        size = self._length_after(position, 1 << (byte - 0xC4))
+        if size != expected:
+            raise _reject(f"{what}: {size} bytes where the chunk count needs {expected}")
+        value = self._unpacker.unpack()
+        if type(value) is not bytes:
+            raise _reject(f"{what}: expected bin")
+        return value
 
 
 def check_manifest(manifest: Manifest, config: TransferConfig) -> None:

@@ -9,8 +9,14 @@ machine's deadlines. After every input the driver pumps the machine's output: me
 senders, events to the right place (allocate staging on ``ManifestReady``, reset a dropped
 source's stream at once so nothing more is written into staging, progress to the callback).
 
+Sources found after the pull began (``rediscover``: the run's providers are looked up again
+every ``REDISCOVER_INTERVAL_S`` while the pull runs) are handed to the machine, which uses them if
+they hold exactly the chosen snapshot. Payloads the machine no longer wants (``DISCARD``: the loser
+of an end-game race) are read into a small scratch buffer and dropped.
+
 The staging buffer is separate from any live state; the caller commits it only after
-``Completed``, so a failed or interrupted pull never touches what the newcomer already had.
+``Completed``, so a failed or interrupted pull never touches what the newcomer already had. Its
+size is checked against free memory (or disk) before the pull even opens a lease.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +54,8 @@ from chaosp2p.protocols.transfer import (
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import codec as TRANSFER_CODEC
 from chaosp2p.state.buffers import StagingBuffer
+from chaosp2p.state.capacity import staging_capacity
+from chaosp2p.state.frames import receive_transfer_message
 from chaosp2p.state.manifest import Manifest
 from chaosp2p.state.resume import checkpoint, load_resume
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
@@ -62,6 +70,10 @@ log = logging.getLogger("chaosp2p.state")
 T = TypeVar("T")
 ProgressCallback = Callable[[TransferProgress], None]
 StagingFactory = Callable[[Manifest], StagingBuffer]
+Rediscover = Callable[[], Awaitable[Sequence["SourceAddress"]]]
+"""Looks the run's sources up again (the driver adds the new ones to a running pull)."""
+REDISCOVER_INTERVAL_S = 1.0
+DISCARD_BUFFER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,12 +88,19 @@ class PullResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceAddress:
-    """A source to pull from: who, where, and what the cluster monitor knows of the link."""
+    """A source to pull from: who, where, and what the cluster monitor knows of the link.
+
+    ``bytes_per_s=None`` (the default) means nothing is known: the pull measures the link itself.
+    """
 
     peer: PeerID
     addrs: tuple[Multiaddr, ...] = ()
-    bytes_per_s: float = 100e6
+    bytes_per_s: float | None = None
     latency_s: float = 0.001
+
+    def estimate(self) -> SourceEstimate:
+        """The machine's view of this source."""
+        return SourceEstimate(peer=self.peer, bytes_per_s=self.bytes_per_s, latency_s=self.latency_s)
 
 
 class _SourceLink:
@@ -94,6 +113,7 @@ class _SourceLink:
         self.wake = anyio.Event()
         self.dropped = False
         self.scope = anyio.CancelScope()
+        self.scratch: memoryview | None = None
 
 
 class PullDriver:
@@ -110,6 +130,7 @@ class PullDriver:
         progress: ProgressCallback | None,
         window_bytes: int,
         resume_path: Path | None,
+        rediscover: Rediscover | None = None,
     ) -> None:
         self._host = host
         self._clock = clock
@@ -119,6 +140,7 @@ class PullDriver:
         self._progress = progress
         self._window_bytes = window_bytes
         self._resume_path = resume_path
+        self._rediscover = rediscover
         self._wake_timer = anyio.Event()
         self._finished = anyio.Event()
         self.staging: StagingBuffer | None = None
@@ -136,6 +158,8 @@ class PullDriver:
                 for link in self._links.values():
                     tg.start_soon(self._run_link, link, name=f"chaosp2p pull from {link.source.peer.short()}")
                 tg.start_soon(self._timer)
+                if self._rediscover is not None:
+                    tg.start_soon(self._look_for_sources, self._rediscover)
                 self._input(self.machine.start)
                 await self._finished.wait()
                 tg.cancel_scope.cancel()
@@ -208,10 +232,37 @@ class PullDriver:
             self.error = event.error
             self._finished.set()
 
+    def add_source(self, source: SourceAddress) -> bool:
+        """Offer one more source to the running pull; False if it is known already or the pull ended."""
+        if source.peer in self._links or self._task_group is None or self._finished.is_set():
+            return False
+        link = self._links[source.peer] = _SourceLink(source)
+        self._task_group.start_soon(self._run_link, link, name=f"chaosp2p pull from {source.peer.short()}")
+        return bool(self._input(self.machine.add_source, source.estimate()))
+
+    async def _look_for_sources(self, rediscover: Rediscover) -> None:
+        while True:
+            await anyio.sleep(REDISCOVER_INTERVAL_S)
+            try:
+                found = await rediscover()
+            except ChaosError as exc:
+                log.debug("looking for more sources failed: %s", exc)
+                continue
+            for source in found:
+                if self.add_source(source):
+                    log.info("adding source %s to the running pull", source.peer.short())
+
     async def _prepare_staging(self, event: ManifestReady) -> None:
         # Allocating (and faulting in) a large staging buffer takes a while: do it off the event
         # loop, so the connections keep being served meanwhile.
-        self.staging = await anyio.to_thread.run_sync(self._make_staging, event.manifest)
+        try:
+            self.staging = await anyio.to_thread.run_sync(self._make_staging, event.manifest)
+        except (ChaosError, OSError, MemoryError) as exc:
+            size = event.manifest.total_bytes
+            self.error = exc if isinstance(exc, TransferError) else TransferError(f"cannot stage {size} bytes: {exc}")
+            self._input(self.machine.abort)
+            self._finished.set()
+            return
         log.info(
             "pulling %s step %d: %.1f MiB from %d sources",
             self.machine.run,
@@ -278,7 +329,7 @@ class PullDriver:
         assert stream is not None
         peer = link.source.peer
         while True:
-            message = await stream.receive_message(TRANSFER_CODEC)
+            message = await receive_transfer_message(stream)
             if message is None:
                 raise ChaosError("the source closed the transfer stream")
             slot = self._input(self.machine.receive, peer, "transfer", message)
@@ -287,6 +338,9 @@ class PullDriver:
 
     async def _receive_payload(self, link: _SourceLink, stream: Stream, slot: PayloadSlot) -> None:
         peer = link.source.peer
+        if slot.kind is PayloadKind.DISCARD:
+            await self._discard(link, stream, slot)
+            return
         if slot.kind is PayloadKind.DATA:
             assert self.staging is not None
             buffer: memoryview | bytearray = self.staging.slot_view(slot)
@@ -298,6 +352,22 @@ class PullDriver:
             self._input(self.machine.payload_aborted, peer, slot)
             raise
         self._input(self.machine.payload_received, peer, slot, memoryview(buffer))
+
+    async def _discard(self, link: _SourceLink, stream: Stream, slot: PayloadSlot) -> None:
+        """Read a payload nobody wants any more (its chunks came from elsewhere) and drop it."""
+        scratch = link.scratch
+        if scratch is None:
+            scratch = link.scratch = memoryview(bytearray(min(slot.length, DISCARD_BUFFER_BYTES)))
+        left = slot.length
+        try:
+            while left:
+                piece = scratch[: min(left, len(scratch))]
+                await stream.receive_into(piece)
+                left -= len(piece)
+        except BaseException:
+            self._input(self.machine.payload_aborted, link.source.peer, slot)
+            raise
+        self._input(self.machine.payload_received, link.source.peer, slot, b"")
 
     def _save_progress(self) -> None:
         if self._resume_path is None or self.staging is None or self.completed is not None:
@@ -323,30 +393,41 @@ async def pull_state(
     downlink_bytes_per_s: float | None = None,
     planner: ShardPlanner | None = None,
     work_stealing: bool = True,
+    digest: bytes | None = None,
+    trusted: frozenset[PeerID] = frozenset(),
+    rediscover: Rediscover | None = None,
 ) -> PullResult:
-    """Pull run ``run`` (its newest common step, or ``step``) from ``sources`` into a staging buffer.
+    """Pull run ``run`` from ``sources`` into a staging buffer.
 
-    With ``resume_path``, verified chunks are remembered there (and the staging data next to it),
-    so an interrupted pull continues where it stopped. ``planner`` and ``work_stealing`` exist for
-    benchmarks that compare the optimal plan with baselines; leave them alone otherwise.
+    The snapshot is the one most sources agree on (see :mod:`chaosp2p.protocols.transfer.selection`);
+    ``step``, ``digest`` and ``trusted`` pin it. With ``resume_path``, verified chunks are
+    remembered there (and the staging data next to it), so an interrupted pull continues where it
+    stopped. ``rediscover`` is called every second while pulling to find more sources.
+    ``planner`` and ``work_stealing`` exist for benchmarks that compare the adaptive pull with
+    static plans; leave them alone otherwise.
     """
     path = Path(resume_path) if resume_path is not None else None
     resume = load_resume(path) if path is not None and path.exists() else None
+    capacity: int | None = None
     if make_staging is None:
         staging_path = None if path is None else path.with_suffix(path.suffix + ".data")
+        capacity = staging_capacity(config, staging_path)
 
         def make_staging(manifest: Manifest) -> StagingBuffer:
             return StagingBuffer(manifest, path=staging_path)
 
     machine = PullMachine(
         run=run,
-        sources=[SourceEstimate(peer=s.peer, bytes_per_s=s.bytes_per_s, latency_s=s.latency_s) for s in sources],
+        sources=[s.estimate() for s in sources],
         config=config,
         step=step,
+        digest=digest,
+        trusted=trusted,
         resume=resume,
         downlink_bytes_per_s=downlink_bytes_per_s,
         planner=planner,
         work_stealing=work_stealing,
+        max_staging_bytes=capacity,
     )
     window = min(host.config.max_window_bytes, config.chunk_bytes * (config.max_inflight_chunks_per_source + 1))
     driver = PullDriver(
@@ -358,6 +439,7 @@ async def pull_state(
         progress=progress,
         window_bytes=window,
         resume_path=path,
+        rediscover=rediscover,
     )
     result = await driver.run()
     if path is not None:

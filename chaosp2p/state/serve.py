@@ -1,11 +1,14 @@
 """Source side of ``/chaos/transfer/1``: serve snapshots to newcomers over streams.
 
-Theory of operation: each newcomer opens one stream per pull. The driver reads request frames and
-hands each to the :class:`~chaosp2p.protocols.transfer.SourceSession` machine, which validates it
-against the catalog (version known, range inside the snapshot, lease held) and says what to send:
-a header message, and for data a read-only slice of the immutable snapshot that goes straight from
-snapshot memory into the encrypted records -- no copy of the state is made per request. When the
-stream ends, every lease that newcomer held is released, so retired snapshots can be freed.
+Theory of operation: each newcomer opens one stream per pull. A *reader* task decodes request
+frames (with the transfer protocol's tight limits) into a bounded
+:class:`~chaosp2p.protocols.transfer.RequestQueue`; a *writer* task takes them in order and hands
+each to the :class:`~chaosp2p.protocols.transfer.SourceSession` machine, which validates it against
+the catalog (version known, range inside the snapshot, lease held) and says what to send: a header
+message, and for data a read-only slice of the immutable snapshot that goes straight from snapshot
+memory into the encrypted records -- no copy of the state is made per request. Reading ahead lets
+a ``CancelRequest`` reach a queued request before the writer starts on it. When the stream ends,
+every lease that newcomer held is released, so retired snapshots can be freed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ import anyio.abc
 
 from chaosp2p.clock import Clock
 from chaosp2p.errors import ChaosError, RemoteProtocolError
-from chaosp2p.protocols.transfer import OutgoingPayload, SnapshotCatalog, SourceSession
+from chaosp2p.protocols.transfer import (
+    OutgoingPayload,
+    RequestQueue,
+    SkippedRequest,
+    SnapshotCatalog,
+    SourceSession,
+)
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
     PROTOCOL_ID,
@@ -29,10 +38,23 @@ from chaosp2p.protocols.transfer_messages import (
     TransferErrorCode,
 )
 from chaosp2p.protocols.transfer_messages import codec as TRANSFER_CODEC
+from chaosp2p.state.frames import receive_transfer_message
+from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.messages import Message
 
 log = logging.getLogger("chaosp2p.state")
+
+
+class _StreamState:
+    """What the reader and the writer of one stream share."""
+
+    def __init__(self, limit: int) -> None:
+        self.queue = RequestQueue(limit)
+        self.ended = False
+        self.has_work = anyio.Event()
+        self.has_room = anyio.Event()
 
 
 class StateServer:
@@ -56,21 +78,13 @@ class StateServer:
 
     async def _serve_stream(self, stream: Stream) -> None:
         peer = stream.remote_peer
+        shared = _StreamState(self._config.max_queued_requests)
         try:
-            while True:
-                message = await stream.receive_message(TRANSFER_CODEC)
-                if message is None:
-                    return
-                session = self.session
-                if session is None:
-                    if isinstance(message, _REQUESTS):  # anything else (a lease release) needs no answer
-                        await stream.send_message(TRANSFER_CODEC, _no_state(message))
-                    continue
-                for out in session.respond(self._clock.now(), peer, message):
-                    await stream.send_message(TRANSFER_CODEC, out.message)
-                    if isinstance(out, OutgoingPayload):
-                        await stream.send(out.payload)
-                self._wake.set()
+            with unwrap_single_error():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._read_requests, stream, shared)
+                    await self._write_answers(stream, shared)
+                    tg.cancel_scope.cancel()
         except RemoteProtocolError as exc:
             log.warning("transfer request from %s rejected: %s", peer, exc)
             raise
@@ -79,6 +93,43 @@ class StateServer:
         finally:
             if self.session is not None:
                 self.session.peer_unreachable(self._clock.now(), peer)
+
+    async def _read_requests(self, stream: Stream, shared: _StreamState) -> None:
+        try:
+            while True:
+                while shared.queue.full:
+                    shared.has_room = anyio.Event()
+                    await shared.has_room.wait()
+                message = await receive_transfer_message(stream)
+                if message is None:
+                    return
+                shared.queue.push(message)
+                shared.has_work.set()
+        finally:
+            shared.ended = True
+            shared.has_work.set()
+
+    async def _write_answers(self, stream: Stream, shared: _StreamState) -> None:
+        peer = stream.remote_peer
+        while True:
+            item = shared.queue.pop()
+            if item is None:
+                if shared.ended:
+                    return
+                shared.has_work = anyio.Event()
+                await shared.has_work.wait()
+                continue
+            shared.has_room.set()
+            session = self.session
+            if session is None:
+                if isinstance(item, (*_REQUESTS, SkippedRequest)):  # a lease release needs no answer
+                    await stream.send_message(TRANSFER_CODEC, _no_state(item))
+                continue
+            for out in session.respond(self._clock.now(), peer, item):
+                await stream.send_message(TRANSFER_CODEC, out.message)
+                if isinstance(out, OutgoingPayload):
+                    await stream.send(out.payload)
+            self._wake.set()
 
     async def _lease_timer(self) -> None:
         while True:
@@ -96,7 +147,6 @@ class StateServer:
 _REQUESTS = (GetVersions, GetManifest, GetChunks, GetRange)
 
 
-def _no_state(message: GetVersions | GetManifest | GetChunks | GetRange) -> ErrorReply:
-    return ErrorReply(
-        request_id=message.request_id, code=TransferErrorCode.UNKNOWN_RUN, detail="this peer serves no state"
-    )
+def _no_state(message: Message | SkippedRequest) -> ErrorReply:
+    request_id = getattr(message, "request_id", 0)
+    return ErrorReply(request_id=request_id, code=TransferErrorCode.UNKNOWN_RUN, detail="this peer serves no state")

@@ -36,8 +36,6 @@ DISCOVERY_RETRY_MIN_S = 0.2
 DISCOVERY_RETRY_MAX_S = 2.0
 ANNOUNCE_RETRY_MIN_S = 0.5
 ANNOUNCE_RETRY_MAX_S = 30.0
-DEFAULT_BANDWIDTH_BYTES_PER_S = 100e6
-"""Assumed link bandwidth when the cluster monitor has no estimate yet (work stealing corrects it)."""
 
 
 def run_provider_key(run: str) -> bytes:
@@ -125,15 +123,16 @@ class StateService:
                 continue  # the DHT still remembers it, but membership knows it is gone
             addrs = tuple(Multiaddr.parse(a) for a in record.addrs)
             sources.append(self._estimate(record.provider, addrs))
-        sources.sort(key=lambda s: -s.bytes_per_s)
+        sources.sort(key=lambda s: -(s.bytes_per_s or 0.0))
         return sources[:limit]
 
     def _estimate(self, peer: PeerID, addrs: tuple[Multiaddr, ...]) -> SourceAddress:
+        # The cluster monitor's estimate when it has one; otherwise the pull measures the link.
         bandwidth, latency = self._node.link_estimate(peer)
         return SourceAddress(
             peer=peer,
             addrs=addrs,
-            bytes_per_s=bandwidth or DEFAULT_BANDWIDTH_BYTES_PER_S,
+            bytes_per_s=bandwidth or None,
             latency_s=latency if latency is not None else 0.001,
         )
 
@@ -151,9 +150,19 @@ class StateService:
         config: TransferConfig | None = None,
         planner: ShardPlanner | None = None,
         work_stealing: bool = True,
+        digest: bytes | None = None,
+        trusted: Sequence[PeerID] = (),
     ) -> LoadedState:
-        """Pull ``run`` from several sources in parallel and commit it (see :meth:`AsyncPeer.load_state`)."""
-        chosen = await self._sources(run, sources, max_sources)
+        """Pull ``run`` from several sources in parallel and commit it (see :meth:`AsyncPeer.load_state`).
+
+        The snapshot pulled is the ``(step, digest)`` most sources agree on; ``step``, ``digest``
+        (SHA-256 of the manifest, as :attr:`SnapshotInfo.digest`) and ``trusted`` (sources whose
+        word decides) pin it. Sources found in the DHT while the pull runs join it.
+        """
+        trust = frozenset(trusted)
+        chosen = await self._sources(run, sources, max(max_sources, 64) if trust else max_sources)
+        if trust:  # trusted sources are never the ones cut by max_sources
+            chosen = sorted(chosen, key=lambda s: s.peer not in trust)[:max_sources]
         if not chosen:
             raise TransferError(
                 f"no peer serves run {run!r}: no provider records in the DHT after {DISCOVERY_TIMEOUT_S:g} s"
@@ -180,6 +189,9 @@ class StateService:
                 resume_path=resume_path,
                 planner=planner,
                 work_stealing=work_stealing,
+                digest=digest,
+                trusted=trust,
+                rediscover=(lambda: self.find_sources(run, limit=max_sources)) if sources is None else None,
             )
         finally:
             del self._pulls[pull_id]

@@ -192,7 +192,7 @@ class SnapshotBuilder:
             hash_algorithm=config.hash_algorithm,
         )
         body = encode_manifest(manifest)
-        digest = manifest_digest(body, manifest.hash_algorithm)
+        digest = manifest_digest(body)
         return self._store._register(_Snapshot(manifest, body, digest, self.buffer, self._allocator))
 
     def abort(self) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,9 @@ from chaosp2p.errors import ConfigError, RemoteProtocolError
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
     DTYPE_ITEMSIZE,
+    WIRE_MAX_FRAME_BYTES,
     BufferSpec,
+    CancelRequest,
     DataHeader,
     ErrorReply,
     GetChunks,
@@ -32,6 +36,7 @@ from chaosp2p.protocols.transfer_messages import (
     check_manifest,
     codec,
     decode_manifest,
+    decode_message,
     encode_manifest,
     hash_function,
     manifest_digest,
@@ -56,6 +61,8 @@ MESSAGES: dict[str, Any] = {
     "DataHeader": DataHeader(request_id=4, offset=4096, length=4096),
     "ReleaseLease": ReleaseLease(lease_id=7),
     "ErrorReply": ErrorReply(request_id=5, code=TransferErrorCode.OUT_OF_RANGE, detail="snapshot has 8192 bytes"),
+    "CancelRequest": CancelRequest(request_id=9),
+    "ErrorCancelled": ErrorReply(request_id=9, code=TransferErrorCode.CANCELLED, detail="cancelled"),
 }
 VECTOR_MANIFEST = Manifest(
     run="run-a",
@@ -194,7 +201,7 @@ def test_good_manifest_passes_and_round_trips() -> None:
     check_manifest(manifest, CONFIG)
     body = encode_manifest(manifest)
     assert decode_manifest(body, max_bytes=1 << 16) == manifest
-    assert manifest_digest(body, "xxh3_128") == hash_function("xxh3_128")(body)
+    assert manifest_digest(body) == hashlib.sha256(body).digest()  # whatever the chunk hash is
     assert manifest.chunk_count == 3
     assert manifest.chunk_range(2) == (128, 2)
 
@@ -302,7 +309,11 @@ def test_config_profiles_are_valid() -> None:
         {"chunk_bytes": 0},
         {"chunk_bytes": 100},
         {"chunk_bytes": 128 << 20},
-        {"behind_plan_factor": 1.0},
+        {"replan_factor": 1.0},
+        {"max_requests_per_source": 0},
+        {"max_chunks_per_request": 0},
+        {"request_target_s": -1.0},
+        {"max_staging_memory_fraction": 1.5},
         {"stall_timeout_s": float("nan")},
         {"stall_timeout_s": float("inf")},
         {"hash_algorithm": "md5"},
@@ -323,3 +334,76 @@ def test_blake3_hash_is_32_bytes() -> None:
     assert len(hash_function("blake3")(b"abc")) == 32
     with pytest.raises(ConfigError):
         hash_function("md5")
+
+
+# ------------------------------------------------------------------- limits checked while decoding
+def manifest_head(total: int = 130, chunk: int = 64) -> bytes:
+    """The encoded manifest fields before the buffer list."""
+    return b"\x98" + b"".join(msgpack.packb(v) for v in (1, "r", 3, total, chunk, "xxh3_128"))
+
+
+def peak_allocation(action: Any) -> int:
+    tracemalloc.start()
+    try:
+        action()
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # a buffer list claiming 4 billion entries: refused from its 5-byte header
+        (manifest_head() + b"\xdd\xff\xff\xff\xff", "limit"),
+        # a shape with more dimensions than allowed
+        (manifest_head() + b"\x91\x95\xa1a\xa7float32\xdc\x01\x00", "limit"),
+        # a name claiming 4 GiB of text
+        (manifest_head() + b"\x91\x95\xdb\xff\xff\xff\xff", "exceed"),
+        # chunk hashes claiming far more bytes than the chunk count needs
+        (manifest_head() + b"\x90\xc6\xff\xff\xff\xff", "chunk count needs 48"),
+        # a snapshot larger than max_state_bytes, refused before the buffers are read
+        (manifest_head(total=2**50) + b"\xdd\xff\xff\xff\xff", "total_bytes"),
+        # an array where the run id belongs (msgpack would otherwise build it)
+        (b"\x98\x01\xdd\xff\xff\xff\xff", "expected str"),
+    ],
+)
+def test_manifest_counts_are_checked_before_anything_is_built(body: bytes, message: str) -> None:
+    def decode() -> None:
+        with pytest.raises(RemoteProtocolError, match=message):
+            decode_manifest(body, max_bytes=1 << 20)
+
+    assert peak_allocation(decode) < 256 << 10
+
+
+def test_manifest_limits_come_from_the_config() -> None:
+    body = encode_manifest(good_manifest())
+    assert decode_manifest(body, max_bytes=1 << 16, limits=CONFIG) == good_manifest()
+    with pytest.raises(RemoteProtocolError, match="3 items \\(limit 2\\)"):
+        decode_manifest(body, max_bytes=1 << 16, limits=TransferConfig(max_manifest_entries=2))
+    with pytest.raises(RemoteProtocolError, match="total_bytes"):
+        decode_manifest(body, max_bytes=1 << 16, limits=TransferConfig(max_state_bytes=100))
+    with pytest.raises(RemoteProtocolError, match="trailing"):
+        decode_manifest(body + b"\x00", max_bytes=1 << 16)
+
+
+def test_control_frames_are_decoded_with_the_protocols_own_limits() -> None:
+    version = [1, 1, 1, "xxh3_128", DIGEST]
+    assert decode_message(msgpack.packb([2, 1, "r", [version] * 64]))  # a full version list is fine
+    # 65 versions are refused by the decoder itself (array limit), not after building them
+    with pytest.raises(RemoteProtocolError, match="undecodable"):
+        decode_message(msgpack.packb([2, 1, "r", [version] * 65]))
+    for hostile in (
+        b"\x94\x02\x01\xa1r\xdd\xff\xff\xff\xff",  # versions array claiming 4 billion items
+        b"\x92\x0a\xc6\x00\x10\x00\x00" + bytes(10),  # a 1 MiB bin where an id belongs
+        b"\x81\x01\x02",  # maps are never part of a transfer message
+    ):
+
+        def decode(body: bytes = hostile) -> None:
+            with pytest.raises(RemoteProtocolError):
+                decode_message(body)
+
+        assert peak_allocation(decode) < 64 << 10
+    with pytest.raises(RemoteProtocolError, match="exceeds"):
+        decode_message(bytes(WIRE_MAX_FRAME_BYTES + 1))

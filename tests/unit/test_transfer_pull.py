@@ -36,7 +36,9 @@ from chaosp2p.protocols.transfer import (
     PlanReason,
     PullMachine,
     PullState,
+    RequestQueue,
     ResumeDiscarded,
+    SkippedRequest,
     SourceDropped,
     SourceEstimate,
     SourcePenalised,
@@ -66,7 +68,6 @@ CONFIG = TransferConfig(
     max_inflight_chunks_per_source=3,
     request_timeout_s=1.0,
     stall_timeout_s=2.0,
-    behind_plan_min_s=0.5,
     check_interval_s=0.25,
     progress_interval_s=0.05,
     lease_ttl_s=30.0,
@@ -114,6 +115,9 @@ class FakeSource:
     retire_before_open: bool = False
     dead: bool = False
     stalled: bool = False
+    queue: RequestQueue = field(default_factory=lambda: RequestQueue(32))
+    serving: bool = False
+    data_requests: list[GetChunks] = field(default_factory=list)
 
 
 class FakeNet:
@@ -135,6 +139,8 @@ class FakeNet:
         self.failed: Failed | None = None
         self.stop_when: Callable[[FakeNet], bool] | None = None
         self.start_delay = 0.0
+        self.discarded = 0
+        self.delivered: list[tuple[PeerID, Message]] = []
 
     # --------------------------------------------------------------------------- scheduling
     def at(self, when: float, action: Callable[[], None]) -> None:
@@ -197,6 +203,7 @@ class FakeNet:
             self.machine.payload_aborted(self.now, source, slot)
 
     def deliver_request(self, to: PeerID, message: Message) -> None:
+        self.delivered.append((to, message))
         src = self.sources[to]
         # The machine must never ask a source it dropped for data.
         assert not (to in self.closed and isinstance(message, (GetChunks, GetVersions, GetManifest))), message
@@ -204,10 +211,30 @@ class FakeNet:
 
     # ---------------------------------------------------------------------------- sources
     def source_handles(self, src: FakeSource, message: Message) -> None:
+        """A request reaches the source: queued (cancellable) until its link is free to answer it."""
         if src.dead or src.stalled:
             return
+        src.queue.push(message)
+        if not src.serving:
+            self.serve_next(src)
+
+    def serve_next(self, src: FakeSource) -> None:
+        src.serving = False
+        if src.dead or src.stalled:
+            return
+        item = src.queue.pop()
+        if item is None:
+            return
+        src.serving = True
+        self.source_answers(src, item)
+        # The writer takes the next request once this answer has left (as the real source does).
+        self.at(max(src.link_free_at, self.now), lambda: self.serve_next(src))
+
+    def source_answers(self, src: FakeSource, message: Message | SkippedRequest) -> None:
         if src.retire_before_open and isinstance(message, GetManifest):
             src.store.retire(RUN)  # the version went away between the query and the lease
+        if isinstance(message, GetChunks):
+            src.data_requests.append(message)
         if src.error_on_chunks is not None and isinstance(message, GetChunks):
             error = ErrorReply(request_id=message.request_id, code=src.error_on_chunks, detail="no")
             replies: list[Any] = [Outgoing(to=NEWCOMER, protocol="transfer", message=error)]
@@ -227,9 +254,11 @@ class FakeNet:
                 return
             data = bytes(payload) if payload is not None else b""
             if isinstance(header, DataHeader):
-                first = header.offset // CHUNK
-                if first in src.corrupt_chunks:
-                    data = bytes([data[0] ^ 0xFF]) + data[1:]
+                damaged = bytearray(data)
+                for i in range(0, len(damaged), CHUNK):  # one flipped byte in each corrupt chunk
+                    if (header.offset + i) // CHUNK in src.corrupt_chunks:
+                        damaged[i] ^= 0xFF
+                data = bytes(damaged)
                 if src.short_bytes:
                     length = header.length - src.short_bytes
                     header = DataHeader(request_id=header.request_id, offset=header.offset, length=length)
@@ -268,7 +297,10 @@ class FakeNet:
         if src.peer in self.closed or slot not in self.open_slots.get(src.peer, []):
             return
         self.open_slots[src.peer].remove(slot)
-        if slot.kind is PayloadKind.DATA:
+        if slot.kind is PayloadKind.DISCARD:
+            self.discarded += 1
+            self.machine.payload_received(self.now, src.peer, slot, b"")
+        elif slot.kind is PayloadKind.DATA:
             assert self.staging is not None
             view = self.staging.slot_view(slot)
             view[:] = data
@@ -351,8 +383,9 @@ def test_four_sources_bit_exact() -> None:
     assert not net.of(SourceDropped) and not net.of(SourcePenalised)
     planned = net.of(Planned)
     assert [p.reason for p in planned] == [PlanReason.INITIAL]
-    # at most the cap of one-chunk requests in flight per source at any time
-    assert all(m.chunk_count == 1 for m in net.sent if isinstance(m, GetChunks))
+    # one request per batch of consecutive chunks, never more than the per-source cap
+    counts = [m.chunk_count for m in net.sent if isinstance(m, GetChunks)]
+    assert max(counts) == CONFIG.max_inflight_chunks_per_source and min(counts) >= 1
     settle(net)
     assert leases_held(sources) == 0
 
@@ -535,7 +568,9 @@ def test_resume_from_persisted_progress(tmp_path: Path) -> None:
     assert_bit_exact(second.result(), make_state())
     ready = second.of(ManifestReady)[0]
     assert ready.resumed_chunks == verified
-    requested = {m.first_chunk for m in second.sent if isinstance(m, GetChunks)}
+    requested = {
+        c for m in second.sent if isinstance(m, GetChunks) for c in range(m.first_chunk, m.first_chunk + m.chunk_count)
+    }
     assert requested.isdisjoint(record.verified_chunks())
     assert len(requested) == record.chunk_count - verified
     assert second.of(TransferProgress)[-1].resumed_bytes > 0
@@ -562,7 +597,7 @@ def test_mixed_versions_are_never_committed() -> None:
     net.run()
     assert_bit_exact(net.result(), make_state())
     dropped = net.of(SourceDropped)
-    assert [(d.source, d.reason) for d in dropped] == [(sources[3].peer, DropReason.VERSION_MISMATCH)]
+    assert [(d.source, d.reason) for d in dropped] == [(sources[3].peer, DropReason.CONFLICT)]
     assert dict(net.completed.bytes_by_source)[sources[3].peer] == 0  # type: ignore[union-attr]
 
 
@@ -748,7 +783,8 @@ def test_wrong_size_payload_is_a_local_error() -> None:
     net.stop_when = lambda n: n.machine.state is PullState.PULLING
     net.run()
     message = next(m for m in net.sent if isinstance(m, GetChunks))
-    header = DataHeader(request_id=message.request_id, offset=message.first_chunk * CHUNK, length=CHUNK)
+    length = message.chunk_count * CHUNK
+    header = DataHeader(request_id=message.request_id, offset=message.first_chunk * CHUNK, length=length)
     slot = net.machine.receive(net.now, sources[0].peer, "transfer", header)
     assert slot is not None and slot.offset == message.first_chunk * CHUNK
     with pytest.raises(LocalProtocolError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import weakref
 
 import numpy as np
@@ -10,9 +11,10 @@ import pytest
 
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
-from chaosp2p.protocols.transfer import OutgoingPayload, SourceSession
+from chaosp2p.protocols.transfer import OutgoingPayload, RequestQueue, SkippedRequest, SourceSession
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
+    CancelRequest,
     DataHeader,
     ErrorReply,
     GetChunks,
@@ -74,7 +76,7 @@ def test_manifest_reply_is_a_header_plus_the_body_as_raw_payload() -> None:
     assert isinstance(reply, OutgoingPayload) and isinstance(reply.message, ManifestReply)
     body = bytes(reply.payload)
     assert reply.message.manifest_bytes == len(body)
-    assert manifest_digest(body, "xxh3_128") == reply.message.digest
+    assert manifest_digest(body) == reply.message.digest == hashlib.sha256(body).digest()
     manifest = decode_manifest(body, max_bytes=1 << 20)
     assert manifest == store.latest("r").manifest  # type: ignore[union-attr]
     assert session.statistics().leases_active == 1
@@ -272,3 +274,29 @@ def test_released_snapshot_buffer_is_freed() -> None:
     session.respond(0.0, A, ReleaseLease(lease_id=lease))
     gc.collect()
     assert ref() is None and store.bytes_held == 0
+
+
+def test_queued_requests_can_be_cancelled_until_they_are_taken() -> None:
+    store = store_with()
+    session = SourceSession(store, CONFIG)
+    lease = open_lease(session)
+    queue = RequestQueue(limit=3)
+    for request_id in (10, 11, 12):
+        queue.push(GetChunks(request_id=request_id, run="r", step=1, lease_id=lease, first_chunk=0, chunk_count=1))
+    assert queue.full
+    with pytest.raises(RemoteProtocolError):
+        queue.push(GetVersions(request_id=13, run="r"))
+    first = queue.pop()
+    queue.push(CancelRequest(request_id=10))  # already taken: too late, nothing changes
+    queue.push(CancelRequest(request_id=11))
+    queue.push(CancelRequest(request_id=99))  # unknown ids are ignored, not queued
+    assert len(queue) == 2
+    answers = [session.respond(0.0, A, item) for item in (first, queue.pop(), queue.pop())]
+    assert isinstance(answers[0][0].message, DataHeader) and answers[0][0].message.request_id == 10
+    skipped = answers[1][0].message
+    assert isinstance(skipped, ErrorReply) and skipped.request_id == 11 and skipped.code is TransferErrorCode.CANCELLED
+    assert isinstance(answers[2][0].message, DataHeader) and answers[2][0].message.request_id == 12
+    assert queue.pop() is None
+    # a cancel that reaches the session in order has nothing left to cancel
+    assert session.respond(0.0, A, CancelRequest(request_id=12)) == []
+    assert session.respond(0.0, A, SkippedRequest(request_id=5))[0].message.code is TransferErrorCode.CANCELLED  # type: ignore[attr-defined]

@@ -3,7 +3,8 @@
 A *source* serves immutable snapshots (:class:`SourceSession`, :mod:`.source`); a *newcomer* pulls
 one snapshot from several sources at once (:class:`PullMachine`, :mod:`.pull`), reporting what
 happens as events (:mod:`.events`). The states of the pull, of each source and of each chunk are
-tables in :mod:`.states`. The wire format lives in :mod:`chaosp2p.protocols.transfer_messages` and
+tables in :mod:`.states`; the chunk scheduling of a running pull is :mod:`.scheduler` and the vote
+on which snapshot to pull is :mod:`.selection`. The wire format lives in :mod:`chaosp2p.protocols.transfer_messages` and
 the configuration in :mod:`chaosp2p.protocols.transfer_config`; both are re-exported here, so
 ``from chaosp2p.protocols.transfer import ...`` reaches everything. ``protocols/transfer.md`` is the
 normative description.
@@ -30,18 +31,29 @@ from chaosp2p.protocols.transfer.payload import OutgoingPayload, PayloadKind, Pa
 from chaosp2p.protocols.transfer.planner import SchedulingPlanner, ShardPlanner, SourceEstimate
 from chaosp2p.protocols.transfer.pull import PullMachine
 from chaosp2p.protocols.transfer.resume_record import ResumeRecord
-from chaosp2p.protocols.transfer.source import PinnedSnapshot, SnapshotCatalog, SourceSession, SourceStatistics
+from chaosp2p.protocols.transfer.scheduler import ChunkScheduler, RateMeter
+from chaosp2p.protocols.transfer.selection import Conflict, VersionChoice, choose_version
+from chaosp2p.protocols.transfer.source import (
+    PinnedSnapshot,
+    RequestQueue,
+    SkippedRequest,
+    SnapshotCatalog,
+    SourceSession,
+    SourceStatistics,
+)
 from chaosp2p.protocols.transfer.states import ChunkState, PullState, SourceState
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
     PROTOCOL,
     PROTOCOL_ID,
     BufferSpec,
+    CancelRequest,
     Manifest,
     TransferErrorCode,
     VersionInfo,
     check_manifest,
     decode_manifest,
+    decode_message,
     encode_manifest,
     manifest_digest,
 )
@@ -50,8 +62,11 @@ __all__ = [
     "PROTOCOL",
     "PROTOCOL_ID",
     "BufferSpec",
+    "CancelRequest",
+    "ChunkScheduler",
     "ChunkState",
     "Completed",
+    "Conflict",
     "DropReason",
     "Failed",
     "Manifest",
@@ -66,10 +81,13 @@ __all__ = [
     "PullEvent",
     "PullMachine",
     "PullState",
+    "RateMeter",
+    "RequestQueue",
     "ResumeDiscarded",
     "ResumeRecord",
     "SchedulingPlanner",
     "ShardPlanner",
+    "SkippedRequest",
     "SnapshotCatalog",
     "SourceDropped",
     "SourceEstimate",
@@ -81,9 +99,12 @@ __all__ = [
     "TransferConfig",
     "TransferErrorCode",
     "TransferProgress",
+    "VersionChoice",
     "VersionInfo",
     "check_manifest",
+    "choose_version",
     "decode_manifest",
+    "decode_message",
     "encode_manifest",
     "manifest_digest",
 ]

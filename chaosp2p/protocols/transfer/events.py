@@ -20,6 +20,8 @@ class DropReason(enum.Enum):
 
     NO_VERSION = "no_version"
     """It does not hold the chosen version (not a fault)."""
+    CONFLICT = "conflict"
+    """It offers a snapshot that contradicts the one the other sources agree on (or that was pinned)."""
     VERSION_MISMATCH = "version_mismatch"
     """Its snapshot changed between the version query and the lease (not a fault)."""
     TIMEOUT = "timeout"
@@ -44,6 +46,11 @@ class PlanReason(enum.Enum):
     INITIAL = "initial"
     SOURCE_DROPPED = "source_dropped"
     BEHIND_PLAN = "behind_plan"
+    """A source's measured rate differs from the rate its plan assumed (slower or faster)."""
+    MEASURED = "measured"
+    """Sources nobody knew were measured on their first requests."""
+    SOURCE_ADDED = "source_added"
+    """A source joined mid-pull."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +61,7 @@ class SourceProgress:
     active: bool
     bytes_done: int
     rate_bytes_per_s: float
+    """Its measured rate (0 until its first request completed)."""
     inflight_chunks: int
     queued_chunks: int
 

@@ -11,24 +11,31 @@ States (:data:`~chaosp2p.protocols.transfer.states.PULL_TRANSITIONS`)::
     READY --start_pull--> PULLING --every chunk verified--> COMPLETED
     any non-final state --fail--> FAILED, --abort--> ABORTED
 
-* QUERYING: ask every source which versions of the run it holds; choose the pinned step, or else
-  the newest, and among sources holding it the digest group with the most sources (then the most
-  bandwidth). Only sources
-  in that group are used, so every byte comes from the same (run, step, manifest digest): a
-  newcomer can never mix versions.
-* OPENING: open a lease on each chosen source; the fastest also sends the manifest body, which must
-  hash to the advertised digest and pass :func:`check_manifest`. A bad body is fetched elsewhere.
+* QUERYING: ask every source which versions of the run it holds, then vote
+  (:mod:`.selection`): the ``(step, digest)`` most sources hold wins (a pinned step, digest or set
+  of trusted sources narrows the vote), and a source offering something that contradicts the
+  winner is reported (``SourceDropped``, reason ``CONFLICT``) and never used. Every byte then comes
+  from the same (run, step, digest): a newcomer can never mix versions.
+* OPENING: open a lease on each source holding the winner; the best-known one also sends the
+  manifest body, which must hash to the digest and decode within the configured limits (counts are
+  checked as it is decoded). A bad body is fetched elsewhere.
 * READY: the driver allocates the staging buffer for the manifest, then calls ``start_pull``.
-* PULLING: the missing chunks are planned over the sources (``ShardPlanner``, aligned to chunks);
-  each source gets up to ``max_inflight_chunks_per_source`` one-chunk requests in flight. A
-  ``DataHeader`` is checked against the request it answers (offset and length exactly as asked) and
-  turned into a :class:`PayloadSlot`: the driver receives the raw bytes straight into that slice of
-  the staging buffer and hands the same memory back to ``payload_received``, which hashes each
-  chunk exactly once, on the destination bytes. A hash mismatch, a protocol violation, an error
-  reply, a stall or a failure drops the source for this transfer (penalised when it misbehaved) and
-  replans its unfinished chunks over the others; a source that falls behind its planned rate by
-  ``behind_plan_factor`` triggers a replan with its measured rate; an idle source steals queued
-  chunks from the tail of the slowest one. ``Completed`` is emitted only when every chunk is verified.
+* PULLING: the :class:`~chaosp2p.protocols.transfer.scheduler.ChunkScheduler` plans, measures,
+  re-plans, batches, steals and plays the end game (see there). A ``DataHeader`` is checked against
+  the request it answers and turned into a :class:`PayloadSlot`; the driver receives the raw bytes
+  straight into that slice of the staging buffer and hands the same memory back to
+  ``payload_received``, which hashes each chunk exactly once, on the destination bytes. A hash
+  mismatch, a protocol violation, an error reply, a stall or a failure drops the source for this
+  transfer (penalised when it misbehaved) and re-plans its unfinished chunks over the others.
+  ``Completed`` is emitted only when every chunk is verified.
+
+Sources may be added at any time before the end (``add_source``): one that joins after the vote is
+asked for its versions and used only if it holds exactly the chosen snapshot.
+
+Per source (:data:`~chaosp2p.protocols.transfer.states.SOURCE_TRANSITIONS`)::
+
+    QUERYING --versions--> ANSWERED --chosen--> OPENING --lease granted--> LEASED
+    QUERYING/ANSWERED/OPENING/LEASED --set aside--> UNUSED, --drop--> DROPPED, --finish--> DONE
 
 Safety rule for drivers: once a slot is handed out, the destination slice belongs to that source's
 stream until the driver reports ``payload_received`` or ``payload_aborted`` for it. Chunks of a
@@ -39,8 +46,7 @@ dropped source whose payload had started stay quarantined (not re-requested) unt
 from __future__ import annotations
 
 import enum
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from chaosp2p.errors import (
@@ -57,8 +63,6 @@ from chaosp2p.protocols.transfer.events import (
     Failed,
     ManifestReady,
     PenaltyReason,
-    Planned,
-    PlanReason,
     PullEvent,
     ResumeDiscarded,
     SourceDropped,
@@ -69,14 +73,13 @@ from chaosp2p.protocols.transfer.events import (
 from chaosp2p.protocols.transfer.payload import PayloadKind, PayloadSlot
 from chaosp2p.protocols.transfer.planner import SchedulingPlanner, ShardPlanner, SourceEstimate
 from chaosp2p.protocols.transfer.resume_record import ResumeRecord
+from chaosp2p.protocols.transfer.scheduler import ChunkScheduler
+from chaosp2p.protocols.transfer.selection import choose_version, describe_conflict, usable
 from chaosp2p.protocols.transfer.states import (
-    CHUNK_TRANSITIONS,
     PULL_FINAL,
     PULL_TRANSITIONS,
     SOURCE_GONE,
     SOURCE_TRANSITIONS,
-    ChunkInput,
-    ChunkState,
     PullInput,
     PullState,
     SourceInput,
@@ -86,10 +89,10 @@ from chaosp2p.protocols.transfer.states import (
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
     DIGEST_BYTES,
+    MANIFEST_DIGEST_BYTES,
     PROTOCOL,
     DataHeader,
     ErrorReply,
-    GetChunks,
     GetManifest,
     GetVersions,
     Hasher,
@@ -102,14 +105,10 @@ from chaosp2p.protocols.transfer_messages import (
     check_manifest,
     decode_manifest,
     hash_function,
+    manifest_digest,
 )
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
-
-_MIN_RATE = 1.0
-"""Floor for a measured rate handed to the planner (bytes/s); the planner needs positive rates."""
-UNKNOWN_RATE_GUESS = 100e6
-"""Rate assumed for a source nobody has measured yet, until its own chunks tell."""
 
 
 class _Ask(enum.Enum):
@@ -127,32 +126,15 @@ class _Pending:
 
 
 @dataclass(slots=True)
-class _Request:
-    request_id: int
-    chunk: int
-    offset: int
-    length: int
-    started: bool = False
-
-
-@dataclass(slots=True)
 class _Source:
     estimate: SourceEstimate
-    rate: float
     status: SourceState = SourceState.QUERYING
-    versions: dict[int, VersionInfo] = field(default_factory=dict)
+    versions: list[VersionInfo] = field(default_factory=list)
     lease_id: int | None = None
     lease_ttl_s: float = 0.0
     last_sent: float = 0.0
     last_activity: float = 0.0
-    queue: deque[int] = field(default_factory=deque)
-    inflight: dict[int, _Request] = field(default_factory=dict)
     manifest_slot: PayloadSlot | None = None
-    quarantine_until: float | None = None
-    window_start: float = 0.0
-    window_bytes: int = 0
-    planned_rate: float = 0.0
-    bytes_verified: int = 0
     dropped_because: str = ""
 
     @property
@@ -169,6 +151,11 @@ class PullMachine:
     (``SourceDropped``: close that source's stream); call ``handle_timeout(now)`` at
     ``next_deadline()``. On :class:`ManifestReady` allocate staging and call ``start_pull(now)``;
     commit on :class:`Completed` only.
+
+    ``step`` and ``digest`` pin the snapshot; ``trusted`` limits the vote to versions those
+    sources hold (other sources still serve chunks of it). ``max_staging_bytes`` is what the
+    driver can stage (free memory or disk): a larger snapshot fails the pull before anything is
+    allocated for it.
     """
 
     protocols: Sequence[str] = (PROTOCOL,)
@@ -180,15 +167,20 @@ class PullMachine:
         sources: Sequence[SourceEstimate],
         config: TransferConfig,
         step: int | None = None,
+        digest: bytes | None = None,
+        trusted: frozenset[PeerID] = frozenset(),
         resume: ResumeRecord | None = None,
         planner: ShardPlanner | None = None,
         downlink_bytes_per_s: float | None = None,
         work_stealing: bool = True,
+        max_staging_bytes: int | None = None,
     ) -> None:
         if not 1 <= len(run) <= config.max_name_chars:
             raise ConfigError(f"run id must have 1..{config.max_name_chars} characters")
         if step is not None and step < 0:
             raise ConfigError("step must be >= 0")
+        if digest is not None and len(digest) != MANIFEST_DIGEST_BYTES:
+            raise ConfigError(f"a snapshot digest has {MANIFEST_DIGEST_BYTES} bytes (got {len(digest)})")
         if not sources:
             raise ConfigError("a pull needs at least one source")
         if len({s.peer for s in sources}) != len(sources):
@@ -196,7 +188,10 @@ class PullMachine:
         self.run = run
         self.config = config
         self.requested_step = step
+        self.requested_digest = digest
+        self.trusted = trusted
         self.resume = resume
+        self.max_staging_bytes = max_staging_bytes
         self.planner: ShardPlanner = planner or SchedulingPlanner(
             max_shards=config.max_shards,
             per_shard_overhead_s=config.per_shard_overhead_s,
@@ -204,24 +199,16 @@ class PullMachine:
         )
         self.work_stealing = work_stealing
         self.state = PullState.IDLE
-        self._sources: dict[PeerID, _Source] = {
-            s.peer: _Source(estimate=s, rate=s.bytes_per_s or UNKNOWN_RATE_GUESS) for s in sources
-        }
+        self._sources: dict[PeerID, _Source] = {s.peer: _Source(estimate=s) for s in sources}
         self._pending: dict[int, _Pending] = {}
         self._next_request = 1
         self._outgoing: list[Outgoing] = []
         self._events: list[PullEvent] = []
         self._chosen: VersionInfo | None = None
-        self._group: list[PeerID] = []
         self._manifest: Manifest | None = None
         self._hasher: Hasher | None = None
-        self._chunk_state = bytearray()
-        self._attempts: dict[int, int] = {}
-        self._orphans: list[int] = []
-        self._verified_chunks = 0
-        self._verified_bytes = 0
-        self._resumed_bytes = 0
-        self._replans = 0
+        self._scheduler: ChunkScheduler | None = None
+        self._resumed: list[int] = []
         self._pull_started: float | None = None
         self._next_check: float | None = None
         self._last_progress: float | None = None
@@ -234,6 +221,11 @@ class PullMachine:
         return self._manifest
 
     @property
+    def chosen(self) -> VersionInfo | None:
+        """The snapshot being pulled (from OPENING on)."""
+        return self._chosen
+
+    @property
     def failure(self) -> TransferError | None:
         """Why the pull failed (in FAILED)."""
         return self._failure
@@ -244,31 +236,55 @@ class PullMachine:
         for src in self._sources.values():
             self._ask(now, src, GetVersions(request_id=self._new_id(), run=self.run), _Ask.VERSIONS, False)
 
+    def add_source(self, now: float, source: SourceEstimate) -> bool:
+        """Use one more source (found mid-pull); False if it is known already or the pull is over."""
+        if self.state in PULL_FINAL or source.peer in self._sources:
+            return False
+        src = self._sources[source.peer] = _Source(estimate=source)
+        if self.state is not PullState.IDLE:
+            self._ask(now, src, GetVersions(request_id=self._new_id(), run=self.run), _Ask.VERSIONS, False)
+        return True
+
     def start_pull(self, now: float) -> None:
         """Staging is allocated: plan the missing chunks and start requesting them."""
+        manifest, chosen, hasher = self._manifest, self._chosen, self._hasher
+        if manifest is None or chosen is None or hasher is None:
+            raise LocalProtocolError(f"start_pull is not allowed in state {self.state.value}")
         self._transition(PullInput.START_PULL)
         self._pull_started = now
         self._last_progress = None
+        scheduler = self._scheduler = ChunkScheduler(
+            run=self.run,
+            step=chosen.step,
+            manifest=manifest,
+            hasher=hasher,
+            config=self.config,
+            planner=self.planner,
+            work_stealing=self.work_stealing,
+            new_id=self._new_id,
+            send=lambda at, peer, message: self._send(at, self._sources[peer], message),
+            emit=lambda event: self._events.append(event),
+        )
+        scheduler.mark_verified(self._resumed)
         for src in self._active():
-            src.last_activity = now
+            assert src.lease_id is not None
+            scheduler.add_lane(now, src.peer, src.lease_id, src.estimate)
         self._next_check = now + self.config.check_interval_s
         if self._check_complete(now):
             return
-        self._replan(now, PlanReason.INITIAL)
-        self._dispatch(now)
+        self._schedule(now, lambda: scheduler.start(now))
         self._emit_progress(now, force=True)
 
     def receive(self, now: float, sender: PeerID, protocol: str, message: Message) -> PayloadSlot | None:
         """Handle a reply from ``sender``.
 
-        Returns a :class:`PayloadSlot` when the reply announces raw bytes we accept: receive exactly
-        ``slot.length`` bytes into the slot and call :meth:`payload_received`. ``None`` otherwise;
-        if the source was dropped (a :class:`SourceDropped` event), close its stream without reading.
+        Returns a :class:`PayloadSlot` when the reply announces raw bytes: receive exactly
+        ``slot.length`` bytes into the slot (or, for ``DISCARD``, read and drop them) and call
+        :meth:`payload_received`. ``None`` otherwise; if the source was dropped (a
+        :class:`SourceDropped` event), close its stream without reading.
         """
         src = self._sources.get(sender)
-        if protocol != PROTOCOL or src is None or self.state in PULL_FINAL:
-            return None
-        if src.status in (SourceState.DROPPED, SourceState.DONE, SourceState.UNUSED):
+        if protocol != PROTOCOL or src is None or self.state in PULL_FINAL or src.status in SOURCE_GONE:
             return None
         if isinstance(message, VersionsReply):
             self._on_versions(now, src, message)
@@ -288,13 +304,15 @@ class PullMachine:
         """The ``slot.length`` bytes announced by ``slot`` are in ``data``.
 
         For ``DATA`` slots ``data`` must be the staging slice itself: each chunk is hashed there,
-        once. A chunk that fails its hash drops the source and is fetched elsewhere.
+        once. A chunk that fails its hash drops the source and is fetched elsewhere. For
+        ``DISCARD`` slots ``data`` is ignored (pass ``b""``: the bytes were read and dropped).
         """
-        if len(data) != slot.length:
+        if slot.kind is not PayloadKind.DISCARD and len(data) != slot.length:
             raise LocalProtocolError(f"payload for slot of {slot.length} bytes has {len(data)} bytes")
         src = self._sources.get(source)
         if src is None or self.state in PULL_FINAL:
             return
+        src.last_activity = now
         if slot.kind is PayloadKind.MANIFEST:
             self._on_manifest_body(now, src, slot, data)
         else:
@@ -310,19 +328,21 @@ class PullMachine:
                 src.manifest_slot = None
                 self._drop(now, src, DropReason.FAILED, "manifest transfer aborted", None)
             return
-        request = src.inflight.get(slot.request_id)
-        if request is None or not request.started:
+        scheduler = self._scheduler
+        if scheduler is None or not scheduler.aborted(now, source, slot):
             return
         if src.status is SourceState.LEASED:
             self._drop(now, src, DropReason.FAILED, "payload aborted", None)
-        self._release_request(src, request)
-        self._after_change(now)
+        else:
+            self._after_change(now)
 
     def note_activity(self, now: float, source: PeerID) -> None:
         """Bytes are arriving from ``source`` (optional; keeps a slow link from looking stalled)."""
         src = self._sources.get(source)
         if src is not None:
             src.last_activity = now
+            if self._scheduler is not None:
+                self._scheduler.note_activity(now, source)
 
     def source_failed(self, now: float, source: PeerID, detail: str = "") -> None:
         """The stream or connection to ``source`` failed (not its fault as far as we know)."""
@@ -354,21 +374,18 @@ class PullMachine:
         if self.state in PULL_FINAL:
             return None
         times = [p.deadline for p in self._pending.values()]
+        scheduler = self._scheduler
+        if scheduler is not None:
+            times.extend(scheduler.deadlines())
         for src in self._sources.values():
-            if src.quarantine_until is not None:
-                times.append(src.quarantine_until)
-            if src.status is not SourceState.LEASED:
-                continue
-            if self.state is PullState.PULLING and src.inflight:
-                times.append(src.last_activity + self.config.stall_timeout_s)
-            elif not src.inflight:
+            if src.status is SourceState.LEASED and not (scheduler is not None and scheduler.busy(src.peer)):
                 times.append(src.last_sent + src.lease_ttl_s / 3)
         if self.state is PullState.PULLING and self._next_check is not None:
             times.append(self._next_check)
         return min(times, default=None)
 
     def handle_timeout(self, now: float) -> None:
-        """Time out unanswered requests and stalled sources, renew leases, compare with the plan."""
+        """Time out unanswered requests and stalled sources, renew leases, check measured rates."""
         if self.state in PULL_FINAL:
             return
         for request_id, pending in list(self._pending.items()):
@@ -378,28 +395,24 @@ class PullMachine:
                 self._drop(now, src, DropReason.TIMEOUT, f"no answer to {pending.ask.value} request", None)
                 if self.state in PULL_FINAL:
                     return
-        for src in list(self._sources.values()):
-            if src.quarantine_until is not None and src.quarantine_until <= now:
-                for request in [r for r in src.inflight.values() if r.started]:
-                    self._release_request(src, request)
-                src.quarantine_until = None
+        scheduler = self._scheduler
+        if scheduler is not None:
+            if scheduler.release_quarantine(now):
                 self._after_change(now)
                 if self.state in PULL_FINAL:
                     return
-            if src.status is not SourceState.LEASED:
-                continue
-            if (
-                self.state is PullState.PULLING
-                and src.inflight
-                and now >= src.last_activity + self.config.stall_timeout_s
-            ):
-                self._drop(now, src, DropReason.STALLED, f"no progress for {now - src.last_activity:.3g}s", None)
-                if self.state in PULL_FINAL:
-                    return
-                continue
+            for peer, idle_s in scheduler.stalled(now):
+                src = self._sources[peer]
+                if src.status is SourceState.LEASED:
+                    self._drop(now, src, DropReason.STALLED, f"no progress for {idle_s:.3g}s", None)
+                    if self.state in PULL_FINAL:
+                        return
+        for src in list(self._sources.values()):
             # Requests renew a lease; only an idle source needs an explicit renewal (one queued behind
             # payloads on a busy stream could not be answered in time anyway).
-            if not src.inflight and now >= src.last_sent + src.lease_ttl_s / 3 and src.lease_id is not None:
+            if src.status is not SourceState.LEASED or (scheduler is not None and scheduler.busy(src.peer)):
+                continue
+            if now >= src.last_sent + src.lease_ttl_s / 3 and src.lease_id is not None:
                 chosen = self._chosen
                 assert chosen is not None
                 renew = GetManifest(
@@ -412,7 +425,7 @@ class PullMachine:
                 self._ask(now, src, renew, _Ask.RENEW, False)
         if self.state is PullState.PULLING and self._next_check is not None and now >= self._next_check:
             self._next_check = now + self.config.check_interval_s
-            self._check_behind_plan(now)
+            self._after_change(now)
 
     def take_outgoing(self) -> list[Outgoing]:
         """Remove and return the messages to send (``to`` names the source)."""
@@ -426,32 +439,25 @@ class PullMachine:
 
     def progress(self, now: float) -> TransferProgress:
         """A progress snapshot at ``now``."""
-        manifest = self._manifest
+        manifest, scheduler = self._manifest, self._scheduler
         total = manifest.total_bytes if manifest else 0
+        done = scheduler.verified_bytes if scheduler else 0
+        resumed = scheduler.resumed_bytes if scheduler else 0
         elapsed = 0.0 if self._pull_started is None else max(0.0, now - self._pull_started)
-        pulled = self._verified_bytes - self._resumed_bytes
-        rate = pulled / elapsed if elapsed > 0 else 0.0
-        remaining = total - self._verified_bytes
+        rate = (done - resumed) / elapsed if elapsed > 0 else 0.0
+        remaining = total - done
         eta = 0.0 if remaining == 0 else (remaining / rate if rate > 0 else None)
         sources = tuple(
-            SourceProgress(
-                peer=src.peer,
-                active=src.status is SourceState.LEASED,
-                bytes_done=src.bytes_verified,
-                rate_bytes_per_s=src.bytes_verified / elapsed if elapsed > 0 else 0.0,
-                inflight_chunks=len(src.inflight),
-                queued_chunks=len(src.queue),
-            )
-            for src in self._sources.values()
+            self._source_progress(src) for src in self._sources.values() if src.status is not SourceState.UNUSED
         )
         return TransferProgress(
             run=self.run,
             step=manifest.step if manifest else (self._chosen.step if self._chosen else -1),
-            bytes_done=self._verified_bytes,
+            bytes_done=done,
             bytes_total=total,
-            chunks_done=self._verified_chunks,
+            chunks_done=scheduler.verified_chunks if scheduler else 0,
             chunks_total=manifest.chunk_count if manifest else 0,
-            resumed_bytes=self._resumed_bytes,
+            resumed_bytes=resumed,
             elapsed_s=elapsed,
             rate_bytes_per_s=rate,
             eta_s=eta,
@@ -463,7 +469,12 @@ class PullMachine:
         manifest, chosen = self._manifest, self._chosen
         if manifest is None or chosen is None:
             raise LocalProtocolError("no manifest yet: nothing to resume")
-        flags = bytes(1 if s == ChunkState.VERIFIED else 0 for s in self._chunk_state)
+        if self._scheduler is not None:
+            flags = bytearray(self._scheduler.verified_flags())
+        else:
+            flags = bytearray(manifest.chunk_count)
+            for chunk in self._resumed:
+                flags[chunk] = 1
         return ResumeRecord(
             run=self.run,
             step=manifest.step,
@@ -476,11 +487,7 @@ class PullMachine:
     def is_active(self, source: PeerID) -> bool:
         """True while ``source`` is used (its replies should keep being read)."""
         src = self._sources.get(source)
-        return src is not None and src.status not in (
-            SourceState.DROPPED,
-            SourceState.DONE,
-            SourceState.UNUSED,
-        )
+        return src is not None and src.status not in SOURCE_GONE
 
     # ============================================================================ internals
     def _transition(self, event: PullInput) -> None:
@@ -488,11 +495,6 @@ class PullMachine:
 
     def _source_to(self, src: _Source, event: SourceInput) -> None:
         src.status = advance(SOURCE_TRANSITIONS, src.status, event, f"source {src.peer.short()}")
-
-    def _chunk_to(self, chunk: int, event: ChunkInput) -> None:
-        self._chunk_state[chunk] = advance(
-            CHUNK_TRANSITIONS, ChunkState(self._chunk_state[chunk]), event, f"chunk {chunk}"
-        )
 
     def _new_id(self) -> int:
         request_id = self._next_request
@@ -517,6 +519,13 @@ class PullMachine:
 
     def _active(self) -> list[_Source]:
         return [s for s in self._sources.values() if s.status is SourceState.LEASED]
+
+    def _schedule(self, now: float, action: Callable[[], None]) -> None:
+        """Run a scheduler step; a planner failure fails the pull."""
+        try:
+            action()
+        except TransferError as exc:
+            self._fail(now, exc)
 
     def _fail(self, now: float, error: TransferError) -> None:
         if self.state in PULL_FINAL:
@@ -546,7 +555,7 @@ class PullMachine:
         *,
         release: bool = True,
     ) -> None:
-        if src.status in (SourceState.DROPPED, SourceState.DONE, SourceState.UNUSED):
+        if src.status in SOURCE_GONE:
             return
         if release and src.lease_id is not None and src.status in (SourceState.LEASED, SourceState.OPENING):
             self._outgoing.append(Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id)))
@@ -558,27 +567,11 @@ class PullMachine:
         for request_id in [rid for rid, p in self._pending.items() if p.peer == src.peer]:
             del self._pending[request_id]
         src.manifest_slot = None
-        for chunk in src.queue:
-            if self._chunk_state[chunk] == ChunkState.QUEUED:
-                self._chunk_to(chunk, ChunkInput.UNASSIGN)
-        src.queue.clear()
-        for request in list(src.inflight.values()):
-            if not request.started:
-                self._release_request(src, request)
-        if src.inflight:
-            # Bytes may still be landing in these slices: keep them out of reach (safety rule).
-            src.quarantine_until = now + self.config.stall_timeout_s
-        self._after_change(now, replan=True)
+        if self._scheduler is not None:
+            self._scheduler.drop_lane(now, src.peer)
+        self._after_change(now)
 
-    def _release_request(self, src: _Source, request: _Request) -> None:
-        src.inflight.pop(request.request_id, None)
-        if self._chunk_state and self._chunk_state[request.chunk] == ChunkState.INFLIGHT:
-            self._chunk_to(request.chunk, ChunkInput.LOSE)
-            self._orphans.append(request.chunk)
-        if not src.inflight:
-            src.quarantine_until = None
-
-    def _after_change(self, now: float, *, replan: bool = False) -> None:
+    def _after_change(self, now: float) -> None:
         """Move the machine on after a source changed (dropped, answered, finished a payload)."""
         if self.state is PullState.QUERYING:
             self._maybe_choose(now)
@@ -588,72 +581,129 @@ class PullMachine:
             if not self._active():
                 self._fail(now, TransferError(f"every source of run {self.run!r} failed before the pull began"))
         elif self.state is PullState.PULLING:
+            scheduler = self._scheduler
+            assert scheduler is not None
             if self._check_complete(now):
                 return
-            if replan:
-                self._replan(now, PlanReason.SOURCE_DROPPED)
-            elif self._orphans:
-                self._assign_orphans(now)
-            if self.state is PullState.PULLING:
-                self._dispatch(now)
+            self._schedule(now, lambda: scheduler.pump(now))
+            if self.state is PullState.PULLING and scheduler.needs_source() and not scheduler.quarantined():
+                self._fail_all_sources_gone(now)
+
+    def _fail_all_sources_gone(self, now: float) -> None:
+        scheduler = self._scheduler
+        if any(
+            s.status in (SourceState.QUERYING, SourceState.ANSWERED, SourceState.OPENING)
+            for s in self._sources.values()
+        ):
+            return  # a late source may still join
+        missing = scheduler.missing_chunks() if scheduler else 0
+        why = "; ".join(
+            f"{src.peer.short()} {src.dropped_because}" for src in self._sources.values() if src.dropped_because
+        )
+        self._fail(now, TransferError(f"all sources failed with {missing} chunks missing ({why})"))
+
+    def _source_progress(self, src: _Source) -> SourceProgress:
+        scheduler = self._scheduler
+        active = src.status is SourceState.LEASED
+        if scheduler is None:
+            return SourceProgress(
+                peer=src.peer, active=active, bytes_done=0, rate_bytes_per_s=0.0, inflight_chunks=0, queued_chunks=0
+            )
+        return scheduler.source_progress(src.peer, active)
 
     # ------------------------------------------------------------------------- querying
     def _on_versions(self, now: float, src: _Source, msg: VersionsReply) -> None:
-        if self._take_pending(src, msg.request_id) is None or self.state is not PullState.QUERYING:
+        if self._take_pending(src, msg.request_id) is None or src.status is not SourceState.QUERYING:
             return
         if msg.run != self.run:
             self._drop(now, src, DropReason.PROTOCOL, "versions for another run", PenaltyReason.PROTOCOL_VIOLATION)
             return
-        for info in msg.versions:
-            if (
-                _hash_available(info.hash_algorithm)
-                and len(info.digest) == DIGEST_BYTES[info.hash_algorithm]
-                and info.total_bytes <= self.config.max_state_bytes
-                and info.chunk_bytes <= self.config.max_chunk_bytes
-            ):
-                src.versions.setdefault(info.step, info)
+        config = self.config
+        src.versions = usable(
+            msg.versions,
+            digest_bytes=MANIFEST_DIGEST_BYTES,
+            max_state_bytes=config.max_state_bytes,
+            max_chunk_bytes=config.max_chunk_bytes,
+            known=[a for a in DIGEST_BYTES if _hash_available(a)],
+        )
         self._source_to(src, SourceInput.VERSIONS)
-        self._maybe_choose(now)
+        if self.state is PullState.QUERYING:
+            self._maybe_choose(now)
+        else:
+            self._late_source(now, src)
 
     def _maybe_choose(self, now: float) -> None:
         if any(p.ask is _Ask.VERSIONS for p in self._pending.values()):
             return
         answered = [s for s in self._sources.values() if s.status is SourceState.ANSWERED]
-        steps = {step for s in answered for step in s.versions}
-        if self.requested_step is not None:
-            steps &= {self.requested_step}
-        if not steps:
+        choice = choose_version(
+            {s.peer: s.versions for s in answered},
+            step=self.requested_step,
+            digest=self.requested_digest,
+            trusted=self.trusted,
+            rates={s.peer: s.estimate.bytes_per_s or 0.0 for s in answered},
+        )
+        if choice is None:
             which = f"step {self.requested_step}" if self.requested_step is not None else "any step"
+            if self.requested_digest is not None:
+                which += f" with digest {self.requested_digest.hex()}"
+            if self.trusted:
+                which += " held by a trusted source"
             self._fail(now, TransferError(f"no reachable source holds run {self.run!r} at {which}"))
             return
-        step = max(steps)
-        groups: dict[tuple[str, bytes], list[_Source]] = {}
-        for s in answered:
-            info = s.versions.get(step)
-            if info is not None:
-                groups.setdefault((info.hash_algorithm, info.digest), []).append(s)
-        key = max(
-            groups,
-            key=lambda k: (len(groups[k]), sum(s.rate for s in groups[k]), k[1]),
-        )
-        chosen_group = sorted(groups[key], key=lambda s: -s.rate)
-        self._chosen = chosen_group[0].versions[step]
+        chosen = self._chosen = choice.version
+        if self.max_staging_bytes is not None and chosen.total_bytes > self.max_staging_bytes:
+            self._fail(
+                now,
+                TransferError(
+                    f"run {self.run!r} step {chosen.step} has {chosen.total_bytes} bytes; this peer can stage "
+                    f"at most {self.max_staging_bytes} (free memory or disk)"
+                ),
+            )
+            return
         try:
-            self._hasher = hash_function(self._chosen.hash_algorithm)
+            self._hasher = hash_function(chosen.hash_algorithm)
         except ConfigError as exc:
             self._fail(now, TransferError(str(exc)))
             return
         self._transition(PullInput.VERSION_CHOSEN)
-        self._group = [s.peer for s in chosen_group]
-        for s in answered:
-            if s not in chosen_group:
-                reason = DropReason.NO_VERSION if step not in s.versions else DropReason.VERSION_MISMATCH
-                self._source_to(s, SourceInput.SET_ASIDE)
-                self._events.append(SourceDropped(source=s.peer, reason=reason, detail=f"step {step}"))
-        for i, s in enumerate(chosen_group):
-            self._source_to(s, SourceInput.CHOSEN)
-            msg = GetManifest(request_id=self._new_id(), run=self.run, step=step, include_manifest=i == 0)
-            self._ask(now, s, msg, _Ask.OPEN, i == 0)
+        for conflict in choice.conflicts:
+            src = self._sources[conflict.peer]
+            self._source_to(src, SourceInput.SET_ASIDE)
+            detail = describe_conflict(conflict, chosen, len(answered))
+            src.dropped_because = f"{DropReason.CONFLICT.value}: {detail}"
+            self._events.append(SourceDropped(source=src.peer, reason=DropReason.CONFLICT, detail=detail))
+        for peer in choice.others:
+            self._source_to(self._sources[peer], SourceInput.SET_ASIDE)
+            self._events.append(SourceDropped(source=peer, reason=DropReason.NO_VERSION, detail=f"step {chosen.step}"))
+        for i, peer in enumerate(choice.supporters):
+            self._open(now, self._sources[peer], with_body=i == 0)
+
+    def _late_source(self, now: float, src: _Source) -> None:
+        """A source that answered after the vote: use it only if it holds exactly the chosen snapshot."""
+        chosen = self._chosen
+        assert chosen is not None
+        if chosen in src.versions:
+            self._open(now, src, with_body=False)
+            return
+        contradicting = [v for v in src.versions if v.step >= chosen.step and v != chosen]
+        if contradicting:
+            offered = max(contradicting, key=lambda v: v.step)
+            detail = f"offers step {offered.step} (digest {offered.digest.hex()[:16]}…), not the chosen snapshot"
+            self._source_to(src, SourceInput.SET_ASIDE)
+            self._events.append(SourceDropped(source=src.peer, reason=DropReason.CONFLICT, detail=detail))
+        else:
+            self._source_to(src, SourceInput.SET_ASIDE)
+            self._events.append(
+                SourceDropped(source=src.peer, reason=DropReason.NO_VERSION, detail=f"step {chosen.step}")
+            )
+
+    def _open(self, now: float, src: _Source, *, with_body: bool) -> None:
+        chosen = self._chosen
+        assert chosen is not None
+        self._source_to(src, SourceInput.CHOSEN)
+        msg = GetManifest(request_id=self._new_id(), run=self.run, step=chosen.step, include_manifest=with_body)
+        self._ask(now, src, msg, _Ask.OPEN, with_body)
 
     # -------------------------------------------------------------------------- opening
     def _on_manifest_reply(self, now: float, src: _Source, msg: ManifestReply) -> PayloadSlot | None:
@@ -672,9 +722,6 @@ class PullMachine:
                 now, src, DropReason.PROTOCOL, "renewal answered with another lease", PenaltyReason.PROTOCOL_VIOLATION
             )
             return None
-        if src.status is SourceState.OPENING:
-            self._source_to(src, SourceInput.LEASE_GRANTED)
-            src.last_activity = now
         src.lease_id = msg.lease_id
         src.lease_ttl_s = msg.lease_ttl_s
         if pending.wants_body:
@@ -687,6 +734,7 @@ class PullMachine:
                     PenaltyReason.BAD_MANIFEST,
                 )
                 return None
+            self._lease_granted(now, src)
             slot = PayloadSlot(
                 source=src.peer,
                 request_id=msg.request_id,
@@ -699,8 +747,19 @@ class PullMachine:
         if msg.manifest_bytes:
             self._drop(now, src, DropReason.PROTOCOL, "unrequested manifest body", PenaltyReason.PROTOCOL_VIOLATION)
             return None
+        self._lease_granted(now, src)
         self._after_change(now)
         return None
+
+    def _lease_granted(self, now: float, src: _Source) -> None:
+        if src.status is not SourceState.OPENING:
+            return  # a renewal
+        self._source_to(src, SourceInput.LEASE_GRANTED)
+        src.last_activity = now
+        scheduler = self._scheduler
+        if scheduler is not None and self.state is PullState.PULLING:
+            assert src.lease_id is not None
+            scheduler.add_lane(now, src.peer, src.lease_id, src.estimate)
 
     def _on_manifest_body(self, now: float, src: _Source, slot: PayloadSlot, data: memoryview | bytes) -> None:
         if src.manifest_slot != slot:
@@ -708,13 +767,13 @@ class PullMachine:
         src.manifest_slot = None
         if self.state is not PullState.OPENING or self._manifest is not None:
             return
-        chosen, hasher = self._chosen, self._hasher
-        assert chosen is not None and hasher is not None
-        if hasher(data) != chosen.digest:
+        chosen = self._chosen
+        assert chosen is not None
+        if manifest_digest(data) != chosen.digest:
             self._drop(now, src, DropReason.CORRUPT, "manifest does not match its digest", PenaltyReason.BAD_MANIFEST)
             return
         try:
-            manifest = decode_manifest(data, max_bytes=self.config.max_manifest_bytes)
+            manifest = decode_manifest(data, max_bytes=self.config.max_manifest_bytes, limits=self.config)
             check_manifest(manifest, self.config)
             if (manifest.run, manifest.step) != (self.run, chosen.step):
                 raise RemoteProtocolError("manifest is for another snapshot")
@@ -728,17 +787,15 @@ class PullMachine:
             self._drop(now, src, DropReason.PROTOCOL, str(exc), PenaltyReason.BAD_MANIFEST)
             return
         self._manifest = manifest
-        self._chunk_state = bytearray(manifest.chunk_count)
         self._advance_opening(now)
 
     def _advance_opening(self, now: float) -> None:
-        group = [self._sources[p] for p in self._group]
         if self._manifest is None:
-            if any(s.manifest_slot is not None for s in group):
+            if any(s.manifest_slot is not None for s in self._sources.values()):
                 return
             if any(p.wants_body for p in self._pending.values()):
                 return
-            leased = [s for s in group if s.status is SourceState.LEASED]
+            leased = self._active()
             if leased:
                 src = leased[0]
                 chosen = self._chosen
@@ -752,21 +809,23 @@ class PullMachine:
                 )
                 self._ask(now, src, msg, _Ask.RENEW, True)
                 return
-            if not any(s.status is SourceState.OPENING for s in group):
+            if not any(s.status is SourceState.OPENING for s in self._sources.values()):
                 self._fail(now, TransferError(f"no source supplied a valid manifest for run {self.run!r}"))
             return
-        if any(s.status is SourceState.OPENING for s in group):
+        if any(s.status is SourceState.OPENING for s in self._sources.values()):
             return
-        leased = [s for s in group if s.status is SourceState.LEASED]
+        leased = self._active()
         if not leased:
             self._fail(now, TransferError(f"every source of run {self.run!r} failed before the pull began"))
             return
         self._transition(PullInput.MANIFEST_ACCEPTED)
         resumed = self._apply_resume()
+        chosen = self._chosen
+        assert chosen is not None
         self._events.append(
             ManifestReady(
                 manifest=self._manifest,
-                digest=self._chosen.digest if self._chosen else b"",
+                digest=chosen.digest,
                 sources=tuple(s.peer for s in leased),
                 resumed_chunks=resumed,
             )
@@ -781,84 +840,45 @@ class PullMachine:
         if expected != actual or len(record.verified) != -(-manifest.chunk_count // 8):
             self._events.append(ResumeDiscarded(reason="the resume record is for another snapshot"))
             return 0
-        chunks = record.verified_chunks()
-        for chunk in chunks:
-            self._chunk_to(chunk, ChunkInput.RESUME)
-            self._verified_bytes += manifest.chunk_range(chunk)[1]
-        self._verified_chunks = len(chunks)
-        self._resumed_bytes = self._verified_bytes
-        return len(chunks)
+        self._resumed = record.verified_chunks()
+        return len(self._resumed)
 
     # -------------------------------------------------------------------------- pulling
     def _on_data_header(self, now: float, src: _Source, msg: DataHeader) -> PayloadSlot | None:
-        request = src.inflight.get(msg.request_id) if self.state is PullState.PULLING else None
-        if request is None or request.started or src.status is not SourceState.LEASED:
-            self._drop(
-                now,
-                src,
-                DropReason.PROTOCOL,
-                f"data for unknown request {msg.request_id}",
-                PenaltyReason.PROTOCOL_VIOLATION,
-            )
+        scheduler = self._scheduler
+        if self.state is not PullState.PULLING or scheduler is None or src.status is not SourceState.LEASED:
+            result: PayloadSlot | str = f"data for unknown request {msg.request_id}"
+        else:
+            result = scheduler.header(now, src.peer, msg)
+        if isinstance(result, str):
+            self._drop(now, src, DropReason.PROTOCOL, result, PenaltyReason.PROTOCOL_VIOLATION)
             return None
-        if msg.offset != request.offset or msg.length != request.length:
-            more = " (more than asked)" if msg.length > request.length else ""
-            self._drop(
-                now,
-                src,
-                DropReason.PROTOCOL,
-                f"announced bytes {msg.offset}+{msg.length}, asked {request.offset}+{request.length}{more}",
-                PenaltyReason.PROTOCOL_VIOLATION,
-            )
-            return None
-        request.started = True
         src.last_activity = now
-        return PayloadSlot(
-            source=src.peer,
-            request_id=request.request_id,
-            kind=PayloadKind.DATA,
-            offset=request.offset,
-            length=request.length,
-        )
+        return result
 
     def _on_data(self, now: float, src: _Source, slot: PayloadSlot, data: memoryview | bytes) -> None:
-        request = src.inflight.get(slot.request_id)
-        manifest, hasher = self._manifest, self._hasher
-        if request is None or not request.started or manifest is None or hasher is None:
+        scheduler, manifest = self._scheduler, self._manifest
+        if scheduler is None or manifest is None:
             return
-        del src.inflight[slot.request_id]
-        if not src.inflight:
-            src.quarantine_until = None
-        chunk = request.chunk
-        if self._chunk_state[chunk] == ChunkState.VERIFIED:
-            self._after_change(now)
-            return
-        if hasher(data) == manifest.chunk_hash(chunk):
-            self._chunk_to(chunk, ChunkInput.VERIFY)
-            self._verified_chunks += 1
-            self._verified_bytes += request.length
-            src.bytes_verified += request.length
-            src.window_bytes += request.length
-            src.last_activity = now
-            if not self._check_complete(now):
-                self._emit_progress(now)
-                self._dispatch(now)
-            return
-        self._chunk_to(chunk, ChunkInput.LOSE)
-        self._orphans.append(chunk)
-        attempts = self._attempts[chunk] = self._attempts.get(chunk, 0) + 1
-        detail = f"chunk {chunk} failed its {manifest.hash_algorithm} check"
-        if attempts >= self.config.max_chunk_retries:
-            self._events.append(SourcePenalised(source=src.peer, reason=PenaltyReason.CORRUPT_DATA, detail=detail))
-            self._fail(now, ChecksumMismatch(f"{detail} {attempts} times; giving up"))
-        elif src.status is SourceState.LEASED:
-            self._drop(now, src, DropReason.CORRUPT, detail, PenaltyReason.CORRUPT_DATA)
-        else:
-            self._after_change(now)
+        outcome = scheduler.payload(now, src.peer, slot, data)
+        if outcome.corrupt:
+            chunk = outcome.corrupt[0]
+            attempts = max(scheduler.attempts(c) for c in outcome.corrupt)
+            detail = f"chunk {chunk} failed its {manifest.hash_algorithm} check"
+            if attempts >= self.config.max_chunk_retries:
+                self._events.append(SourcePenalised(source=src.peer, reason=PenaltyReason.CORRUPT_DATA, detail=detail))
+                self._fail(now, ChecksumMismatch(f"{detail} {attempts} times; giving up"))
+                return
+            if src.status is SourceState.LEASED:
+                self._drop(now, src, DropReason.CORRUPT, detail, PenaltyReason.CORRUPT_DATA)
+                return
+        if outcome.verified:
+            self._emit_progress(now)
+        self._after_change(now)
 
     def _check_complete(self, now: float) -> bool:
-        manifest = self._manifest
-        if manifest is None or self._verified_chunks < manifest.chunk_count:
+        scheduler, manifest, chosen = self._scheduler, self._manifest, self._chosen
+        if scheduler is None or manifest is None or chosen is None or not scheduler.complete:
             return False
         self._transition(PullInput.ALL_VERIFIED)
         self._emit_progress(now, force=True)
@@ -867,172 +887,15 @@ class PullMachine:
             Completed(
                 run=self.run,
                 step=manifest.step,
-                digest=self._chosen.digest if self._chosen else b"",
+                digest=chosen.digest,
                 manifest=manifest,
                 elapsed_s=0.0 if self._pull_started is None else max(0.0, now - self._pull_started),
-                bytes_by_source=tuple((s.peer, s.bytes_verified) for s in self._sources.values()),
+                bytes_by_source=tuple(
+                    (peer, lane.bytes_verified if (lane := scheduler.lanes.get(peer)) else 0) for peer in self._sources
+                ),
             )
         )
         return True
-
-    def _replan(self, now: float, reason: PlanReason) -> None:
-        manifest = self._manifest
-        assert manifest is not None
-        active = self._active()
-        self._orphans.clear()
-        for src in active:
-            src.queue.clear()
-        states = self._chunk_state
-        for i, s in enumerate(states):
-            if s == ChunkState.QUEUED:
-                self._chunk_to(i, ChunkInput.UNASSIGN)
-        todo = [i for i, s in enumerate(states) if s == ChunkState.MISSING]
-        if not todo:
-            return
-        if not active:
-            self._orphans = todo
-            self._fail_unless_quarantined(now)
-            return
-        ranges = _coalesce(todo, manifest)
-        estimates = [
-            SourceEstimate(peer=s.peer, bytes_per_s=max(s.rate, _MIN_RATE), latency_s=s.estimate.latency_s)
-            for s in active
-        ]
-        try:
-            assignments = self.planner.plan(
-                ranges, estimates, total_bytes=manifest.total_bytes, align_bytes=manifest.chunk_bytes
-            )
-        except (ValueError, ConfigError) as exc:
-            self._fail(now, TransferError(f"shard planner failed: {exc}"))
-            return
-        by_peer = {s.peer: s for s in active}
-        starts = sorted(
-            (offset, length, peer) for peer, offset, length in assignments if peer in by_peer and length > 0
-        )
-        cursor = 0
-        chunk_bytes = manifest.chunk_bytes
-        fastest = max(active, key=lambda s: s.rate)
-        for chunk in todo:
-            start = chunk * chunk_bytes
-            while cursor < len(starts) and starts[cursor][0] + starts[cursor][1] <= start:
-                cursor += 1
-            covered = cursor < len(starts) and starts[cursor][0] <= start
-            # A gap in the plan must not leave a chunk unowned: give it to the fastest source.
-            owner = by_peer[starts[cursor][2]] if covered else fastest
-            owner.queue.append(chunk)
-            self._chunk_to(chunk, ChunkInput.ASSIGN)
-        for src in active:
-            src.window_start = now
-            src.window_bytes = 0
-            src.planned_rate = src.rate
-        self._events.append(
-            Planned(reason=reason, chunks=len(todo), shares=tuple((s.peer, len(s.queue)) for s in active))
-        )
-
-    def _fail_unless_quarantined(self, now: float) -> None:
-        # Quarantined payloads may still verify their chunks; only give up once they are settled.
-        if not any(s.quarantine_until is not None for s in self._sources.values()):
-            missing = sum(1 for state in self._chunk_state if state != ChunkState.VERIFIED)
-            why = "; ".join(
-                f"{src.peer.short()} {src.dropped_because}" for src in self._sources.values() if src.dropped_because
-            )
-            self._fail(now, TransferError(f"all sources failed with {missing} chunks missing ({why})"))
-
-    def _assign_orphans(self, now: float) -> None:
-        """Give chunks freed outside a replan to the sources that would finish them first."""
-        manifest = self._manifest
-        assert manifest is not None
-        orphans = sorted({c for c in self._orphans if self._chunk_state[c] == ChunkState.MISSING}, reverse=True)
-        self._orphans = []
-        if not orphans:
-            return
-        active = self._active()
-        if not active:
-            self._orphans = orphans
-            self._fail_unless_quarantined(now)
-            return
-        chunk_bytes = manifest.chunk_bytes
-
-        def finish(src: _Source) -> float:
-            backlog = len(src.queue) + len(src.inflight) + 1
-            return src.estimate.latency_s + backlog * chunk_bytes / max(src.rate, _MIN_RATE)
-
-        for chunk in orphans:
-            owner = min(active, key=finish)
-            owner.queue.appendleft(chunk)  # first: a lost chunk holds up completion
-            self._chunk_to(chunk, ChunkInput.ASSIGN)
-
-    def _dispatch(self, now: float) -> None:
-        manifest = self._manifest
-        chosen = self._chosen
-        assert manifest is not None and chosen is not None
-        cap = self.config.max_inflight_chunks_per_source
-        for src in self._active():
-            while len(src.inflight) < cap:
-                if not src.queue and not (self.work_stealing and self._steal(src)):
-                    break
-                chunk = src.queue.popleft()
-                offset, length = manifest.chunk_range(chunk)
-                request_id = self._new_id()
-                if not src.inflight:
-                    src.last_activity = now
-                src.inflight[request_id] = _Request(request_id, chunk, offset, length)
-                self._chunk_to(chunk, ChunkInput.REQUEST)
-                assert src.lease_id is not None
-                self._send(
-                    now,
-                    src,
-                    GetChunks(
-                        request_id=request_id,
-                        run=self.run,
-                        step=chosen.step,
-                        lease_id=src.lease_id,
-                        first_chunk=chunk,
-                        chunk_count=1,
-                    ),
-                )
-
-    def _steal(self, thief: _Source) -> bool:
-        """Move the last queued chunk of the source that would reach it latest, if ``thief`` is sooner."""
-        manifest = self._manifest
-        assert manifest is not None
-        chunk_bytes = manifest.chunk_bytes
-        best: _Source | None = None
-        best_finish = 0.0
-        for src in self._active():
-            if src is thief or len(src.queue) < 2:
-                continue
-            finish = (len(src.queue) + len(src.inflight)) * chunk_bytes / max(src.rate, _MIN_RATE)
-            if finish > best_finish:
-                best, best_finish = src, finish
-        if best is None:
-            return False
-        thief_finish = thief.estimate.latency_s + (len(thief.inflight) + 1) * chunk_bytes / max(thief.rate, _MIN_RATE)
-        if thief_finish >= best_finish:
-            return False
-        thief.queue.append(best.queue.pop())
-        return True
-
-    def _check_behind_plan(self, now: float) -> None:
-        if self._replans >= self.config.max_replans:
-            return
-        manifest = self._manifest
-        assert manifest is not None
-        behind = []
-        for src in self._active():
-            elapsed = now - src.window_start
-            if not src.queue or elapsed < self.config.behind_plan_min_s:
-                continue
-            promised = src.planned_rate * max(0.0, elapsed - src.estimate.latency_s)
-            if (src.window_bytes + manifest.chunk_bytes) * self.config.behind_plan_factor < promised:
-                behind.append((src, src.window_bytes / elapsed))
-        if not behind:
-            return
-        for src, measured in behind:
-            src.rate = max(measured, _MIN_RATE)
-        self._replans += 1
-        self._replan(now, PlanReason.BEHIND_PLAN)
-        self._dispatch(now)
 
     def _emit_progress(self, now: float, *, force: bool = False) -> None:
         if (
@@ -1052,33 +915,20 @@ class PullMachine:
             else:
                 self._drop(now, src, DropReason.REFUSED, f"{msg.code.name}: {msg.detail}", None)
             return
-        if pending is None and msg.request_id not in src.inflight:
-            return  # a late answer to something already settled
+        scheduler = self._scheduler
+        if pending is None:
+            if scheduler is None or scheduler.request_of(src.peer, msg.request_id) is None:
+                return  # a late answer to something already settled
+            if msg.code is TransferErrorCode.CANCELLED and scheduler.cancelled_reply(src.peer, msg.request_id):
+                self._after_change(now)
+                return
         self._drop(now, src, DropReason.REFUSED, f"{msg.code.name}: {msg.detail}", None)
 
 
 def _hash_available(algorithm: str) -> bool:
-    """Known and installed (``blake3`` is optional): versions we cannot verify are ignored."""
-    if algorithm not in DIGEST_BYTES:
-        return False
+    """Installed (``blake3`` is optional): versions we cannot verify are ignored."""
     try:
         hash_function(algorithm)
     except ConfigError:
         return False
     return True
-
-
-def _coalesce(chunks: list[int], manifest: Manifest) -> list[tuple[int, int]]:
-    """Sorted chunk indices -> maximal contiguous byte ranges."""
-    ranges: list[tuple[int, int]] = []
-    chunk_bytes, total = manifest.chunk_bytes, manifest.total_bytes
-    run_start = previous = chunks[0]
-    for chunk in chunks[1:]:
-        if chunk != previous + 1:
-            start = run_start * chunk_bytes
-            ranges.append((start, min((previous + 1) * chunk_bytes, total) - start))
-            run_start = chunk
-        previous = chunk
-    start = run_start * chunk_bytes
-    ranges.append((start, min((previous + 1) * chunk_bytes, total) - start))
-    return ranges

@@ -10,10 +10,17 @@ answered with a header message, plus for data and manifests an :class:`OutgoingP
 frame, then those bytes, with no copy. A lease pins the snapshot (the catalog keeps its memory
 alive) until the newcomer releases it, stops renewing it for ``lease_ttl_s``, or becomes
 unreachable.
+
+Requests on one stream are answered in the order they arrive. A stream's driver reads them ahead
+into a :class:`RequestQueue` (at most ``max_queued_requests``), so a ``CancelRequest`` can still
+reach a request nobody has started to answer: that request is then answered with
+``ErrorReply(CANCELLED)`` in its place instead of its bytes (the end game of a pull re-requests
+slow chunks elsewhere and cancels the loser).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,6 +32,7 @@ from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
     PROTOCOL,
     WIRE_MAX_VERSIONS,
+    CancelRequest,
     DataHeader,
     ErrorReply,
     GetChunks,
@@ -120,12 +128,16 @@ class SourceSession:
         self._bytes_served = 0
 
     # ----------------------------------------------------------------------------- driver API
-    def respond(self, now: float, sender: PeerID, message: Message) -> list[Outgoing]:
+    def respond(self, now: float, sender: PeerID, message: Message | SkippedRequest) -> list[Outgoing]:
         """Answer one request; the returned items go back to ``sender`` in order, on the same stream.
 
         Raises :class:`RemoteProtocolError` if ``message`` is not a request (close the stream).
         """
         self._requests += 1
+        if isinstance(message, SkippedRequest):
+            return [self._error(sender, message.request_id, TransferErrorCode.CANCELLED, "cancelled")]
+        if isinstance(message, CancelRequest):
+            return []  # it reached us in order: what it names is answered already
         if isinstance(message, GetVersions):
             return [self._versions(sender, message)]
         if isinstance(message, GetManifest):
@@ -272,3 +284,42 @@ class SourceSession:
         self._bytes_served += length
         header = DataHeader(request_id=msg.request_id, offset=offset, length=length)
         return OutgoingPayload(to=sender, protocol=PROTOCOL, message=header, payload=lease.pin.data[offset:end])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SkippedRequest:
+    """A queued request the newcomer cancelled: answer ``ErrorReply(CANCELLED)`` in its place."""
+
+    request_id: int
+
+
+class RequestQueue:
+    """Requests read ahead on one stream, answered in order; cancellable until they are taken."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: deque[Message | SkippedRequest] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def full(self) -> bool:
+        """Stop reading the stream until an item is taken (back-pressure on the newcomer)."""
+        return len(self._items) >= self.limit
+
+    def push(self, message: Message) -> None:
+        """Queue a request; a ``CancelRequest`` instead replaces the queued request it names."""
+        if isinstance(message, CancelRequest):
+            for i, item in enumerate(self._items):
+                if isinstance(item, (GetChunks, GetRange)) and item.request_id == message.request_id:
+                    self._items[i] = SkippedRequest(request_id=item.request_id)
+                    return
+            return  # too late (already answered or being answered), or unknown: nothing to do
+        if self.full:
+            raise RemoteProtocolError(f"{PROTOCOL}: more than {self.limit} requests queued on one stream")
+        self._items.append(message)
+
+    def pop(self) -> Message | SkippedRequest | None:
+        """The next request to answer, or ``None``."""
+        return self._items.popleft() if self._items else None
