@@ -25,6 +25,9 @@ from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import Node, open_node
 from chaosp2p.state.download import ProgressCallback
 from chaosp2p.state.service import LoadedState, StateService, load_into_torch
+from chaosp2p.training.collaboration import AsyncCollaboration
+from chaosp2p.training.config import CollaborationConfig
+from chaosp2p.training.service import TrainingService
 from chaosp2p.transport.host import Host
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -38,6 +41,35 @@ class AsyncPeer(Node):
     ) -> None:
         super().__init__(config=config, host=host, task_group=task_group, clock=clock, rng=rng)
         self.state = StateService(self, config.transfer)
+        self.training = TrainingService(self)
+        """The averager and the collaboration protocol (registered before the peer accepts)."""
+
+    async def collaborate(
+        self,
+        run: str,
+        model: Any,
+        optimizer: Any,
+        *,
+        found: bool,
+        config: CollaborationConfig | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncCollaboration:
+        """Found (``found=True``) or join ``run`` and return the started collaboration.
+
+        ``await collab.step(samples)`` after each ``backward()`` averages the gradients among the
+        run's agreed members and steps ``optimizer``; ``await collab.leave()`` leaves gracefully
+        (also done when the peer shuts down).
+        """
+        chosen = config or CollaborationConfig.profile_named(self.config.profile)
+        collaboration = AsyncCollaboration(self, run=run, model=model, optimizer=optimizer, config=chosen)
+        await collaboration.start(found=found, timeout_s=timeout_s)
+        return collaboration
+
+    async def aclose(self) -> None:
+        """Leave every training run and the swarm, then stop (also done when ``open_peer`` ends)."""
+        for collaboration in self.training.collaborations():
+            await collaboration.leave(timeout_s=1.0)
+        await super().aclose()
 
     async def serve_state(self, store: SnapshotCatalog, *, runs: Iterable[str] = ()) -> None:
         """Offer the snapshots in ``store`` to newcomers and announce this peer for ``runs``.

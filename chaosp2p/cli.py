@@ -27,6 +27,9 @@ from chaosp2p.cli_common import (
     setup_logging,
 )
 from chaosp2p.cli_state import state as state_commands
+from chaosp2p.dashboard.command import dashboard as dashboard_command
+from chaosp2p.dashboard.command import dashboard_config, http_token_option, maybe_dashboard
+from chaosp2p.dashboard.config import DashboardConfig
 from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import request_status
@@ -52,6 +55,14 @@ def main() -> None:
 @click.option(
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
+@click.option(
+    "--http",
+    "http",
+    default=None,
+    metavar="HOST:PORT",
+    help="Also serve the live web dashboard here, e.g. 127.0.0.1:8765 (needs the dashboard extra).",
+)
+@http_token_option
 def peer(
     listen: tuple[str, ...],
     bootstrap: tuple[str, ...],
@@ -61,6 +72,8 @@ def peer(
     ready_file: str | None,
     log_level: str,
     backend: str,
+    http: str | None,
+    http_token: str | None,
 ) -> None:
     """Run a peer until interrupted (Ctrl-C or SIGTERM shut it down cleanly)."""
     setup_logging(log_level)
@@ -70,15 +83,18 @@ def peer(
         )
     except ConfigError as exc:
         fail(str(exc))
+    dashboard = dashboard_config(http, http_token, role="peer")
     try:
-        anyio.run(_run_peer, config, ready_file, backend=backend)
+        anyio.run(_run_peer, config, ready_file, dashboard, backend=backend)
     except ChaosError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot serve the dashboard on {http}: {exc}" if http else str(exc))
 
 
-async def _run_peer(config: PeerConfig, ready_file: str | None) -> None:
+async def _run_peer(config: PeerConfig, ready_file: str | None, dashboard: DashboardConfig | None = None) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_peer(config) as node:
+        async with open_peer(config) as node, maybe_dashboard(node, dashboard):
             await announce_ready(node.peer_id, node.addrs, ready_file)
             async for signum in signals:
                 logging.getLogger("chaosp2p.peer").info("received %s, shutting down", signal.Signals(signum).name)
@@ -191,22 +207,21 @@ def swarm_key(path: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- demo
 @main.command()
-@click.option("--peers", "peer_count", default=5, show_default=True, help="How many peers to start.")
-@click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS))
-def demo(peer_count: int, backend: str) -> None:
-    """Run a local swarm on loopback with the built-in defaults and narrate what happens."""
+def demo() -> None:
+    """Train a model with a local swarm on loopback: joins, a leave and a crash, narrated."""
     from chaosp2p.demo import run_demo
 
     setup_logging("error")
-    if peer_count < 2:
-        fail("the demo needs at least 2 peers")
     try:
-        anyio.run(run_demo, peer_count, Console(), backend=backend)
+        run_demo(Console())
     except ChaosError as exc:
         fail(str(exc))
+    except ImportError as exc:
+        fail(f"the demo trains a PyTorch model on scikit-learn's digits: pip install 'chaosp2p[train]' ({exc})")
 
 
 main.add_command(state_commands)
+main.add_command(dashboard_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,18 +1,22 @@
-"""``chaosp2p demo``: a local swarm that joins, loses a peer, heals, and hands its state to a newcomer.
+"""``chaosp2p demo``: a local swarm trains one model together through a join, a leave and a crash.
 
-Everything runs on 127.0.0.1 with the built-in ``local`` profile. Four peers are real processes
-(``chaosp2p state serve``) holding the same generated model + Adam state; the demo's own peer is the
-newcomer. The demo narrates what it observes through the public API -- nothing is staged:
+Everything runs on 127.0.0.1 with the built-in ``local`` profile. Peers are real processes running
+the digits task (:mod:`chaosp2p.training.digits`: an MLP on scikit-learn's bundled digits); the
+demo narrates what they report -- nothing is staged:
 
-1. the four peers start and find each other (membership join events);
-2. one of them is killed with SIGKILL; the others detect it SWIM-style and the view heals;
-3. the newcomer loads the state from the survivors in parallel and checks it bit for bit.
+1. three peers start; one founds the run, two join it (each downloads the members' model + Adam
+   state in parallel, replays the steps it missed and is admitted at an agreed step);
+2. a fourth peer joins mid-run;
+3. one member leaves gracefully (SIGTERM), another is killed (SIGKILL): the survivors agree on the
+   new configurations with no coordinator and go on training;
+4. the timeline of the run's operations with each one's detection, decision and activation step;
+   the survivors' parameters are compared bit for bit and their accuracy with one process trained
+   on the same samples.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,182 +27,189 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
-import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from chaosp2p.api import AsyncPeer, open_peer
 from chaosp2p.errors import ChaosError
-from chaosp2p.protocols.membership import MemberState, PeerFailed, PeerJoined
-from chaosp2p.protocols.transfer import TransferProgress
-from chaosp2p.runtime.config import PeerConfig
 
-RUN = "demo-run"
-STEP = 100
-STATE_MIB = 96
+STEPS = 700
+BATCH = 64
+PACE_S = 0.02
+READY_TIMEOUT_S = 60.0
+PHASE_TIMEOUT_S = 120.0
 
 
-def demo_state(seed: int = 0) -> dict[str, np.ndarray]:
-    """A model's weights and its Adam moments (~96 MiB), generated, identical for every seed."""
-    rng = np.random.default_rng(seed)
-    rows = STATE_MIB * 2**20 // 3 // (1024 * 4)
-    weight = rng.standard_normal((rows, 1024), dtype=np.float32)
-    return {
-        "model.weight": weight,
-        "optimizer.exp_avg": (weight * 0.1).astype(np.float32),
-        "optimizer.exp_avg_sq": (weight * weight * 0.01).astype(np.float32),
-        "optimizer.step": np.array(STEP, dtype=np.int64),
-    }
+class DemoPeer:
+    """One digits peer process and what it wrote so far."""
+
+    def __init__(self, name: str, process: subprocess.Popen[bytes], workdir: Path) -> None:
+        self.name = name
+        self.process = process
+        self.metrics = workdir / f"{name}.jsonl"
+        self.log = workdir / f"{name}.log"
+        self.peer_id = ""
+        self.addr = ""
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every JSON line the peer wrote."""
+        if not self.metrics.exists():
+            return []
+        lines = self.metrics.read_text().splitlines()
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line being written
+        return out
+
+    def last_step(self) -> dict[str, Any] | None:
+        steps = [r for r in self.records() if "members" in r and "event" not in r]
+        return steps[-1] if steps else None
 
 
 @contextmanager
-def source_processes(
-    count: int, checkpoint: Path, workdir: Path
-) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
-    """Start ``count`` ``chaosp2p state serve`` processes (the first bootstraps the others)."""
-    started: list[tuple[subprocess.Popen[bytes], str]] = []
+def peer_processes(workdir: Path) -> Iterator[dict[str, DemoPeer]]:
+    """Start peers on demand (see ``start``); stop whatever still runs at the end."""
+    peers: dict[str, DemoPeer] = {}
     try:
-        bootstrap: list[str] = []
-        for index in range(count):
-            ready = workdir / f"peer{index}.json"
-            command = [
-                sys.executable,
-                "-m",
-                "chaosp2p",
-                "state",
-                "serve",
-                str(checkpoint),
-                "--run",
-                RUN,
-                "--step",
-                str(STEP),
-                "--profile",
-                "local",  # one machine; the CLI's default (lan) is for real hosts
-                "--ready-file",
-                str(ready),
-                *bootstrap,
-            ]
-            log = (workdir / f"peer{index}.log").open("wb")
-            process = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-            log.close()
-            deadline = time.monotonic() + 30
-            while not ready.exists():
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise ChaosError(f"demo peer {index + 1} did not start; see {workdir / f'peer{index}.log'}")
-                time.sleep(0.05)
-            addr = json.loads(ready.read_text())["addrs"][0]
-            started.append((process, addr))
-            bootstrap = bootstrap or ["--bootstrap", addr]
-        yield started
+        yield peers
     finally:
-        for process, _ in started:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process, _ in started:
+        for peer in peers.values():
+            if peer.process.poll() is None:
+                peer.process.send_signal(signal.SIGTERM)
+        for peer in peers.values():
             try:
-                process.wait(5)
+                peer.process.wait(10)
             except subprocess.TimeoutExpired:
-                process.kill()
+                peer.process.kill()
+                peer.process.wait()
 
 
-def members_table(peer: AsyncPeer, names: dict[str, str]) -> Table:
-    table = Table(title="membership view of the newcomer", title_justify="left")
-    for column in ("peer", "state", "incarnation", "cpu cores"):
+def start(peers: dict[str, DemoPeer], name: str, workdir: Path, join: list[str]) -> DemoPeer:
+    """Start one digits peer and wait until it listens."""
+    ready = workdir / f"{name}.ready"
+    command = [sys.executable, "-m", "chaosp2p.training.digits", "--steps", str(STEPS), "--batch", str(BATCH)]
+    command += ["--profile", "local"]  # the demo is one machine; the CLI's default (lan) is for real hosts
+    command += ["--pace", str(PACE_S), "--ready-file", str(ready), "--metrics-file", str(workdir / f"{name}.jsonl")]
+    for addr in join:
+        command += ["--join", addr]
+    with (workdir / f"{name}.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    peer = DemoPeer(name, process, workdir)
+    peers[name] = peer
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise ChaosError(f"demo peer {name} did not start; see {peer.log}")
+        time.sleep(0.05)
+    info = json.loads(ready.read_text())
+    peer.peer_id, peer.addr = info["peer_id"], info["addrs"][0]
+    return peer
+
+
+def wait_for(condition: Any, what: str, peers: dict[str, DemoPeer]) -> None:
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while not condition():
+        for peer in peers.values():
+            code = peer.process.poll()
+            if code not in (None, 0, -signal.SIGKILL, -signal.SIGTERM):
+                raise ChaosError(f"peer {peer.name} exited with {code}; see {peer.log}")
+        if time.monotonic() > deadline:
+            raise ChaosError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def members_now(peer: DemoPeer) -> int:
+    last = peer.last_step()
+    return int(last["members"]) if last else 0
+
+
+def join_line(peer: DemoPeer) -> str:
+    joined = next((r for r in peer.records() if r.get("event") == "joined"), None)
+    if joined is None:
+        return f"{peer.name} founded the run"
+    sources = len(joined["bytes_by_source"])
+    return (
+        f"{peer.name} loaded step {joined['snapshot_step']} ({joined['bytes'] / 1e6:.2f} MB) from {sources} "
+        f"members in parallel in {joined['load_s'] * 1e3:.0f} ms, replayed {joined['replayed_steps']} steps, "
+        f"admitted at step {joined['admitted_step']}"
+    )
+
+
+def timeline(founder: DemoPeer, names: dict[str, str], marks: dict[str, float]) -> Table:
+    table = Table(title="the run's operations, as the founder committed them", title_justify="left")
+    for column in ("operation", "subject", "epoch", "detected after", "decided in", "applied at step"):
         table.add_column(column)
-    for member in peer.members():
-        name = names.get(str(member.peer_id), "newcomer (this process)" if member.is_local else "?")
-        cores = "-" if member.resources is None else str(member.resources.cpu_cores)
-        style = {"alive": "green", "failed": "red", "suspect": "yellow"}.get(member.state.value, "")
-        table.add_row(name, f"[{style}]{member.state.value}[/]", str(member.incarnation), cores)
+    for record in founder.records():
+        if record.get("event") != "operation":
+            continue
+        subject = names.get(record["subject"], record["subject"][:12])
+        mark = marks.get(subject)
+        detected = "-" if mark is None else f"{(record['detected_at'] - mark) * 1e3:.0f} ms"
+        table.add_row(
+            record["kind"],
+            subject,
+            str(record["epoch"]),
+            detected,
+            f"{record['decision_ms']:.1f} ms",
+            str(record["activation_step"]),
+        )
     return table
 
 
-async def run_demo(peer_count: int, console: Console) -> None:
-    """Run the demo with ``peer_count`` source peers plus the newcomer."""
-    console.rule("[bold]chaosp2p demo: a local swarm on 127.0.0.1")
-    with tempfile.TemporaryDirectory(prefix="chaosp2p-demo-") as tmp:
+def run_demo(console: Console) -> None:
+    """Run the demo (about a minute)."""
+    console.rule("[bold]chaosp2p demo: a local swarm trains together on 127.0.0.1")
+    with tempfile.TemporaryDirectory(prefix="chaosp2p-demo-") as tmp, peer_processes(Path(tmp)) as peers:
         workdir = Path(tmp)
-        state = demo_state()
-        checkpoint = workdir / "state.npz"
-        arrays: dict[str, Any] = dict(state)
-        np.savez(checkpoint, **arrays)
-        total = sum(a.nbytes for a in state.values())
-        console.print(f"generated a model + Adam state of {total / 2**20:.0f} MiB ({len(state)} tensors)")
-        with source_processes(peer_count, checkpoint, workdir) as sources:
-            names = {}
-            for index, (process, addr) in enumerate(sources, 1):
-                names[addr.rsplit("/p2p/", 1)[1]] = f"peer {index} (pid {process.pid})"
-                console.print(f"[green]joined[/] peer {index}: {addr}")
-            config = PeerConfig.local(bootstrap=(sources[0][1],))
-            async with open_peer(config) as newcomer:
-                await show_join(newcomer, names, peer_count, console)
-                await show_failure(newcomer, sources, names, console)
-                await show_state_download(newcomer, state, peer_count - 1, console)
+        marks: dict[str, float] = {}
+        console.rule("1. peer a founds the run; b and c join it")
+        a = start(peers, "a", workdir, [])
+        console.print(f"  a: {a.peer_id} on {a.addr}")
+        for name in ("b", "c"):
+            marks[name] = time.monotonic()
+            start(peers, name, workdir, [a.addr])
+        wait_for(lambda: members_now(a) >= 3, "b and c to be admitted", peers)
+        for name in ("a", "b", "c"):
+            console.print("  " + join_line(peers[name]))
+
+        console.rule("2. peer d joins while the others keep training")
+        marks["d"] = time.monotonic()
+        start(peers, "d", workdir, [a.addr])
+        wait_for(lambda: members_now(a) >= 4, "d to be admitted", peers)
+        console.print("  " + join_line(peers["d"]))
+
+        console.rule("3. b leaves (SIGTERM); c is killed (SIGKILL)")
+        marks["b"] = time.monotonic()
+        peers["b"].process.send_signal(signal.SIGTERM)
+        wait_for(lambda: members_now(a) == 3, "the run to commit b's leave", peers)
+        marks["c"] = time.monotonic()
+        peers["c"].process.send_signal(signal.SIGKILL)
+        wait_for(lambda: members_now(a) == 2, "the survivors to remove c", peers)
+        resumed = a.last_step()
+        console.print(f"  a and d train on as 2 members (step {resumed['step'] if resumed else '?'})")
+
+        console.rule("4. what happened")
+        wait_for(lambda: all(peers[n].process.poll() is not None for n in ("a", "d")), "training to finish", peers)
+        names = {peer.peer_id: name for name, peer in peers.items()}
+        console.print(timeline(a, names, marks))
+        console.print("  detected after: from the demo's action (start, SIGTERM, SIGKILL) to the detecting peer")
+        finals = {}
+        for name in ("a", "d"):
+            final = next((r for r in reversed(peers[name].records()) if "accuracy" in r), None)
+            if final is None:
+                raise ChaosError(f"peer {name} did not finish; see {peers[name].log}")
+            finals[name] = final
+        same = len({f["param_digest"] for f in finals.values()}) == 1
+        from chaosp2p.training.digits import train_one_process
+
+        baseline = train_one_process(STEPS, BATCH)
+        accuracy = sum(f["accuracy"] for f in finals.values()) / len(finals)
+        console.print(
+            f"  survivors hold bit-identical parameters: {'[green]yes[/]' if same else '[red]NO[/]'}; "
+            f"test accuracy {accuracy:.3f} (one process on the same samples: {baseline:.3f})"
+        )
+        if not same:
+            raise ChaosError("the survivors' parameters differ")
     console.rule("[bold]done: every peer process was stopped")
-
-
-async def show_join(newcomer: AsyncPeer, names: dict[str, str], peer_count: int, console: Console) -> None:
-    console.rule("1. the newcomer joins through peer 1 and learns the swarm by gossip")
-    started = time.monotonic()
-    with anyio.fail_after(20):
-        async for event in newcomer.events():
-            if isinstance(event, PeerJoined):
-                console.print(f"  membership: {names.get(str(event.peer), event.peer.short())} is a member")
-            alive = [m for m in newcomer.members() if m.state is MemberState.ALIVE]
-            if len(alive) == peer_count + 1:
-                break
-    console.print(f"  all {peer_count + 1} peers alive in every view after {time.monotonic() - started:.2f} s")
-    console.print(members_table(newcomer, names))
-
-
-async def show_failure(
-    newcomer: AsyncPeer, sources: list[tuple[subprocess.Popen[bytes], str]], names: dict[str, str], console: Console
-) -> None:
-    console.rule("2. a peer crashes (SIGKILL), the swarm notices and heals")
-    victim, victim_addr = sources[-1]
-    victim_id = victim_addr.rsplit("/p2p/", 1)[1]
-    events = newcomer.events()
-    os.kill(victim.pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    console.print(f"  killed {names[victim_id]}")
-    with anyio.fail_after(30):
-        async for event in events:
-            if isinstance(event, PeerFailed) and str(event.peer) == victim_id:
-                break
-    console.print(
-        f"  membership: {names[victim_id]} [red]failed[/], detected after "
-        f"{time.monotonic() - killed_at:.2f} s without any coordinator"
-    )
-    console.print(members_table(newcomer, names))
-
-
-async def show_state_download(
-    newcomer: AsyncPeer, state: dict[str, np.ndarray], survivors: int, console: Console
-) -> None:
-    console.rule("3. the newcomer loads the training state from the survivors in parallel")
-    with anyio.fail_after(30):  # the survivors announce themselves in the DHT as they come up
-        while len(await newcomer.state.find_sources(RUN, limit=16)) < survivors:  # noqa: ASYNC110 - a DHT lookup
-            await anyio.sleep(0.2)
-    progress = Progress(
-        TextColumn("  {task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console
-    )
-    task = progress.add_task(f"{RUN} step {STEP}", total=sum(a.nbytes for a in state.values()))
-
-    def update(report: TransferProgress) -> None:
-        progress.update(task, total=report.bytes_total, completed=report.bytes_done)
-
-    with progress:
-        loaded = await newcomer.load_state(RUN, progress=update, max_sources=survivors)
-        progress.update(task, completed=loaded.completed.manifest.total_bytes)
-    exact = all(np.array_equal(loaded.arrays[name], array) for name, array in state.items())
-    console.print(
-        f"  loaded step {loaded.step} in {loaded.completed.elapsed_s:.2f} s from "
-        f"{len(loaded.completed.bytes_by_source)} sources, every chunk hash-verified; "
-        f"bit-exact: {'[green]yes[/]' if exact else '[red]NO[/]'}"
-    )
-    for peer, count in loaded.completed.bytes_by_source:
-        console.print(f"    {peer.short()}: {count / 2**20:6.1f} MiB")
-    if not exact:
-        raise ChaosError("the loaded state differs from the original")

@@ -40,6 +40,12 @@ class Subscription:
         self._buffer.append(event)
         self._event.set()
 
+    def drain(self) -> list[Any]:
+        """Take every event received so far without waiting."""
+        taken = list(self._buffer)
+        self._buffer.clear()
+        return taken
+
     def pending(self) -> int:
         """Events received and not yet taken."""
         return len(self._buffer)

@@ -33,7 +33,17 @@ from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub, Subscription
 from chaosp2p.runtime.membership_service import MembershipService
-from chaosp2p.runtime.status import STATUS_CODEC, ConnectionInfo, LinkInfo, MemberInfo, StatusReport, StatusRequest
+from chaosp2p.runtime.negotiation_service import NegotiationService
+from chaosp2p.runtime.status import (
+    STATUS_CODEC,
+    ConnectionInfo,
+    LinkInfo,
+    MemberInfo,
+    PendingInfo,
+    RunStatusInfo,
+    StatusReport,
+    StatusRequest,
+)
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
@@ -111,12 +121,25 @@ class Node:
             publish=self.publish,
             dht_contacts=self._dht_contacts,
         )
+        self.negotiation = NegotiationService(
+            host=host,
+            clock=clock,
+            config=config.negotiation,
+            rng=random.Random(rng.random()),
+            task_group=task_group,
+            publish=self._events.publish,
+            resolve=self._dial_addrs,
+        )
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
         self.dht.start(self.config.bootstrap_addrs())
         self.membership.start()
+        self.negotiation.start()
         self.task_group.start_soon(self._bootstrap_loop, name="chaosp2p bootstrap")
+
+    def _dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
+        return list(self.membership.machine.dial_addrs(peer))
 
     def _dht_contacts(self) -> list[tuple[PeerID, tuple[str, ...]]]:
         return [(entry.peer_id, tuple(entry.contact.addrs)) for entry in self.dht.machine.routing_table]
@@ -151,7 +174,12 @@ class Node:
         return self._events.dropped
 
     def publish(self, event: Any) -> None:
-        """Hand an event to every ``events()`` subscriber (used by the protocol drivers)."""
+        """Hand an event to every ``events()`` subscriber (used by the protocol drivers).
+
+        Membership events also reach negotiation: a member that fails or leaves, or a link that
+        goes up or down, may change the configuration of a training run.
+        """
+        self.negotiation.observe(event)
         self._events.publish(event)
 
     def connected_peers(self) -> list[PeerID]:
@@ -257,6 +285,21 @@ class Node:
             )
             for link in self.membership.machine.links()
         )
+        runs = tuple(
+            RunStatusInfo(
+                run=run.run,
+                epoch=run.epoch,
+                step=run.step,
+                activation_step=run.activation_step,
+                config_digest=run.config_digest,
+                members=tuple(str(p) for p in run.members),
+                pending=tuple(
+                    PendingInfo(kind=op.kind.name.lower(), subject=str(op.subject), origin=str(op.origin))
+                    for op in run.pending
+                ),
+            )
+            for run in self.negotiation.run_status()
+        )
         return StatusReport(
             peer_id=str(self.peer_id),
             addrs=tuple(str(a) for a in self.addrs),
@@ -265,6 +308,7 @@ class Node:
             connections=tuple(connections),
             members=members,
             links=links,
+            runs=runs,
         )
 
     async def _serve_status(self, connection: Connection, request: Any) -> Any:

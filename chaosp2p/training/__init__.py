@@ -12,9 +12,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from chaosp2p.training.average_messages import RoundPhase, RoundTag
     from chaosp2p.training.averager import Averager, AveragerConfig, Exclusion, RoundStats
+    from chaosp2p.training.blocking import Collaboration
+    from chaosp2p.training.collaboration import AsyncCollaboration, StepStatistics, TrainingError
+    from chaosp2p.training.config import CollaborationConfig
     from chaosp2p.training.reduce_plan import ReducePlan, Shard, plan_shards
 
 _LAZY = {
+    "AsyncCollaboration": "chaosp2p.training.collaboration",
+    "StepStatistics": "chaosp2p.training.collaboration",
+    "TrainingError": "chaosp2p.training.collaboration",
+    "Collaboration": "chaosp2p.training.blocking",
+    "CollaborationConfig": "chaosp2p.training.config",
     "Averager": "chaosp2p.training.averager",
     "AveragerConfig": "chaosp2p.training.averager",
     "Exclusion": "chaosp2p.training.averager",
@@ -35,13 +43,18 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AsyncCollaboration",
     "Averager",
     "AveragerConfig",
+    "Collaboration",
+    "CollaborationConfig",
     "Exclusion",
     "ReducePlan",
     "RoundPhase",
     "RoundStats",
     "RoundTag",
     "Shard",
+    "StepStatistics",
+    "TrainingError",
     "plan_shards",
 ]

@@ -65,7 +65,7 @@ class UpdateReceiver:
                 if len(self._queue) >= self._max_queued:
                     raise TransferError(f"catch-up fell more than {self._max_queued} updates behind the sponsor")
                 update = np.empty(self._numel, dtype=np.float32)
-                await self._stream.receive_into(memoryview(update).cast("B"))
+                await self._stream.receive_into(update.data.cast("B"))
                 self._queue.append((header, update))
                 self.latest = header.step
                 self._arrived.set()

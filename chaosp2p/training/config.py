@@ -26,7 +26,7 @@ class CollaborationConfig:
     """``sync``: gradients averaged every step. ``diloco``: ``local_steps`` inner steps, then an outer
     step on the averaged pseudo-gradient (only the run's founder's choice counts)."""
     global_batch: int = 0
-    """Samples per step over all members (0: the founder's first ``samples`` times one member)."""
+    """Samples per step over all members; the founder of a run must set it (joiners take the run's)."""
     local_steps: int = 20
     """DiLoCo: inner steps per outer step (H)."""
     outer_lr: float = 0.7
@@ -42,8 +42,9 @@ class CollaborationConfig:
     """After an aborted round, wait this long for negotiation to change the configuration."""
     max_round_attempts: int = 50
     """Give up a step (raising) after this many aborted rounds without a configuration change."""
-    update_history: int = 2
-    """Averaged updates kept for a member that must fetch a step it missed."""
+    update_history: int = 1
+    """Averaged updates kept (one copy of the model size each) for a member whose round failed
+    after the others completed it: it fetches the update instead of redoing the step."""
     max_catchup_updates: int = 64
     """A newcomer buffers at most this many updates while it loads the snapshot (memory bound)."""
     join_lag_steps: int = 2

@@ -9,8 +9,8 @@ after ``s`` on top of it. Replaying an update means doing exactly what the membe
 (``.grad = update; optimizer.step()``), so the newcomer's state is bit-identical to theirs.
 
 :class:`UpdateFeed` is the sponsor's half: one bounded queue per observer, filled by
-:meth:`UpdateFeed.publish` after every completed step (one shared copy of the update per step,
-whatever the number of observers) and drained by one sender task per observer. An observer that
+:meth:`UpdateFeed.publish` after every completed step (the update is shared, not copied, whatever the
+number of observers) and drained by one sender task per observer. An observer that
 falls ``max_queued`` updates behind is cut off (it will start its join again) rather than making the
 member hold unbounded memory or wait. :class:`SnapshotWaiters` remembers which steps newcomers want a
 snapshot of; the collaboration publishes one when it completes such a step.
@@ -56,10 +56,14 @@ class UpdateFeed:
         return len(self._observers)
 
     def publish(self, *, step: int, epoch: int, config_digest: bytes, update: np.ndarray) -> None:
-        """Queue the averaged ``update`` of ``step`` for every observer (copied once, if any)."""
+        """Queue the averaged ``update`` of ``step`` for every observer.
+
+        ``update`` is shared by every observer's queue, not copied: the caller must not modify it
+        afterwards (the collaboration averages each step into a fresh buffer).
+        """
         if not self._observers:
             return
-        shared = update.copy()
+        shared = update
         header = UpdateHeader(step=step, epoch=epoch, config_digest=config_digest, numel=int(shared.size))
         for observer in self._observers:
             if len(observer.queue) >= self._max_queued:
@@ -81,7 +85,7 @@ class UpdateFeed:
                 while observer.queue and not observer.cut:
                     header, update = observer.queue.popleft()
                     await stream.send_message(codec, header)
-                    await stream.send(memoryview(update).cast("B"))
+                    await stream.send(update.data.cast("B"))
                 if observer.cut:
                     break
                 observer.wake = anyio.Event()

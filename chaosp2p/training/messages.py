@@ -6,6 +6,9 @@ One stream per request; the first frame names the request:
   complete ``step``". The member answers once the snapshot is served (``ok``) or at once if it is
   already past that step or does not train the run. Every member of a synchronous run holds
   bit-identical state at a step, so the newcomer can pull the snapshot from all of them in parallel.
+* :class:`FetchUpdate` -> :class:`UpdateHeader` + raw bytes, or :class:`Refused`: "give me the
+  averaged update you applied at ``step`` under ``config_digest``" -- for a member whose own round
+  failed after some others had completed it (it cannot redo a round the others finished).
 * :class:`ObserveRequest` -> :class:`ObserveAccepted`, then one :class:`UpdateHeader` frame per
   completed step followed by exactly ``numel * 4`` raw bytes: the averaged update (a gradient in
   synchronous mode, a pseudo-gradient in DiLoCo mode) the members applied at that step. A newcomer
@@ -44,6 +47,7 @@ class CollabMessageType(enum.IntEnum):
     OBSERVE_ACCEPTED = 4
     UPDATE_HEADER = 5
     REFUSED = 6
+    FETCH_UPDATE = 7
 
 
 codec = MessageCodec(PROTOCOL, CollabMessageType)
@@ -150,3 +154,19 @@ class Refused(Message):
     def validate(self) -> None:
         """Hard limits."""
         _check(len(self.reason) <= MAX_REASON_CHARS, "reason too long")
+
+
+@codec.register(CollabMessageType.FETCH_UPDATE)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchUpdate(Message):
+    """Send me the averaged update you applied at ``step`` under ``config_digest``, if you have it."""
+
+    run: str
+    step: int
+    config_digest: bytes
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_run(self.run)
+        _check_step(self.step)
+        _check(len(self.config_digest) <= MAX_DIGEST_BYTES, "config digest too long")

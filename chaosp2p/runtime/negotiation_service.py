@@ -1,0 +1,231 @@
+"""The negotiation machine over real connections: training runs whose members agree on changes.
+
+The driver feeds :class:`~chaosp2p.protocols.negotiation.NegotiationMachine` from the host, the way
+the membership service feeds SWIM, and adds what only the runtime has: the membership view (a
+member that SWIM declares failed or left becomes a FAIL operation; link events become LINK_UP /
+LINK_DOWN) and awaitable conditions for the training layer -- "the configuration that governs step
+k" (which waits while a pending change gates step k), "admitted", "any change to run R". It makes
+no protocol decisions. Operations committed by the run are forwarded to ``peer.events()`` and
+logged with their timings.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from chaosp2p.clock import Clock
+from chaosp2p.errors import ChaosError, LocalProtocolError
+from chaosp2p.protocols.membership import LinkDown, LinkUp, MemberState, PeerFailed, PeerJoined, PeerLeft
+from chaosp2p.protocols.negotiation import (
+    Admitted,
+    Configuration,
+    ConfigurationCommitted,
+    JoinRefused,
+    NegotiationConfig,
+    NegotiationMachine,
+    OperationCommitted,
+    OperationRejected,
+    RemovedFromRun,
+    ResyncNeeded,
+    RunInfo,
+    RunParams,
+    RunStatus,
+)
+from chaosp2p.protocols.negotiation import codec as NEGOTIATION_CODEC
+from chaosp2p.runtime.driver import MachineDriver
+from chaosp2p.transport.host import Host
+from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+
+log = logging.getLogger("chaosp2p.negotiation")
+
+
+class RunRemoved(ChaosError):
+    """This peer is no longer a member of the run (removed while partitioned, or it left)."""
+
+
+class NegotiationService:
+    """Training runs this peer founded or joined, and the agreed configurations of each."""
+
+    def __init__(
+        self,
+        *,
+        host: Host,
+        clock: Clock,
+        config: NegotiationConfig,
+        rng: random.Random,
+        task_group: anyio.abc.TaskGroup,
+        publish: Callable[[Any], None],
+        resolve: Callable[[PeerID], list[Multiaddr]],
+    ) -> None:
+        self._clock = clock
+        self._publish = publish
+        self.config = config
+        self.machine = NegotiationMachine(identity=host.identity, config=config, rng=rng, now=clock.now())
+        self.driver = MachineDriver(
+            host=host,
+            machine=self.machine,
+            codecs={"negotiation": NEGOTIATION_CODEC},
+            clock=clock,
+            task_group=task_group,
+            resolve=resolve,
+            on_event=self._on_event,
+            name="negotiation",
+        )
+        self._changed = anyio.Event()
+        self._run_info: dict[tuple[str, PeerID], RunInfo] = {}
+        self._admitted: dict[str, Configuration] = {}
+        self._removed: dict[str, str] = {}
+        self._resync: dict[str, int] = {}
+
+    def start(self) -> None:
+        """Start the machine's timers."""
+        self.driver.start()
+
+    # ------------------------------------------------------------------ membership feed
+    def observe(self, event: Any) -> None:
+        """Feed a membership event (called for every event the node publishes)."""
+        if isinstance(event, PeerFailed):
+            self.driver.call(self.machine.observe_member, event.peer, MemberState.FAILED, event.incarnation)
+        elif isinstance(event, PeerLeft):
+            self.driver.call(self.machine.observe_member, event.peer, MemberState.LEFT, event.incarnation)
+        elif isinstance(event, PeerJoined):
+            self.driver.call(self.machine.observe_member, event.peer, MemberState.ALIVE, event.incarnation)
+        elif isinstance(event, LinkUp):
+            local = self.machine.local_peer
+            self.driver.call(lambda now: self.machine.link_changed(now, local, event.peer, up=True, rtt_s=event.rtt_s))
+        elif isinstance(event, LinkDown):
+            local = self.machine.local_peer
+            self.driver.call(lambda now: self.machine.link_changed(now, local, event.peer, up=False))
+
+    # ------------------------------------------------------------------ runs
+    def create_run(self, run: str, params: RunParams) -> Configuration:
+        """Found ``run`` with this peer as its only member (configuration 0, from step 0)."""
+        return self.driver.call(lambda now: self.machine.create_run(now, run, params=params))
+
+    def configuration(self, run: str) -> Configuration | None:
+        """The newest configuration of ``run`` this peer knows, if it takes part."""
+        return self.machine.configuration(run)
+
+    def runs(self) -> list[str]:
+        """Runs this peer takes part in."""
+        return list(self.machine.runs())
+
+    def report_step(self, run: str, *, entered: int | None = None, completed: int | None = None) -> None:
+        """Tell the run which step this peer began (``entered``) or finished (``completed``)."""
+        self.driver.call(lambda now: self.machine.report_step(now, run, entered=entered, completed=completed))
+
+    def set_throughput(self, run: str, samples_per_s: float) -> None:
+        """Report measured training speed (the run rebalances batch shares when it moved enough)."""
+        self.driver.call(self.machine.set_throughput, run, samples_per_s)
+
+    def link_changed(self, a: PeerID, b: PeerID, up: bool) -> None:
+        """Explicit connect-link / disconnect-link between two members (one of them is this peer)."""
+        self.driver.call(lambda now: self.machine.link_changed(now, a, b, up=up))
+
+    async def leave(self, run: str, *, timeout_s: float) -> bool:
+        """Announce that this peer leaves ``run``; wait (bounded) until the run committed it."""
+        if self.machine.configuration(run) is None or run in self._removed:
+            return True
+        try:
+            self.driver.call(self.machine.leave, run)
+        except LocalProtocolError:  # no longer a member (removed while we were not looking)
+            return True
+        with anyio.move_on_after(timeout_s):
+            while run in self.machine.runs() and run not in self._removed:
+                await self.wait_changed()
+            return True
+        return False
+
+    # ------------------------------------------------------------------ joining
+    async def query_run(self, run: str, peer: PeerID, *, timeout_s: float) -> RunInfo:
+        """Ask ``peer`` for the current configuration of ``run``."""
+        self._run_info.pop((run, peer), None)
+        self.driver.call(self.machine.query_run, run, peer)
+        with anyio.fail_after(timeout_s):
+            while (run, peer) not in self._run_info:
+                await self.wait_changed()
+        return self._run_info.pop((run, peer))
+
+    async def join(
+        self, run: str, sponsor: PeerID, *, incarnation: int, throughput: float, timeout_s: float
+    ) -> Configuration:
+        """Ask ``sponsor`` to have the run admit this peer; return the configuration that does."""
+        self._admitted.pop(run, None)
+        self.driver.call(
+            lambda now: self.machine.request_join(now, run, sponsor, incarnation=incarnation, throughput=throughput)
+        )
+        with anyio.fail_after(timeout_s):
+            while run not in self._admitted:  # a refusing sponsor is replaced by the machine itself
+                await self.wait_changed()
+        return self._admitted.pop(run)
+
+    # ------------------------------------------------------------------ stepping
+    async def configuration_for_step(self, run: str, step: int) -> Configuration:
+        """The configuration governing ``step``; waits while a pending change gates it."""
+        while True:
+            if run in self._removed:
+                raise RunRemoved(f"this peer was removed from run {run!r}: {self._removed[run]}")
+            found = self.machine.config_for_step(run, step)
+            if found is not None:
+                return found
+            await self.wait_changed()
+
+    def take_resync(self, run: str) -> int | None:
+        """The step from which this peer's state is known wrong (a commit it had run past), once."""
+        return self._resync.pop(run, None)
+
+    def removed_reason(self, run: str) -> str | None:
+        """Why this peer was removed from ``run``, if it was."""
+        return self._removed.get(run)
+
+    def forget_removal(self, run: str) -> None:
+        """Clear a removal (before rejoining the run as a newcomer)."""
+        self._removed.pop(run, None)
+
+    async def wait_changed(self) -> None:
+        """Return at the next negotiation event (bound it with a timeout)."""
+        await self._changed.wait()
+
+    def run_status(self) -> list[RunStatus]:
+        """One entry per run this peer takes part in (for ``status --json``'s ``runs``)."""
+        return [self.machine.run_status(run) for run in self.machine.runs()]
+
+    # ------------------------------------------------------------------ events
+    def _on_event(self, event: Any) -> None:
+        if isinstance(event, RunInfo):
+            self._run_info[(event.run, event.from_peer)] = event
+        elif isinstance(event, Admitted):
+            self._admitted[event.run] = event.configuration
+            log.info("admitted to run %r from step %d", event.run, event.activation_step)
+        elif isinstance(event, JoinRefused):
+            log.info("joining run %r: %s refused (%s); asking another member", event.run, event.sponsor, event.reason)
+        elif isinstance(event, RemovedFromRun):
+            self._removed[event.run] = event.reason
+            log.warning("removed from run %r: %s", event.run, event.reason)
+        elif isinstance(event, ResyncNeeded):
+            self._resync[event.run] = event.step
+            log.warning("run %r: state from step %d must be reloaded", event.run, event.step)
+        elif isinstance(event, OperationCommitted):
+            log.info(
+                "run %r epoch %d: %s %s from step %d (decided in %.1f ms)",
+                event.run,
+                event.epoch,
+                event.kind.name.lower(),
+                event.subject,
+                event.activation_step,
+                (event.committed_at - event.proposed_at) * 1e3,
+            )
+        elif isinstance(event, OperationRejected):
+            log.warning("run %r: rejected an operation from %s: %s", event.run, event.origin, event.reason)
+        elif isinstance(event, ConfigurationCommitted):
+            log.debug("run %r: configuration %d committed", event.run, event.configuration.epoch)
+        self._publish(event)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()

@@ -1,0 +1,129 @@
+"""Collaborations among in-process peers on 127.0.0.1: averaging, joins, leaves and failures.
+
+Each peer is a real :func:`chaosp2p.open_peer` with its own transport (encrypted TCP on loopback);
+they share one event loop, so the test drives every member's training loop as a task. Gradients are
+synthetic but deterministic per (member, step); what is checked is the protocol's promise: every
+member of a synchronous run holds bit-identical parameters after every step, through a join, a
+graceful leave and a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
+
+import anyio
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import chaosp2p  # noqa: E402
+from chaosp2p.api import AsyncPeer  # noqa: E402
+from chaosp2p.training import AsyncCollaboration, CollaborationConfig  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+RUN = "test-run"
+GLOBAL_BATCH = 12
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+class Member:
+    """One peer training the test run."""
+
+    def __init__(self, peer: AsyncPeer, seed: int) -> None:
+        self.peer = peer
+        self.seed = seed
+        model, optimizer = _model()
+        config = CollaborationConfig.local(global_batch=GLOBAL_BATCH, round_timeout_min_s=3.0)
+        self.collab = AsyncCollaboration(peer, run=RUN, model=model, optimizer=optimizer, config=config)
+        self.digests: dict[int, str] = {}
+        self.members: dict[int, int] = {}
+
+    async def train_until(self, steps: int) -> None:
+        while self.collab.step_index < steps:
+            step = self.collab.step_index
+            start, stop = self.collab.batch_slice()
+            generator = torch.Generator().manual_seed(step)
+            x = torch.randn(GLOBAL_BATCH, 8, generator=generator)[start:stop]
+            y = torch.randint(0, 2, (GLOBAL_BATCH,), generator=generator)[start:stop]
+            self.collab.optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(self.collab.model(x), y).backward()
+            result = await self.collab.step(samples=stop - start)
+            self.digests[result.step] = self.collab.parameter_digest()
+            self.members[result.step] = result.members
+            await anyio.sleep(0.005)  # stands in for compute, so joins overlap training
+
+
+@asynccontextmanager
+async def swarm(count: int) -> AsyncIterator[list[AsyncPeer]]:
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(chaosp2p.open_peer(chaosp2p.PeerConfig.local()))
+        peers = [first]
+        for _ in range(count - 1):
+            config = chaosp2p.PeerConfig.local(bootstrap=[str(first.addrs[0])])
+            peers.append(await stack.enter_async_context(chaosp2p.open_peer(config)))
+        with anyio.fail_after(20):
+            while any(len([m for m in p.members() if m.state.value == "alive"]) < count for p in peers):  # noqa: ASYNC110
+                await anyio.sleep(0.05)  # membership views converge by gossip; there is no single event
+        yield peers
+
+
+def _agree(members: list[Member], steps: range) -> None:
+    for step in steps:
+        digests = {m.digests.get(step) for m in members if step in m.digests}
+        assert len(digests) == 1, f"members differ after step {step}: {digests}"
+
+
+async def test_joiners_catch_up_and_every_member_holds_identical_parameters() -> None:
+    async with swarm(3) as peers:
+        founder, *newcomers = (Member(p, i) for i, p in enumerate(peers))
+        await founder.collab.start(found=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(founder.train_until, 60)
+
+            async def join_and_train(member: Member) -> None:
+                await member.collab.start(found=False)
+                await member.train_until(60)
+
+            for member in newcomers:
+                tg.start_soon(join_and_train, member)
+        everyone = [founder, *newcomers]
+        admitted = min(min(m.digests) for m in newcomers)
+        assert admitted > 0, "the newcomers joined a run that had already trained"
+        _agree(everyone, range(admitted, 60))
+        assert max(founder.members.values()) == 3
+        status = founder.peer.status_report()
+        (run,) = status.runs
+        assert run.run == RUN and len(run.members) == 3
+
+
+async def test_after_a_graceful_leave_the_others_go_on_with_identical_parameters() -> None:
+    async with swarm(3) as peers:
+        members = [Member(p, i) for i, p in enumerate(peers)]
+        await members[0].collab.start(found=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(members[0].train_until, 10)
+            for member in members[1:]:
+                tg.start_soon(partial(member.collab.start, found=False))
+        async with anyio.create_task_group() as tg:
+            for member in members:
+                tg.start_soon(member.train_until, 20)
+        await members[2].collab.leave()
+        survivors = members[:2]
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for member in survivors:
+                    tg.start_soon(member.train_until, 35)
+        _agree(survivors, range(20, 35))
+        assert survivors[0].members[34] == 2
