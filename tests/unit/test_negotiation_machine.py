@@ -8,7 +8,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+import chaosp2p.protocols.negotiation.core as core_module
+import chaosp2p.protocols.negotiation.learning as learning_module
 import chaosp2p.protocols.negotiation.machine as machine_module
+import chaosp2p.protocols.negotiation.proposer as proposer_module
 from chaosp2p.errors import LocalProtocolError
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation import (
@@ -317,8 +320,11 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[set[object], set
         proposers.add((current, event))
         return new
 
-    monkeypatch.setattr(machine_module, "transition", run_transition)
-    monkeypatch.setattr(machine_module, "proposer_transition", proposer)
+    for module in (machine_module, core_module, proposer_module, learning_module):
+        if hasattr(module, "transition"):
+            monkeypatch.setattr(module, "transition", run_transition)
+        if hasattr(module, "proposer_transition"):
+            monkeypatch.setattr(module, "proposer_transition", proposer)
     yield runs, proposers
 
 

@@ -1,0 +1,331 @@
+"""Shared state and helpers of the negotiation machine (see :mod:`.machine` for the theory).
+
+:class:`MachineCore` holds what every part of the machine uses: the run records, the pending
+operations of each run and how they are announced, the proposer ranking of an epoch, and the
+outgoing queue, events and counters. The Paxos roles (``proposer.py``) and the learning of
+decisions, catch-up and joins (``learning.py``) build on it; ``machine.py`` puts them together.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
+from chaosp2p.protocols.base import Outgoing
+from chaosp2p.protocols.negotiation.config import NegotiationConfig
+from chaosp2p.protocols.negotiation.configuration import (
+    AppliedOp,
+    Configuration,
+    check_operation,
+)
+from chaosp2p.protocols.negotiation.events import (
+    NegotiationEvent,
+    OperationRejected,
+)
+from chaosp2p.protocols.negotiation.messages import (
+    CommitRecord,
+    OpsAnnounce,
+    Value,
+)
+from chaosp2p.protocols.negotiation.operations import (
+    PROTOCOL,
+    REMOVAL_KINDS,
+    Operation,
+    OpKind,
+    SignatureCache,
+    check_run,
+    sign_operation,
+)
+from chaosp2p.protocols.negotiation.paxos import (
+    RunRecord,
+)
+from chaosp2p.protocols.negotiation.state import (
+    MEMBER_STATES,
+    ProposerPhase,
+    RunEvent,
+    RunState,
+    transition,
+)
+from chaosp2p.protocols.ratelimit import RateLimiter
+from chaosp2p.wire.identity import Identity, PeerID
+from chaosp2p.wire.messages import Message
+
+_IDLE = ProposerPhase.IDLE
+
+
+class MachineCore:
+    """State and helpers shared by the parts of :class:`~.machine.NegotiationMachine`."""
+
+    protocols: Sequence[str] = (PROTOCOL,)
+
+    def __init__(self, *, identity: Identity, config: NegotiationConfig, rng: random.Random, now: float) -> None:
+        self.identity = identity
+        self.local_peer = identity.peer_id
+        self.config = config
+        self._rng = rng
+        self._runs: dict[str, RunRecord] = {}
+        self._outgoing: list[Outgoing] = []
+        self._events: list[NegotiationEvent] = []
+        self._sigs = SignatureCache(config.verified_cache_size)
+        self._limiter = RateLimiter(
+            rate_per_s=config.rate_limit_msgs_per_s,
+            burst=config.rate_limit_burst,
+            max_senders=config.max_tracked_senders,
+        )
+        self._down: dict[bytes, float] = {}
+        """Peers membership reported failed/left or the driver could not reach (proposer ranking)."""
+        self._alive_inc: dict[bytes, int] = {}
+        """Highest membership incarnation at which each peer was reported alive."""
+        self._queries: dict[int, tuple[str, PeerID]] = {}
+        self._counts: dict[str, int] = {}
+        self._rejections: dict[str, int] = {}
+        self._started = now
+
+    # ------------------------------------------------------------------ provided by the other parts
+    def _wake(self, now: float, rec: RunRecord) -> None:
+        raise NotImplementedError
+
+    def _request_sync(self, rec: RunRecord, peer: PeerID) -> None:
+        raise NotImplementedError
+
+    def _abandon(self, now: float, rec: RunRecord) -> None:
+        raise NotImplementedError
+
+    def _value_ids(self, rec: RunRecord, value: Value) -> tuple[bytes, ...] | None:
+        raise NotImplementedError
+
+    def _apply_commit(
+        self,
+        now: float,
+        rec: RunRecord,
+        record: CommitRecord,
+        new_config: Configuration,
+        results: tuple[AppliedOp, ...],
+    ) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ pending operations
+
+    def _raise(
+        self, now: float, rec: RunRecord, *, kind: OpKind, subject: PeerID, incarnation: int, **extra: Any
+    ) -> None:
+        config = rec.config
+        assert config is not None
+        op = sign_operation(
+            self.identity,
+            kind=kind,
+            run=rec.run,
+            epoch=config.epoch,
+            subject=subject,
+            incarnation=incarnation,
+            detected_at=now,
+            **extra,
+        )
+        self._count("ops_raised")
+        ident = self._sigs.check(op)
+        assert ident is not None
+        reason = check_operation(op, config)
+        if reason is not None:
+            raise LocalProtocolError(f"negotiation: cannot raise {kind.name}: {reason}")
+        self._add_pending(rec, ident, op)
+        self._announce(rec, (op,))
+        self._ops_became_pending(now, rec)
+
+    def _add_pending(self, rec: RunRecord, ident: bytes, op: Operation) -> None:
+        rec.pending[ident] = op
+        if op.kind in REMOVAL_KINDS:
+            raw = op.subject.raw
+            rec.pending_removals[raw] = rec.pending_removals.get(raw, 0) + 1
+
+    def _remove_pending(self, rec: RunRecord, ident: bytes) -> None:
+        op = rec.pending.pop(ident, None)
+        if op is not None and op.kind in REMOVAL_KINDS:
+            raw = op.subject.raw
+            left = rec.pending_removals.get(raw, 0) - 1
+            if left > 0:
+                rec.pending_removals[raw] = left
+            else:
+                rec.pending_removals.pop(raw, None)
+
+    def _drop_own_pending(self, rec: RunRecord, match: Callable[[Operation], bool]) -> None:
+        for ident in [i for i, op in rec.pending.items() if op.origin == self.local_peer and match(op)]:
+            self._remove_pending(rec, ident)
+
+    def _drop_stale_fails(self, rec: RunRecord, peer: PeerID, incarnation: int) -> None:
+        stale = [
+            i
+            for i, op in rec.pending.items()
+            if op.kind is OpKind.FAIL and op.subject == peer and op.observed_incarnation < incarnation
+        ]
+        for ident in stale:
+            origin = rec.pending[ident].origin
+            self._remove_pending(rec, ident)
+            self._reject(rec.run, "stale_fail", origin)
+
+    def _admit_ops(self, now: float, rec: RunRecord, ops: Iterable[Operation], sender: PeerID) -> int:
+        """Check announced operations; the valid new ones become pending. Returns how many did."""
+        config = rec.config
+        assert config is not None
+        added = 0
+        for op in ops:
+            ident = self._sigs.check(op)
+            if ident is None:
+                self._reject(rec.run, "bad_signature", sender)
+                continue
+            if ident in rec.pending:
+                continue
+            if ident in rec.applied:
+                self._reject(rec.run, "replayed", sender)
+                continue
+            reason = check_operation(op, config)
+            if reason is not None:
+                if reason == "future_epoch":
+                    self._request_sync(rec, sender)
+                self._reject(rec.run, reason, sender)
+                continue
+            if op.kind is OpKind.FAIL:
+                if rec.pending_removals.get(op.subject.raw):
+                    continue  # one removal per subject is enough; others would only cost verifications
+                if self._alive_inc.get(op.subject.raw, -1) > op.observed_incarnation:
+                    self._reject(rec.run, "stale_fail", sender)
+                    continue
+            if len(rec.pending) >= self.config.max_pending_ops:
+                self._reject(rec.run, "pending_full", sender)
+                continue
+            self._add_pending(rec, ident, op)
+            added += 1
+        return added
+
+    def _ops_became_pending(self, now: float, rec: RunRecord) -> None:
+        if rec.state in MEMBER_STATES:
+            rec.state = transition(rec.state, RunEvent.OP_PENDING)
+        if rec.activity_at is not None or rec.accepted_value is not None:
+            return  # an instance is under way; its commit re-examines the pending set
+        if rec.proposer.phase is not _IDLE:
+            return
+        rank = self._rank_of_self(rec)
+        if rank == 0:
+            self._wake(now, rec)
+            return
+        at = now + self.config.proposer_backoff_s * rank * self._jitter()
+        if rec.wake_at is None or at < rec.wake_at:
+            rec.wake_at = at
+
+    def _announce(self, rec: RunRecord, ops: tuple[Operation, ...]) -> None:
+        config = rec.config
+        assert config is not None
+        message = OpsAnnounce(
+            run=rec.run,
+            epoch=config.epoch,
+            ops=ops[: self.config.max_ops_per_batch],
+            entered=rec.entered,
+            completed=rec.completed,
+            step_time_s=rec.step_time_s,
+        )
+        for peer in self._ranked(rec, self.config.announce_fanout, skip_self=True):
+            self._send(peer, message)
+
+    def _note_progress(self, rec: RunRecord, entered: int, completed: int) -> None:
+        if entered > rec.peer_entered:
+            rec.peer_entered = entered
+        if completed > rec.peer_completed:
+            rec.peer_completed = completed
+
+    # ------------------------------------------------------------------ proposer ranking
+
+    def _excluded(self, rec: RunRecord, raw: bytes) -> bool:
+        return raw in self._down or raw in rec.pending_removals
+
+    def _ranked(self, rec: RunRecord, limit: int, *, skip_self: bool) -> list[PeerID]:
+        """The first ``limit`` proposers of the epoch's order that are not believed down or leaving."""
+        config = rec.config
+        assert config is not None
+        peers = config.peers
+        n = len(peers)
+        out: list[PeerID] = []
+        if n == 0:
+            return out
+        start = config.seed % n
+        me = self.local_peer.raw
+        for k in range(n):
+            peer = peers[(start + k) % n]
+            raw = peer.raw
+            if raw == me:
+                if not skip_self:
+                    out.append(peer)
+            elif not self._excluded(rec, raw):
+                out.append(peer)
+            if len(out) >= limit:
+                break
+        return out
+
+    def _rank_of_self(self, rec: RunRecord) -> int:
+        """0 for the preferred proposer; capped at announce_fanout + 1."""
+        cap = self.config.announce_fanout + 1
+        if rec.pending_removals.get(self.local_peer.raw):
+            return cap
+        ranked = self._ranked(rec, cap, skip_self=False)
+        for i, peer in enumerate(ranked):
+            if peer == self.local_peer:
+                return i
+        return cap
+
+    def _jitter(self) -> float:
+        return 1.0 + self._rng.uniform(0.0, self.config.retry_jitter)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _new_run(self, run: str) -> RunRecord:
+        if run not in self._runs and len(self._runs) >= self.config.max_runs:
+            removed = [name for name, r in self._runs.items() if r.state is RunState.REMOVED]
+            if not removed:
+                raise ConfigError(f"negotiation: already tracking {self.config.max_runs} runs")
+            del self._runs[removed[0]]
+        rec = self._runs.get(run)
+        if rec is None:
+            rec = RunRecord(run=run)
+            self._runs[run] = rec
+        return rec
+
+    def _member_run(self, run: str) -> RunRecord:
+        rec = self._runs.get(run)
+        if rec is None or rec.state not in MEMBER_STATES or rec.config is None:
+            state = "unknown" if rec is None or rec.state is None else rec.state.name
+            raise LocalProtocolError(f"negotiation: not a member of {run!r} (state {state})")
+        return rec
+
+    def _check_run_id(self, run: str) -> None:
+        try:
+            check_run(run)
+        except RemoteProtocolError:
+            raise ConfigError(f"run id must be 1..{self.config.max_run_id_chars} characters") from None
+        if len(run) > self.config.max_run_id_chars:
+            raise ConfigError(f"run id must be 1..{self.config.max_run_id_chars} characters")
+
+    def _mark_down(self, peer: PeerID, now: float) -> None:
+        if len(self._down) >= self.config.max_tracked_senders:
+            self._down.pop(next(iter(self._down)))
+        self._down[peer.raw] = now
+
+    def _send(self, peer: PeerID, message: Message) -> None:
+        self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + 1
+        self._outgoing.append(Outgoing(to=peer, protocol=PROTOCOL, message=message))
+
+    def _broadcast(self, peers: Iterable[PeerID], message: Message) -> None:
+        me = self.local_peer
+        out = self._outgoing
+        sent = 0
+        for peer in peers:
+            if peer != me:
+                out.append(Outgoing(to=peer, protocol=PROTOCOL, message=message))
+                sent += 1
+        self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + sent
+
+    def _count(self, name: str) -> None:
+        self._counts[name] = self._counts.get(name, 0) + 1
+
+    def _reject(self, run: str, reason: str, origin: PeerID) -> None:
+        self._rejections[reason] = self._rejections.get(reason, 0) + 1
+        self._events.append(OperationRejected(run=run, reason=reason, origin=origin))

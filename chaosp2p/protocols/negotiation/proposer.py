@@ -1,0 +1,485 @@
+"""The Paxos roles of the negotiation machine: proposer and acceptor of each epoch's instance.
+
+Instance e+1 decides the value that turns C_e into C_(e+1); the acceptors are the members of C_e.
+The proposer of an instance either is the epoch's coordinator skipping phase 1 at round 0, or runs
+phase 1 (PREPARE / PROMISE) and then phase 2 (ACCEPT / ACCEPTED) with a higher ballot; the value
+rules (Paxos adoption, dead values, the activation step) are in ``paxos.py``. An acceptor gates at
+the activation step of the value it accepted until the instance is decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from chaosp2p.protocols.negotiation.configuration import (
+    check_operation,
+    next_configuration,
+    quorum,
+)
+from chaosp2p.protocols.negotiation.core import MachineCore
+from chaosp2p.protocols.negotiation.events import (
+    GateRaised,
+)
+from chaosp2p.protocols.negotiation.messages import (
+    Accept,
+    Accepted,
+    Ballot,
+    Commit,
+    CommitRecord,
+    Nack,
+    Prepare,
+    Promise,
+    RefusePast,
+    Value,
+)
+from chaosp2p.protocols.negotiation.operations import (
+    REMOVAL_KINDS,
+    Operation,
+    OpKind,
+    apply_key,
+)
+from chaosp2p.protocols.negotiation.paxos import (
+    PromiseInfo,
+    RunRecord,
+    activation_step,
+    choose_value,
+    coordinator,
+    is_urgent,
+)
+from chaosp2p.protocols.negotiation.state import (
+    MEMBER_STATES,
+    ProposerEvent,
+    ProposerPhase,
+    RunEvent,
+    proposer_transition,
+    transition,
+)
+from chaosp2p.wire.identity import PeerID
+
+_IDLE = ProposerPhase.IDLE
+_PREPARING = ProposerPhase.PREPARING
+_ACCEPTING = ProposerPhase.ACCEPTING
+
+
+class PaxosRoles(MachineCore):
+    """Proposer and acceptor of the open instance of each run."""
+
+    # ------------------------------------------------------------------ proposer
+
+    def _wake(self, now: float, rec: RunRecord) -> None:
+        """Start a proposal if this member has something to decide and nobody else is deciding it."""
+        if rec.state not in MEMBER_STATES or rec.proposer.phase is not _IDLE:
+            return
+        if not rec.pending and rec.accepted_value is None:
+            return
+        config = rec.config
+        assert config is not None
+        fast = (
+            coordinator(config) == self.local_peer
+            and not rec.proposer.fast_used
+            and rec.promised is None
+            and rec.accepted_value is None
+        )
+        self._start_proposal(now, rec, fast=fast)
+
+    def _start_proposal(self, now: float, rec: RunRecord, *, fast: bool) -> None:
+        config = rec.config
+        assert config is not None
+        prop = rec.proposer
+        prop.promises = {}
+        prop.accepted_by = set()
+        prop.refused = {}
+        prop.started_at = now
+        if fast:
+            value, ids = self._fresh_value(now, rec, ())
+            if value is None:
+                return
+            prop.phase = proposer_transition(prop.phase, ProposerEvent.FAST_ACCEPT)
+            prop.fast_used = True
+            prop.ballot = Ballot(round=0, proposer=self.local_peer)
+            prop.value, prop.value_ids = value, ids
+            self._count("proposals")
+            self._count("fast_proposals")
+            self._send_accepts(now, rec)
+            return
+        top = prop.max_round
+        for ballot in (rec.promised, rec.accepted_ballot):
+            if ballot is not None and ballot.round > top:
+                top = ballot.round
+        prop.max_round = top + 1
+        ballot = Ballot(round=top + 1, proposer=self.local_peer)
+        prop.phase = proposer_transition(prop.phase, ProposerEvent.PREPARE)
+        prop.ballot = ballot
+        prop.value, prop.value_ids = None, ()
+        prop.retry_at = now + self.config.phase_timeout_s * self._jitter()
+        self._count("proposals")
+        rec.promised = ballot
+        prop.promises[self.local_peer.raw] = PromiseInfo(
+            accepted_ballot=rec.accepted_ballot,
+            accepted_value=rec.accepted_value,
+            entered=rec.entered,
+            completed=rec.completed,
+            step_time_s=rec.step_time_s,
+        )
+        self._broadcast(config.peers, Prepare(run=rec.run, epoch=config.epoch + 1, ballot=ballot))
+        if len(prop.promises) >= quorum(config):
+            self._phase1_done(now, rec, force=True)
+
+    def _fresh_value(
+        self, now: float, rec: RunRecord, promises: Iterable[PromiseInfo]
+    ) -> tuple[Value | None, tuple[bytes, ...]]:
+        """A new value from the pending operations (one removal/join per subject), or None."""
+        config = rec.config
+        assert config is not None
+        chosen: dict[tuple[int, bytes], tuple[bytes, Operation]] = {}
+        others: list[tuple[bytes, Operation]] = []
+        for ident, op in rec.pending.items():
+            if op.kind in REMOVAL_KINDS or op.kind is OpKind.JOIN:
+                # Several FAILs of one subject (raised by different observers) or repeated JOINs
+                # of one newcomer do the same thing: propose one, keep the rest pending (they
+                # become invalid, and are dropped, once it commits).
+                key = (0 if op.kind in REMOVAL_KINDS else 1, op.subject.raw)
+                best = chosen.get(key)
+                if best is None or apply_key(ident, op) < apply_key(*best):
+                    chosen[key] = (ident, op)
+            else:
+                others.append((ident, op))
+        entries = sorted([*chosen.values(), *others], key=lambda e: apply_key(e[0], e[1]))
+        entries = entries[: self.config.max_ops_per_batch]
+        if not entries:
+            return None, ()
+        ops = [op for _, op in entries]
+        infos = list(promises)
+        step = activation_step(
+            config=config,
+            settings=self.config,
+            ops=ops,
+            entered=[rec.entered, rec.peer_entered, *(p.entered for p in infos)],
+            completed=[rec.completed, rec.peer_completed, *(p.completed for p in infos)],
+            step_times=[rec.step_time_s, *(p.step_time_s for p in infos)],
+        )
+        value = Value(ops=tuple(ops), activation_step=step, proposed_at=now)
+        return value, tuple(i for i, _ in entries)
+
+    def _phase1_done(self, now: float, rec: RunRecord, *, force: bool) -> None:
+        """A quorum promised: pick the value (Paxos rule, or fresh if none/dead) and send ACCEPT."""
+        config = rec.config
+        assert config is not None
+        prop = rec.proposer
+        _, value, _ = choose_value(prop.promises, config)
+        ids: tuple[bytes, ...] | None = None
+        if value is not None:
+            if not force and prop.refusers - set(prop.promises):
+                return  # members that refused this instance may prove the value dead: wait a bit
+            ids = self._value_ids(rec, value)
+            if ids is None:
+                value = None  # an invalid accepted value cannot have been chosen by correct acceptors
+        if value is None or ids is None:
+            value, ids = self._fresh_value(now, rec, prop.promises.values())
+            if value is None:
+                prop.phase = proposer_transition(prop.phase, ProposerEvent.ABANDON)
+                prop.retry_at = None
+                return
+        prop.phase = proposer_transition(prop.phase, ProposerEvent.PROMISED)
+        prop.value, prop.value_ids = value, ids
+        self._send_accepts(now, rec)
+
+    def _send_accepts(self, now: float, rec: RunRecord) -> None:
+        config = rec.config
+        prop = rec.proposer
+        assert config is not None and prop.ballot is not None and prop.value is not None
+        prop.retry_at = now + self.config.phase_timeout_s * self._jitter()
+        refused = self._local_accept(now, rec, prop.ballot, prop.value, prop.value_ids)
+        me = self.local_peer.raw
+        if refused is None:
+            prop.accepted_by.add(me)
+        else:
+            prop.refused[me] = refused
+            prop.refusers.add(me)
+        self._broadcast(config.peers, Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value))
+        self._check_phase2(now, rec)
+
+    def _check_phase2(self, now: float, rec: RunRecord) -> None:
+        config = rec.config
+        prop = rec.proposer
+        assert config is not None
+        q = quorum(config)
+        if len(prop.accepted_by) >= q:
+            self._decide(now, rec)
+        elif len(prop.refused) >= len(config.peers) - q + 1:
+            # Too many members are past S for this value to be chosen at this ballot: look again.
+            self._start_proposal(now, rec, fast=False)
+
+    def _proposer_timeout(self, now: float, rec: RunRecord) -> None:
+        prop = rec.proposer
+        config = rec.config
+        if rec.state not in MEMBER_STATES or config is None:
+            return
+        if prop.phase is _PREPARING and len(prop.promises) >= quorum(config):
+            self._phase1_done(now, rec, force=True)
+        elif prop.phase is not _IDLE:
+            self._start_proposal(now, rec, fast=False)
+
+    def _abandon(self, now: float, rec: RunRecord) -> None:
+        prop = rec.proposer
+        if prop.phase is not _IDLE:
+            prop.phase = proposer_transition(prop.phase, ProposerEvent.ABANDON)
+            prop.retry_at = None
+
+    def _decide(self, now: float, rec: RunRecord) -> None:
+        config = rec.config
+        prop = rec.proposer
+        assert config is not None and prop.value is not None
+        value, ids = prop.value, prop.value_ids
+        new_config, results = next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
+        prop.phase = proposer_transition(prop.phase, ProposerEvent.DECIDED)
+        prop.retry_at = None
+        self._count("commits")
+        record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest)
+        plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest)
+        self._broadcast(config.peers, plain)
+        newcomers = [p for p in new_config.peers if not config.has_member(p)]
+        if newcomers:
+            full = Commit(
+                run=rec.run, epoch=record.epoch, value=value, digest=record.digest, configuration=new_config.encode()
+            )
+            for peer in newcomers:
+                self._send(peer, full)
+        self._apply_commit(now, rec, record, new_config, results)
+
+    def _value_ids(self, rec: RunRecord, value: Value) -> tuple[bytes, ...] | None:
+        """Op ids of a value whose operations are all correctly signed and valid against C_e."""
+        config = rec.config
+        assert config is not None
+        if not value.ops or len(value.ops) > self.config.max_ops_per_batch:
+            return None
+        ids = []
+        for op in value.ops:
+            ident = self._sigs.check(op)
+            if ident is None or check_operation(op, config) is not None:
+                return None
+            ids.append(ident)
+        if len(set(ids)) != len(ids):
+            return None
+        return tuple(ids)
+
+    # ------------------------------------------------------------------ acceptor
+
+    def _instance(self, now: float, sender: PeerID, run: str, epoch: int) -> RunRecord | None:
+        """The run if ``epoch`` is its open instance and ``sender`` a member of C_e; else None (handled)."""
+        rec = self._runs.get(run)
+        if rec is None:
+            self._reject(run, "unknown_run", sender)
+            return None
+        config = rec.config
+        if rec.state not in MEMBER_STATES or config is None:
+            self._reject(run, "not_member", sender)
+            return None
+        if epoch <= config.epoch:
+            record = rec.history.get(epoch)
+            if record is not None:
+                # The sender missed this decision: give it the commit instead of an answer.
+                self._send(sender, Commit(run=run, epoch=epoch, value=record.value, digest=record.digest))
+            self._reject(run, "old_epoch", sender)
+            return None
+        if epoch > config.epoch + 1:
+            self._request_sync(rec, sender)
+            return None
+        if not config.has_member(sender):
+            self._reject(run, "not_member", sender)
+            return None
+        return rec
+
+    def _ballot_ok(self, rec: RunRecord, sender: PeerID, ballot: Ballot, *, accept: bool) -> bool:
+        config = rec.config
+        assert config is not None
+        if ballot.proposer != sender:
+            self._reject(rec.run, "forged_ballot", sender)
+            return False
+        if ballot.round == 0 and not (accept and coordinator(config) == sender):
+            # Round 0 skips phase 1: only the epoch's coordinator may use it, and only to ACCEPT.
+            self._reject(rec.run, "forged_ballot", sender)
+            return False
+        return True
+
+    def _on_prepare(self, now: float, sender: PeerID, msg: Prepare) -> None:
+        rec = self._instance(now, sender, msg.run, msg.epoch)
+        if rec is None or not self._ballot_ok(rec, sender, msg.ballot, accept=False):
+            return
+        promised = rec.promised
+        if promised is not None and msg.ballot.key() < promised.key():
+            self._nack(rec, sender, msg.epoch, msg.ballot)
+            return
+        rec.promised = msg.ballot
+        self._saw_other_proposer(now, rec, msg.ballot)
+        self._send(
+            sender,
+            Promise(
+                run=msg.run,
+                epoch=msg.epoch,
+                ballot=msg.ballot,
+                accepted_ballot=rec.accepted_ballot,
+                accepted_value=rec.accepted_value,
+                ops=tuple(rec.pending.values())[: self.config.max_ops_per_batch],
+                entered=rec.entered,
+                completed=rec.completed,
+                step_time_s=rec.step_time_s,
+            ),
+        )
+
+    def _nack(self, rec: RunRecord, sender: PeerID, epoch: int, ballot: Ballot) -> None:
+        self._send(sender, Nack(run=rec.run, epoch=epoch, ballot=ballot, promised=rec.promised, known_epoch=rec.epoch))
+        self._reject(rec.run, "stale_ballot", sender)
+
+    def _saw_other_proposer(self, now: float, rec: RunRecord, ballot: Ballot) -> None:
+        """Another proposer is active: stand back, and take over only if it does not finish."""
+        prop = rec.proposer
+        if prop.ballot is not None and prop.phase is not _IDLE and prop.ballot.key() < ballot.key():
+            self._abandon(now, rec)
+        prop.max_round = max(prop.max_round, ballot.round)
+        first = rec.activity_at is None
+        rec.activity_at = now
+        if first or rec.wake_at is None:
+            # Counted from the first sign of the instance, not postponed by later ones: a proposer
+            # that keeps retrying without success (say it cannot hear the answers) must not keep
+            # everyone else from finishing the instance.
+            rank = min(self._rank_of_self(rec), 8)
+            rec.wake_at = now + self.config.decision_timeout_s * (1.0 + 0.5 * rank) * self._jitter()
+
+    def _on_accept(self, now: float, sender: PeerID, msg: Accept) -> None:
+        rec = self._instance(now, sender, msg.run, msg.epoch)
+        if rec is None or not self._ballot_ok(rec, sender, msg.ballot, accept=True):
+            return
+        promised = rec.promised
+        if promised is not None and msg.ballot.key() < promised.key():
+            self._nack(rec, sender, msg.epoch, msg.ballot)
+            return
+        value = msg.value
+        if rec.accepted_ballot == msg.ballot and rec.accepted_value == value:
+            self._reply_accepted(rec, sender, msg)  # a duplicate: answer again
+            return
+        ids = self._value_ids(rec, value)
+        if ids is None:
+            self._reject(msg.run, "bad_value", sender)
+            return
+        reason = self._step_problem(rec, value)
+        if reason is not None:
+            self._reject(msg.run, reason, sender)
+            return
+        refused = self._local_accept(now, rec, msg.ballot, value, ids)
+        if refused is not None:
+            self._send(sender, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
+            return
+        self._saw_other_proposer(now, rec, msg.ballot)
+        self._reply_accepted(rec, sender, msg)
+
+    def _reply_accepted(self, rec: RunRecord, sender: PeerID, msg: Accept) -> None:
+        self._send(
+            sender,
+            Accepted(
+                run=msg.run,
+                epoch=msg.epoch,
+                ballot=msg.ballot,
+                entered=rec.entered,
+                completed=rec.completed,
+                step_time_s=rec.step_time_s,
+            ),
+        )
+
+    def _step_problem(self, rec: RunRecord, value: Value) -> str | None:
+        """Why the value's activation step is unacceptable as input (not merely late), or None."""
+        config = rec.config
+        assert config is not None
+        step = value.activation_step
+        if step < config.activation_step and not is_urgent(value.ops):
+            return "step_in_past"
+        reference = max(rec.completed, rec.entered, rec.peer_entered, config.activation_step, 0)
+        if step > reference + self.config.max_step_ahead:
+            return "step_too_far"
+        return None
+
+    def _local_accept(
+        self, now: float, rec: RunRecord, ballot: Ballot, value: Value, ids: tuple[bytes, ...]
+    ) -> int | None:
+        """Accept ``value`` (and gate at its step) unless already past it; returns the completed step if refused."""
+        if rec.completed >= value.activation_step:
+            self._count("refused_past")
+            return rec.completed
+        old_gate = rec.gate_step
+        rec.promised = ballot
+        rec.accepted_ballot = ballot
+        rec.accepted_value = value
+        rec.accepted_ids = ids
+        rec.state = transition(rec.state, RunEvent.ACCEPT)
+        if old_gate != value.activation_step:
+            self._events.append(GateRaised(run=rec.run, step=value.activation_step))
+        return None
+
+    def _on_promise(self, now: float, sender: PeerID, msg: Promise) -> None:
+        rec = self._runs.get(msg.run)
+        if rec is None or rec.config is None or rec.state not in MEMBER_STATES:
+            return
+        prop = rec.proposer
+        if msg.epoch != rec.epoch + 1 or prop.phase is not _PREPARING or msg.ballot != prop.ballot:
+            return  # late or for an older ballot: harmless
+        if not rec.config.has_member(sender):
+            self._reject(msg.run, "not_member", sender)
+            return
+        self._note_progress(rec, msg.entered, msg.completed)
+        if msg.ops:
+            self._admit_ops(now, rec, msg.ops, sender)
+        prop.promises[sender.raw] = PromiseInfo(
+            accepted_ballot=msg.accepted_ballot,
+            accepted_value=msg.accepted_value,
+            entered=msg.entered,
+            completed=msg.completed,
+            step_time_s=msg.step_time_s,
+        )
+        if len(prop.promises) >= quorum(rec.config):
+            self._phase1_done(now, rec, force=len(prop.promises) >= len(rec.config.peers))
+
+    def _on_nack(self, now: float, sender: PeerID, msg: Nack) -> None:
+        rec = self._runs.get(msg.run)
+        if rec is None or rec.state not in MEMBER_STATES:
+            return
+        self._count("nacks_received")
+        if msg.known_epoch > rec.epoch:
+            self._request_sync(rec, sender)
+            return
+        prop = rec.proposer
+        if msg.promised is not None:
+            prop.max_round = max(prop.max_round, msg.promised.round)
+        if msg.epoch == rec.epoch + 1 and prop.phase is not _IDLE and msg.ballot == prop.ballot:
+            # Someone holds a higher ballot: let it finish, take over if it does not.
+            self._abandon(now, rec)
+            rec.activity_at = now
+            rec.wake_at = now + self.config.phase_timeout_s * self._jitter()
+
+    def _on_accepted(self, now: float, sender: PeerID, msg: Accepted) -> None:
+        rec = self._runs.get(msg.run)
+        if rec is None or rec.config is None or rec.state not in MEMBER_STATES:
+            return
+        prop = rec.proposer
+        if msg.epoch != rec.epoch + 1 or prop.phase is not _ACCEPTING or msg.ballot != prop.ballot:
+            return
+        if not rec.config.has_member(sender):
+            self._reject(msg.run, "not_member", sender)
+            return
+        self._note_progress(rec, msg.entered, msg.completed)
+        prop.accepted_by.add(sender.raw)
+        self._check_phase2(now, rec)
+
+    def _on_refuse_past(self, now: float, sender: PeerID, msg: RefusePast) -> None:
+        rec = self._runs.get(msg.run)
+        if rec is None or rec.config is None or rec.state not in MEMBER_STATES:
+            return
+        prop = rec.proposer
+        if msg.epoch != rec.epoch + 1 or prop.phase is not _ACCEPTING or msg.ballot != prop.ballot:
+            return
+        if not rec.config.has_member(sender):
+            self._reject(msg.run, "not_member", sender)
+            return
+        self._note_progress(rec, -1, msg.completed)
+        prop.refused[sender.raw] = msg.completed
+        prop.refusers.add(sender.raw)
+        self._check_phase2(now, rec)
