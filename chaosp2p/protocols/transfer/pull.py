@@ -45,9 +45,7 @@ dropped source whose payload had started stay quarantined (not re-requested) unt
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from chaosp2p.errors import (
     ChecksumMismatch,
@@ -57,6 +55,7 @@ from chaosp2p.errors import (
     TransferError,
 )
 from chaosp2p.protocols.base import Outgoing
+from chaosp2p.protocols.transfer.acceptance import ManifestDigestMismatch, accept_manifest, usable_versions
 from chaosp2p.protocols.transfer.events import (
     Completed,
     DropReason,
@@ -74,12 +73,12 @@ from chaosp2p.protocols.transfer.payload import PayloadKind, PayloadSlot
 from chaosp2p.protocols.transfer.planner import SchedulingPlanner, ShardPlanner, SourceEstimate
 from chaosp2p.protocols.transfer.resume_record import ResumeRecord
 from chaosp2p.protocols.transfer.scheduler import ChunkScheduler
-from chaosp2p.protocols.transfer.selection import choose_version, describe_conflict, usable
+from chaosp2p.protocols.transfer.selection import choose_version, describe_conflict, late_conflict, nothing_eligible
+from chaosp2p.protocols.transfer.sources import Ask, SourceBook, SourceRecord
 from chaosp2p.protocols.transfer.states import (
     PULL_FINAL,
     PULL_TRANSITIONS,
     SOURCE_GONE,
-    SOURCE_TRANSITIONS,
     PullInput,
     PullState,
     SourceInput,
@@ -88,7 +87,6 @@ from chaosp2p.protocols.transfer.states import (
 )
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.protocols.transfer_messages import (
-    DIGEST_BYTES,
     MANIFEST_DIGEST_BYTES,
     PROTOCOL,
     DataHeader,
@@ -98,48 +96,13 @@ from chaosp2p.protocols.transfer_messages import (
     Hasher,
     Manifest,
     ManifestReply,
-    ReleaseLease,
     TransferErrorCode,
     VersionInfo,
     VersionsReply,
-    check_manifest,
-    decode_manifest,
     hash_function,
-    manifest_digest,
 )
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
-
-
-class _Ask(enum.Enum):
-    VERSIONS = "versions"
-    OPEN = "open"
-    RENEW = "renew"
-
-
-@dataclass(slots=True)
-class _Pending:
-    peer: PeerID
-    ask: _Ask
-    wants_body: bool
-    deadline: float
-
-
-@dataclass(slots=True)
-class _Source:
-    estimate: SourceEstimate
-    status: SourceState = SourceState.QUERYING
-    versions: list[VersionInfo] = field(default_factory=list)
-    lease_id: int | None = None
-    lease_ttl_s: float = 0.0
-    last_sent: float = 0.0
-    last_activity: float = 0.0
-    manifest_slot: PayloadSlot | None = None
-    dropped_because: str = ""
-
-    @property
-    def peer(self) -> PeerID:
-        return self.estimate.peer
 
 
 class PullMachine:
@@ -199,10 +162,10 @@ class PullMachine:
         )
         self.work_stealing = work_stealing
         self.state = PullState.IDLE
-        self._sources: dict[PeerID, _Source] = {s.peer: _Source(estimate=s) for s in sources}
-        self._pending: dict[int, _Pending] = {}
-        self._next_request = 1
-        self._outgoing: list[Outgoing] = []
+        self._book = SourceBook(config.request_timeout_s)
+        self._sources = self._book.records
+        for estimate in sources:
+            self._book.add(estimate)
         self._events: list[PullEvent] = []
         self._chosen: VersionInfo | None = None
         self._manifest: Manifest | None = None
@@ -234,15 +197,15 @@ class PullMachine:
         """Ask every source which versions of the run it holds."""
         self._transition(PullInput.START)
         for src in self._sources.values():
-            self._ask(now, src, GetVersions(request_id=self._new_id(), run=self.run), _Ask.VERSIONS, False)
+            self._book.ask(now, src, GetVersions(request_id=self._book.new_id(), run=self.run), Ask.VERSIONS, False)
 
     def add_source(self, now: float, source: SourceEstimate) -> bool:
         """Use one more source (found mid-pull); False if it is known already or the pull is over."""
         if self.state in PULL_FINAL or source.peer in self._sources:
             return False
-        src = self._sources[source.peer] = _Source(estimate=source)
+        src = self._book.add(source)
         if self.state is not PullState.IDLE:
-            self._ask(now, src, GetVersions(request_id=self._new_id(), run=self.run), _Ask.VERSIONS, False)
+            self._book.ask(now, src, GetVersions(request_id=self._book.new_id(), run=self.run), Ask.VERSIONS, False)
         return True
 
     def start_pull(self, now: float) -> None:
@@ -261,8 +224,8 @@ class PullMachine:
             config=self.config,
             planner=self.planner,
             work_stealing=self.work_stealing,
-            new_id=self._new_id,
-            send=lambda at, peer, message: self._send(at, self._sources[peer], message),
+            new_id=self._book.new_id,
+            send=lambda at, peer, message: self._book.send(at, self._sources[peer], message),
             emit=lambda event: self._events.append(event),
         )
         scheduler.mark_verified(self._resumed)
@@ -373,7 +336,7 @@ class PullMachine:
         """The earliest time :meth:`handle_timeout` has work."""
         if self.state in PULL_FINAL:
             return None
-        times = [p.deadline for p in self._pending.values()]
+        times = [p.deadline for p in self._book.pending.values()]
         scheduler = self._scheduler
         if scheduler is not None:
             times.extend(scheduler.deadlines())
@@ -388,9 +351,9 @@ class PullMachine:
         """Time out unanswered requests and stalled sources, renew leases, check measured rates."""
         if self.state in PULL_FINAL:
             return
-        for request_id, pending in list(self._pending.items()):
-            if pending.deadline <= now and request_id in self._pending:
-                del self._pending[request_id]
+        for request_id, pending in list(self._book.pending.items()):
+            if pending.deadline <= now and request_id in self._book.pending:
+                del self._book.pending[request_id]
                 src = self._sources[pending.peer]
                 self._drop(now, src, DropReason.TIMEOUT, f"no answer to {pending.ask.value} request", None)
                 if self.state in PULL_FINAL:
@@ -416,21 +379,20 @@ class PullMachine:
                 chosen = self._chosen
                 assert chosen is not None
                 renew = GetManifest(
-                    request_id=self._new_id(),
+                    request_id=self._book.new_id(),
                     run=self.run,
                     step=chosen.step,
                     include_manifest=False,
                     lease_id=src.lease_id,
                 )
-                self._ask(now, src, renew, _Ask.RENEW, False)
+                self._book.ask(now, src, renew, Ask.RENEW, False)
         if self.state is PullState.PULLING and self._next_check is not None and now >= self._next_check:
             self._next_check = now + self.config.check_interval_s
             self._after_change(now)
 
     def take_outgoing(self) -> list[Outgoing]:
         """Remove and return the messages to send (``to`` names the source)."""
-        out, self._outgoing = self._outgoing, []
-        return out
+        return self._book.take_outgoing()
 
     def take_events(self) -> list[PullEvent]:
         """Remove and return the events, in the order they happened."""
@@ -493,32 +455,8 @@ class PullMachine:
     def _transition(self, event: PullInput) -> None:
         self.state = advance(PULL_TRANSITIONS, self.state, event, "pull")
 
-    def _source_to(self, src: _Source, event: SourceInput) -> None:
-        src.status = advance(SOURCE_TRANSITIONS, src.status, event, f"source {src.peer.short()}")
-
-    def _new_id(self) -> int:
-        request_id = self._next_request
-        self._next_request += 1
-        return request_id
-
-    def _send(self, now: float, src: _Source, message: Message) -> None:
-        src.last_sent = now
-        self._outgoing.append(Outgoing(to=src.peer, protocol=PROTOCOL, message=message))
-
-    def _ask(self, now: float, src: _Source, message: Message, ask: _Ask, wants_body: bool) -> None:
-        request_id = getattr(message, "request_id")  # noqa: B009 - every request type has one
-        self._pending[request_id] = _Pending(src.peer, ask, wants_body, now + self.config.request_timeout_s)
-        self._send(now, src, message)
-
-    def _take_pending(self, src: _Source, request_id: int) -> _Pending | None:
-        pending = self._pending.get(request_id)
-        if pending is None or pending.peer != src.peer:
-            return None
-        del self._pending[request_id]
-        return pending
-
-    def _active(self) -> list[_Source]:
-        return [s for s in self._sources.values() if s.status is SourceState.LEASED]
+    def _active(self) -> list[SourceRecord]:
+        return self._book.in_state(SourceState.LEASED)
 
     def _schedule(self, now: float, action: Callable[[], None]) -> None:
         """Run a scheduler step; a planner failure fails the pull."""
@@ -537,18 +475,15 @@ class PullMachine:
 
     def _release_all(self) -> None:
         for src in self._sources.values():
-            if src.status in (SourceState.LEASED, SourceState.OPENING) and src.lease_id is not None:
-                self._outgoing.append(
-                    Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id))
-                )
+            self._book.release(src)
             if src.status not in SOURCE_GONE:
-                self._source_to(src, SourceInput.FINISH)
-        self._pending.clear()
+                self._book.move(src, SourceInput.FINISH)
+        self._book.pending.clear()
 
     def _drop(
         self,
         now: float,
-        src: _Source,
+        src: SourceRecord,
         reason: DropReason,
         detail: str,
         penalty: PenaltyReason | None,
@@ -557,15 +492,14 @@ class PullMachine:
     ) -> None:
         if src.status in SOURCE_GONE:
             return
-        if release and src.lease_id is not None and src.status in (SourceState.LEASED, SourceState.OPENING):
-            self._outgoing.append(Outgoing(to=src.peer, protocol=PROTOCOL, message=ReleaseLease(lease_id=src.lease_id)))
-        self._source_to(src, SourceInput.SET_ASIDE if reason is DropReason.NO_VERSION else SourceInput.DROP)
+        if release:
+            self._book.release(src)
+        self._book.move(src, SourceInput.SET_ASIDE if reason is DropReason.NO_VERSION else SourceInput.DROP)
         src.dropped_because = f"{reason.value}: {detail}" if detail else reason.value
         if penalty is not None:
             self._events.append(SourcePenalised(source=src.peer, reason=penalty, detail=detail))
         self._events.append(SourceDropped(source=src.peer, reason=reason, detail=detail))
-        for request_id in [rid for rid, p in self._pending.items() if p.peer == src.peer]:
-            del self._pending[request_id]
+        self._book.forget(src.peer)
         src.manifest_slot = None
         if self._scheduler is not None:
             self._scheduler.drop_lane(now, src.peer)
@@ -602,38 +536,30 @@ class PullMachine:
         )
         self._fail(now, TransferError(f"all sources failed with {missing} chunks missing ({why})"))
 
-    def _source_progress(self, src: _Source) -> SourceProgress:
-        scheduler = self._scheduler
+    def _source_progress(self, src: SourceRecord) -> SourceProgress:
         active = src.status is SourceState.LEASED
-        if scheduler is None:
-            return SourceProgress(
-                peer=src.peer, active=active, bytes_done=0, rate_bytes_per_s=0.0, inflight_chunks=0, queued_chunks=0
-            )
-        return scheduler.source_progress(src.peer, active)
+        return (
+            ChunkScheduler.idle_progress(src.peer, active)
+            if self._scheduler is None
+            else (self._scheduler.source_progress(src.peer, active))
+        )
 
     # ------------------------------------------------------------------------- querying
-    def _on_versions(self, now: float, src: _Source, msg: VersionsReply) -> None:
-        if self._take_pending(src, msg.request_id) is None or src.status is not SourceState.QUERYING:
+    def _on_versions(self, now: float, src: SourceRecord, msg: VersionsReply) -> None:
+        if self._book.take(src, msg.request_id) is None or src.status is not SourceState.QUERYING:
             return
         if msg.run != self.run:
             self._drop(now, src, DropReason.PROTOCOL, "versions for another run", PenaltyReason.PROTOCOL_VIOLATION)
             return
-        config = self.config
-        src.versions = usable(
-            msg.versions,
-            digest_bytes=MANIFEST_DIGEST_BYTES,
-            max_state_bytes=config.max_state_bytes,
-            max_chunk_bytes=config.max_chunk_bytes,
-            known=[a for a in DIGEST_BYTES if _hash_available(a)],
-        )
-        self._source_to(src, SourceInput.VERSIONS)
+        src.versions = usable_versions(msg.versions, self.config)
+        self._book.move(src, SourceInput.VERSIONS)
         if self.state is PullState.QUERYING:
             self._maybe_choose(now)
         else:
             self._late_source(now, src)
 
     def _maybe_choose(self, now: float) -> None:
-        if any(p.ask is _Ask.VERSIONS for p in self._pending.values()):
+        if self._book.waiting(Ask.VERSIONS):
             return
         answered = [s for s in self._sources.values() if s.status is SourceState.ANSWERED]
         choice = choose_version(
@@ -644,12 +570,8 @@ class PullMachine:
             rates={s.peer: s.estimate.bytes_per_s or 0.0 for s in answered},
         )
         if choice is None:
-            which = f"step {self.requested_step}" if self.requested_step is not None else "any step"
-            if self.requested_digest is not None:
-                which += f" with digest {self.requested_digest.hex()}"
-            if self.trusted:
-                which += " held by a trusted source"
-            self._fail(now, TransferError(f"no reachable source holds run {self.run!r} at {which}"))
+            why = nothing_eligible(self.run, self.requested_step, self.requested_digest, self.trusted)
+            self._fail(now, TransferError(why))
             return
         chosen = self._chosen = choice.version
         if self.max_staging_bytes is not None and chosen.total_bytes > self.max_staging_bytes:
@@ -669,45 +591,38 @@ class PullMachine:
         self._transition(PullInput.VERSION_CHOSEN)
         for conflict in choice.conflicts:
             src = self._sources[conflict.peer]
-            self._source_to(src, SourceInput.SET_ASIDE)
+            self._book.move(src, SourceInput.SET_ASIDE)
             detail = describe_conflict(conflict, chosen, len(answered))
             src.dropped_because = f"{DropReason.CONFLICT.value}: {detail}"
             self._events.append(SourceDropped(source=src.peer, reason=DropReason.CONFLICT, detail=detail))
         for peer in choice.others:
-            self._source_to(self._sources[peer], SourceInput.SET_ASIDE)
+            self._book.move(self._sources[peer], SourceInput.SET_ASIDE)
             self._events.append(SourceDropped(source=peer, reason=DropReason.NO_VERSION, detail=f"step {chosen.step}"))
         for i, peer in enumerate(choice.supporters):
             self._open(now, self._sources[peer], with_body=i == 0)
 
-    def _late_source(self, now: float, src: _Source) -> None:
+    def _late_source(self, now: float, src: SourceRecord) -> None:
         """A source that answered after the vote: use it only if it holds exactly the chosen snapshot."""
         chosen = self._chosen
         assert chosen is not None
         if chosen in src.versions:
             self._open(now, src, with_body=False)
             return
-        contradicting = [v for v in src.versions if v.step >= chosen.step and v != chosen]
-        if contradicting:
-            offered = max(contradicting, key=lambda v: v.step)
-            detail = f"offers step {offered.step} (digest {offered.digest.hex()[:16]}…), not the chosen snapshot"
-            self._source_to(src, SourceInput.SET_ASIDE)
-            self._events.append(SourceDropped(source=src.peer, reason=DropReason.CONFLICT, detail=detail))
-        else:
-            self._source_to(src, SourceInput.SET_ASIDE)
-            self._events.append(
-                SourceDropped(source=src.peer, reason=DropReason.NO_VERSION, detail=f"step {chosen.step}")
-            )
+        conflict = late_conflict(src.versions, chosen)
+        reason = DropReason.NO_VERSION if conflict is None else DropReason.CONFLICT
+        self._book.move(src, SourceInput.SET_ASIDE)
+        self._events.append(SourceDropped(source=src.peer, reason=reason, detail=conflict or f"step {chosen.step}"))
 
-    def _open(self, now: float, src: _Source, *, with_body: bool) -> None:
+    def _open(self, now: float, src: SourceRecord, *, with_body: bool) -> None:
         chosen = self._chosen
         assert chosen is not None
-        self._source_to(src, SourceInput.CHOSEN)
-        msg = GetManifest(request_id=self._new_id(), run=self.run, step=chosen.step, include_manifest=with_body)
-        self._ask(now, src, msg, _Ask.OPEN, with_body)
+        self._book.move(src, SourceInput.CHOSEN)
+        msg = GetManifest(request_id=self._book.new_id(), run=self.run, step=chosen.step, include_manifest=with_body)
+        self._book.ask(now, src, msg, Ask.OPEN, with_body)
 
     # -------------------------------------------------------------------------- opening
-    def _on_manifest_reply(self, now: float, src: _Source, msg: ManifestReply) -> PayloadSlot | None:
-        pending = self._take_pending(src, msg.request_id)
+    def _on_manifest_reply(self, now: float, src: SourceRecord, msg: ManifestReply) -> PayloadSlot | None:
+        pending = self._book.take(src, msg.request_id)
         chosen = self._chosen
         if pending is None or chosen is None:
             if msg.manifest_bytes:
@@ -717,7 +632,7 @@ class PullMachine:
         if msg.hash_algorithm != chosen.hash_algorithm or msg.digest != chosen.digest:
             self._drop(now, src, DropReason.VERSION_MISMATCH, "snapshot changed since its version list", None)
             return None
-        if pending.ask is _Ask.RENEW and msg.lease_id != src.lease_id:
+        if pending.ask is Ask.RENEW and msg.lease_id != src.lease_id:
             self._drop(
                 now, src, DropReason.PROTOCOL, "renewal answered with another lease", PenaltyReason.PROTOCOL_VIOLATION
             )
@@ -751,17 +666,17 @@ class PullMachine:
         self._after_change(now)
         return None
 
-    def _lease_granted(self, now: float, src: _Source) -> None:
+    def _lease_granted(self, now: float, src: SourceRecord) -> None:
         if src.status is not SourceState.OPENING:
             return  # a renewal
-        self._source_to(src, SourceInput.LEASE_GRANTED)
+        self._book.move(src, SourceInput.LEASE_GRANTED)
         src.last_activity = now
         scheduler = self._scheduler
         if scheduler is not None and self.state is PullState.PULLING:
             assert src.lease_id is not None
             scheduler.add_lane(now, src.peer, src.lease_id, src.estimate)
 
-    def _on_manifest_body(self, now: float, src: _Source, slot: PayloadSlot, data: memoryview | bytes) -> None:
+    def _on_manifest_body(self, now: float, src: SourceRecord, slot: PayloadSlot, data: memoryview | bytes) -> None:
         if src.manifest_slot != slot:
             return
         src.manifest_slot = None
@@ -769,22 +684,11 @@ class PullMachine:
             return
         chosen = self._chosen
         assert chosen is not None
-        if manifest_digest(data) != chosen.digest:
-            self._drop(now, src, DropReason.CORRUPT, "manifest does not match its digest", PenaltyReason.BAD_MANIFEST)
-            return
         try:
-            manifest = decode_manifest(data, max_bytes=self.config.max_manifest_bytes, limits=self.config)
-            check_manifest(manifest, self.config)
-            if (manifest.run, manifest.step) != (self.run, chosen.step):
-                raise RemoteProtocolError("manifest is for another snapshot")
-            if (
-                manifest.hash_algorithm != chosen.hash_algorithm
-                or manifest.total_bytes != chosen.total_bytes
-                or manifest.chunk_bytes != chosen.chunk_bytes
-            ):
-                raise RemoteProtocolError("manifest disagrees with the advertised version")
+            manifest = accept_manifest(data, run=self.run, chosen=chosen, config=self.config)
         except RemoteProtocolError as exc:
-            self._drop(now, src, DropReason.PROTOCOL, str(exc), PenaltyReason.BAD_MANIFEST)
+            reason = DropReason.CORRUPT if isinstance(exc, ManifestDigestMismatch) else DropReason.PROTOCOL
+            self._drop(now, src, reason, str(exc), PenaltyReason.BAD_MANIFEST)
             return
         self._manifest = manifest
         self._advance_opening(now)
@@ -793,7 +697,7 @@ class PullMachine:
         if self._manifest is None:
             if any(s.manifest_slot is not None for s in self._sources.values()):
                 return
-            if any(p.wants_body for p in self._pending.values()):
+            if any(p.wants_body for p in self._book.pending.values()):
                 return
             leased = self._active()
             if leased:
@@ -801,13 +705,13 @@ class PullMachine:
                 chosen = self._chosen
                 assert chosen is not None and src.lease_id is not None
                 msg = GetManifest(
-                    request_id=self._new_id(),
+                    request_id=self._book.new_id(),
                     run=self.run,
                     step=chosen.step,
                     include_manifest=True,
                     lease_id=src.lease_id,
                 )
-                self._ask(now, src, msg, _Ask.RENEW, True)
+                self._book.ask(now, src, msg, Ask.RENEW, True)
                 return
             if not any(s.status is SourceState.OPENING for s in self._sources.values()):
                 self._fail(now, TransferError(f"no source supplied a valid manifest for run {self.run!r}"))
@@ -844,7 +748,7 @@ class PullMachine:
         return len(self._resumed)
 
     # -------------------------------------------------------------------------- pulling
-    def _on_data_header(self, now: float, src: _Source, msg: DataHeader) -> PayloadSlot | None:
+    def _on_data_header(self, now: float, src: SourceRecord, msg: DataHeader) -> PayloadSlot | None:
         scheduler = self._scheduler
         if self.state is not PullState.PULLING or scheduler is None or src.status is not SourceState.LEASED:
             result: PayloadSlot | str = f"data for unknown request {msg.request_id}"
@@ -856,7 +760,7 @@ class PullMachine:
         src.last_activity = now
         return result
 
-    def _on_data(self, now: float, src: _Source, slot: PayloadSlot, data: memoryview | bytes) -> None:
+    def _on_data(self, now: float, src: SourceRecord, slot: PayloadSlot, data: memoryview | bytes) -> None:
         scheduler, manifest = self._scheduler, self._manifest
         if scheduler is None or manifest is None:
             return
@@ -907,9 +811,9 @@ class PullMachine:
         self._last_progress = now
         self._events.append(self.progress(now))
 
-    def _on_error(self, now: float, src: _Source, msg: ErrorReply) -> None:
-        pending = self._take_pending(src, msg.request_id)
-        if pending is not None and pending.ask is _Ask.VERSIONS:
+    def _on_error(self, now: float, src: SourceRecord, msg: ErrorReply) -> None:
+        pending = self._book.take(src, msg.request_id)
+        if pending is not None and pending.ask is Ask.VERSIONS:
             if msg.code in (TransferErrorCode.UNKNOWN_RUN, TransferErrorCode.UNKNOWN_VERSION):
                 self._drop(now, src, DropReason.NO_VERSION, f"source does not hold run {self.run!r}", None)
             else:
@@ -923,12 +827,3 @@ class PullMachine:
                 self._after_change(now)
                 return
         self._drop(now, src, DropReason.REFUSED, f"{msg.code.name}: {msg.detail}", None)
-
-
-def _hash_available(algorithm: str) -> bool:
-    """Installed (``blake3`` is optional): versions we cannot verify are ignored."""
-    try:
-        hash_function(algorithm)
-    except ConfigError:
-        return False
-    return True

@@ -685,13 +685,18 @@ class ChunkScheduler:
             self._orphans.append(chunk)
 
     # ============================================================================ reporting
+    @staticmethod
+    def idle_progress(peer: PeerID, active: bool) -> SourceProgress:
+        """A source with no share (yet)."""
+        return SourceProgress(
+            peer=peer, active=active, bytes_done=0, rate_bytes_per_s=0.0, inflight_chunks=0, queued_chunks=0
+        )
+
     def source_progress(self, peer: PeerID, active: bool) -> SourceProgress:
         """One source's share, for progress events."""
         lane = self.lanes.get(peer)
         if lane is None:
-            return SourceProgress(
-                peer=peer, active=active, bytes_done=0, rate_bytes_per_s=0.0, inflight_chunks=0, queued_chunks=0
-            )
+            return self.idle_progress(peer, active)
         return SourceProgress(
             peer=peer,
             active=active,

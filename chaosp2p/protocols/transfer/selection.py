@@ -129,21 +129,20 @@ def describe_conflict(conflict: Conflict, chosen: VersionInfo, sources: int) -> 
     )
 
 
-def usable(
-    versions: Sequence[VersionInfo],
-    *,
-    digest_bytes: int,
-    max_state_bytes: int,
-    max_chunk_bytes: int,
-    known: Iterable[str],
-) -> list[VersionInfo]:
-    """The versions a newcomer can pull at all (others are ignored, not counted in the vote)."""
-    algorithms = set(known)
-    return [
-        info
-        for info in versions
-        if info.hash_algorithm in algorithms
-        and len(info.digest) == digest_bytes
-        and info.total_bytes <= max_state_bytes
-        and 1 <= info.chunk_bytes <= max_chunk_bytes
-    ]
+def late_conflict(versions: Sequence[VersionInfo], chosen: VersionInfo) -> str | None:
+    """Why a source that answered after the vote contradicts ``chosen`` (``None``: it does not)."""
+    contradicting = [v for v in versions if v.step >= chosen.step and v != chosen]
+    if not contradicting:
+        return None
+    offered = max(contradicting, key=lambda v: v.step)
+    return f"offers step {offered.step} (digest {offered.digest.hex()[:16]}…), not the chosen snapshot"
+
+
+def nothing_eligible(run: str, step: int | None, digest: bytes | None, trusted: frozenset[PeerID]) -> str:
+    """The error when the vote has no candidate."""
+    which = f"step {step}" if step is not None else "any step"
+    if digest is not None:
+        which += f" with digest {digest.hex()}"
+    if trusted:
+        which += " held by a trusted source"
+    return f"no reachable source holds run {run!r} at {which}"
