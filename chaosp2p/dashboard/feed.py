@@ -61,14 +61,14 @@ class TooManyClients(ChaosError):
 # ------------------------------------------------------------------------------------- JSON values
 def json_value(value: Any, depth: int = 0) -> Any:
     """``value`` as bounded JSON data: dataclasses become objects, enums their values, ids strings."""
+    if isinstance(value, enum.Enum):  # text values as they are (MemberState), numbered ones by name (OpKind)
+        return value.value[:MAX_STRING_CHARS] if isinstance(value.value, str) else value.name
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         return round(value, 6) if math.isfinite(value) else None
     if isinstance(value, str):
         return value[:MAX_STRING_CHARS]
-    if isinstance(value, enum.Enum):
-        return json_value(value.value, depth)
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value[: MAX_STRING_CHARS // 2]).hex()
     text_form: object = type(value).__str__
@@ -276,12 +276,14 @@ def event_message(event: Any, *, seq: int, now: float, wall: float) -> dict[str,
     if not isinstance(fields, dict):
         fields = {"value": fields}
     times = _wall_times(fields, now, wall)
-    peer = fields.get("peer", fields.get("peer_id"))
+    peer = next((fields[k] for k in ("peer", "peer_id", "subject") if isinstance(fields.get(k), str)), None)
+    # When it happened: ``at``, else the latest of its times (an operation's ``committed_at``), else now.
+    when = times.get("at", max(times.values(), default=round(wall, 3)))
     return {
         "seq": seq,
         "kind": type(event).__name__[:MAX_STRING_CHARS],
-        "time": times.get("at", round(wall, 3)),
-        "peer": peer if isinstance(peer, str) else None,
+        "time": when,
+        "peer": peer,
         "fields": fields,
         "times": times,
     }
@@ -295,7 +297,7 @@ class FeedClient:
         self._events: deque[str] = deque()
         self._limit = queue_events
         self._snapshot: str | None = None
-        self._wake = anyio.Event()
+        self._wake: anyio.Event | None = None  # made when a reader waits (so no event loop is needed before)
         self._closed = False
         self.dropped = 0
         """Events this client lost because it read too slowly."""
@@ -317,13 +319,17 @@ class FeedClient:
             self._events.popleft()
             self.dropped += 1
         self._events.append(frame)
-        self._wake.set()
+        self._notify()
         return not dropped
 
     def offer_snapshot(self, frame: str) -> None:
         """Replace any unsent snapshot with ``frame`` (a view supersedes the one before)."""
         self._snapshot = frame
-        self._wake.set()
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
 
     def take(self) -> list[str]:
         """Everything pending, in order: a ``lag`` notice if events were lost, events, the snapshot."""
@@ -341,9 +347,10 @@ class FeedClient:
     async def next_frames(self, *, timeout_s: float) -> list[str] | None:
         """Wait up to ``timeout_s`` for frames: the frames, ``[]`` on timeout, None once closed."""
         if not self.pending() and not self._closed:
-            self._wake = anyio.Event()
+            self._wake = wake = anyio.Event()
             with anyio.move_on_after(timeout_s):
-                await self._wake.wait()
+                await wake.wait()
+            self._wake = None
         frames = self.take()
         if not frames and self._closed:
             return None
@@ -352,7 +359,7 @@ class FeedClient:
     def close(self) -> None:
         """End the stream (the browser reconnects to a running dashboard by itself)."""
         self._closed = True
-        self._wake.set()
+        self._notify()
 
 
 # ------------------------------------------------------------------------------------- the feed
@@ -376,7 +383,8 @@ class DashboardFeed:
         self._seq = 0
         self._snapshot_frame: str | None = None
         self._snapshot_key: str | None = None
-        self._dirty = anyio.Event()
+        self._changed = False  # an event arrived since the last view was built
+        self._dirty: anyio.Event | None = None  # made by run() (so the feed can be built outside a loop)
         self._closed = False
         self.events_seen = 0
         self.snapshots_sent = 0
@@ -454,7 +462,9 @@ class DashboardFeed:
         for client in self._clients:
             if not client.offer_event(frame):
                 self.events_dropped += 1
-        self._dirty.set()
+        self._changed = True
+        if self._dirty is not None:
+            self._dirty.set()
 
     # --------------------------------------------------------------- running
     async def run(self) -> None:
@@ -477,9 +487,11 @@ class DashboardFeed:
 
     async def _snapshot_loop(self) -> None:
         while not self._closed:
-            with anyio.move_on_after(self.config.snapshot_interval_s):
-                await self._dirty.wait()
-            self._dirty = anyio.Event()
+            if not self._changed:
+                self._dirty = dirty = anyio.Event()
+                with anyio.move_on_after(self.config.snapshot_interval_s):
+                    await dirty.wait()
+            self._changed = False
             if self._closed:
                 return
             self.refresh()
@@ -489,7 +501,8 @@ class DashboardFeed:
     def close(self) -> None:
         """Stop producing and end every client's stream."""
         self._closed = True
-        self._dirty.set()
+        if self._dirty is not None:
+            self._dirty.set()
         for client in list(self._clients):
             client.close()
 

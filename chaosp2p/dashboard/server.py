@@ -308,7 +308,10 @@ async def open_dashboard(node: FeedSource, config: DashboardConfig | None = None
     hypercorn_config = HypercornConfig()
     hypercorn_config.bind = [f"fd://{sock.detach()}"]  # Hypercorn owns (and closes) the socket now
     hypercorn_config.accesslog = None
-    hypercorn_config.errorlog = logging.getLogger("chaosp2p.dashboard.http")
+    http_log = logging.getLogger("chaosp2p.dashboard.http")
+    if http_log.level == logging.NOTSET:  # Hypercorn's "Running on ... (CTRL + C to quit)" would mislead
+        http_log.setLevel(logging.WARNING)
+    hypercorn_config.errorlog = http_log
     hypercorn_config.graceful_timeout = config.shutdown_grace_s
     hypercorn_config.include_server_header = False
     feed = DashboardFeed(node, config)

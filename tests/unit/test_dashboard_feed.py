@@ -29,6 +29,8 @@ from chaosp2p.dashboard.feed import (
 )
 from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.membership import LinkView, Member, MemberState, PeerFailed, Resources
+from chaosp2p.protocols.negotiation.events import OperationCommitted
+from chaosp2p.protocols.negotiation.operations import OpKind
 from chaosp2p.protocols.transfer import SourceProgress, TransferProgress
 from chaosp2p.runtime.events import EventHub
 from chaosp2p.wire.identity import Identity, PeerID
@@ -51,18 +53,6 @@ class RunRecord:
     members: tuple[PeerID, ...]
     pending: int
     started_at: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OperationCommitted:
-    """Shaped like the negotiation layer's event: times of detection, proposal, commit."""
-
-    at: float
-    peer: PeerID
-    detected_at: float
-    proposed_at: float
-    committed_at: float
-    activation_step: int
 
 
 def make_view(now: float = 100.0, wall: float = 1_700_000_000.0) -> tuple[SwarmView, list[PeerID]]:
@@ -210,12 +200,17 @@ def test_events_become_generic_json_with_wall_times_for_every_at_field() -> None
     assert failed["time"] == 998.0
     assert failed["times"] == {"at": 998.0, "suspected_at": 997.5}
     assert failed["fields"]["incarnation"] == 2
-    committed = OperationCommitted(at=99.0, peer=peer, detected_at=96.0, proposed_at=97.0, committed_at=98.5,
-                                   activation_step=1200)
+    subject, origin = peer_ids(2)
+    committed = OperationCommitted(
+        run="run-a", epoch=4, kind=OpKind.FAIL, subject=subject, other=None, origin=origin, detected_at=96.0,
+        proposed_at=97.0, committed_at=98.5, activation_step=1200, applied=True,
+    )
     message = event_message(committed, seq=6, now=100.0, wall=1000.0)
-    assert message["kind"] == "OperationCommitted"
-    assert message["times"] == {"at": 999.0, "detected_at": 996.0, "proposed_at": 997.0, "committed_at": 998.5}
-    assert message["fields"]["activation_step"] == 1200
+    assert message["kind"] == "OperationCommitted" and message["peer"] == str(subject)
+    assert message["times"] == {"detected_at": 996.0, "proposed_at": 997.0, "committed_at": 998.5}
+    assert message["time"] == 998.5  # no "at": the latest of its times
+    assert message["fields"]["activation_step"] == 1200 and message["fields"]["kind"] == "FAIL"
+    assert message["fields"]["other"] is None and message["fields"]["origin"] == str(origin)
     odd = event_message("not a dataclass", seq=7, now=0.0, wall=5.0)
     assert odd["fields"] == {"value": "not a dataclass"} and odd["time"] == 5.0 and odd["peer"] is None
 

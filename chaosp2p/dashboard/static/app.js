@@ -160,14 +160,21 @@
     if (/Link/.test(kind)) return "link";
     return "other";
   }
+  // Other fields as key=value; times (detected_at, committed_at, ...) relative to the event's own.
   function eventDetails(e) {
     const parts = [];
     const times = e.times || {};
-    const base = Math.min(...Object.values(times));
+    const base = typeof times.at === "number" ? times.at : Math.min(...Object.values(times));
     for (const [k, v] of Object.entries(e.fields || {})) {
-      if (k === "at" || k === "peer" || k === "peer_id") continue;
-      if (k in times && isFinite(base)) parts.push(k + " +" + ((times[k] - base) * 1000).toFixed(0) + " ms");
-      else parts.push(k + "=" + scalar(v));
+      if (k === "at" || k === "peer" || k === "peer_id" || (k === "subject" && v === e.peer)) continue;
+      if (k in times && isFinite(base)) {
+        const ms = (times[k] - base) * 1000;
+        parts.push(k + " " + (ms < 0 ? "−" : "+") + Math.abs(ms).toFixed(0) + " ms");
+      } else if (/_s$/.test(k) && typeof v === "number") {
+        parts.push(k.slice(0, -2) + "=" + (Math.abs(v) < 1 ? (v * 1000).toFixed(1) + " ms" : v.toFixed(2) + " s"));
+      } else {
+        parts.push(k + "=" + scalar(v));
+      }
     }
     return parts.join("  ");
   }
