@@ -118,7 +118,7 @@ class Harness:
         return self.stop.requested or opt.local_epoch >= self.args.steps
 
     def _record(self, opt: Any, loss: torch.Tensor) -> dict[str, Any]:
-        record: dict[str, Any] = {"step": opt.local_epoch - 1, "loss": round(float(loss), 6)}
+        record: dict[str, Any] = {"step": opt.local_epoch - 1, "loss": round(loss.item(), 6)}
         record.update(time=time.time(), local_samples=self.samples)
         if self.args.real_hivemind:
             record.update(members=opt.tracker.global_progress.num_peers, param_digest=parameter_digest(opt))

@@ -220,6 +220,8 @@ class OptimizerSettings:
             "global_batch": self.target_batch_size,
             "wire_dtype": self.wire_dtype,
             "join_timeout_s": self.join_timeout_s,
+            # An epoch spans many step() calls, so a newcomer asks for the nearest one's snapshot.
+            "snapshot_ahead_steps": 1,
         }
         if self.mode == "diloco":
             # One outer step per epoch whose pseudo-gradient is the parameter difference: with an

@@ -1,0 +1,179 @@
+"""Training benchmark (d): hivemind's quickstart on chaosp2p's drop-in against hivemind 1.1.12 itself.
+
+    python benchmarks/training_hivemind.py [--epochs 5] [--target-batch-size 10000] [--json out.json]
+                                           [--hivemind-python /work/hm-venv/bin/python]
+
+Both sides run the very same script, ``examples/hivemind_quickstart.py`` (hivemind's quickstart, the
+CNN on a local CIFAR-shaped set): once as is (``import chaosp2p.hivemind as hivemind``) and once with
+``--real-hivemind`` under an interpreter that has hivemind 1.1.12 (``import hivemind``). The
+quickstart's own settings are kept: batch 32 per step, ``use_local_updates=True``,
+``matchmaking_time=3``, ``averaging_timeout=10``; ``target_batch_size`` is 10000 unless given.
+
+Scenario, per backend: peer A starts and trains alone; as soon as it is ready, peer B starts with
+``initial_peers=[A]``; both stop after epoch ``--epochs`` (hivemind and the drop-in count epochs the
+same way: ``target_batch_size`` samples processed by all peers together). Measured:
+
+* **time to the first averaged epoch**: from launching B's process (imports, data set, DHT start,
+  state download included) until B's parameters were first averaged with A's. The drop-in reports
+  an epoch's members in its statistics; hivemind only in its log ("Averaged parameters with N
+  peers"), which the script turns into records.
+* **samples per second**: both peers' samples per second added up, over the epochs both trained
+  after B's first averaged epoch (each peer's rate from its own per-epoch records).
+
+Each figure is reported for both backends with the ratio hivemind / chaosp2p, from the same run
+of this script (same machine, same load). Nothing here is in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import print_table, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "hivemind_quickstart.py"
+
+
+@dataclass
+class Peer:
+    """One quickstart process."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    launched: float
+    workdir: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.workdir / f"{self.name}.jsonl"
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.metrics.exists():
+            return []
+        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+
+
+def launch(name: str, python: str, workdir: Path, args: argparse.Namespace, *, real: bool, join: str | None) -> Peer:
+    command = [python, str(EXAMPLE), "--steps", str(args.epochs), "--target-batch-size", str(args.target_batch_size)]
+    command += ["--ready-file", str(workdir / f"{name}.ready"), "--metrics-file", str(workdir / f"{name}.jsonl")]
+    if real:
+        command.append("--real-hivemind")
+    if join:
+        command += ["--join", join]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")  # the example's shared helpers
+    log = (workdir / f"{name}.log").open("w")
+    launched = time.time()
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    log.close()
+    return Peer(name, process, launched, workdir)
+
+
+def wait_for(condition: Any, timeout_s: float, what: str, peers: list[Peer]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for peer in peers:
+            if peer.process.poll() not in (None, 0):
+                raise SystemExit(f"{peer.name} exited with {peer.process.returncode}; see {peer.workdir}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}; see {peers[0].workdir}")
+        time.sleep(0.1)
+
+
+def first_averaged(peer: Peer) -> float | None:
+    """Wall time at which ``peer`` first finished an epoch averaged with another peer."""
+    for record in peer.records():
+        if record.get("event") == "averaged" and record["peers"] >= 2:  # hivemind's log line
+            return float(record["time"])
+        if "step" in record and "config_digest" in record and record["members"] >= 2:  # the drop-in
+            return float(record["time"])
+    return None
+
+
+def rate(peer: Peer, start: float) -> tuple[float, int]:
+    """Samples per second of ``peer`` between its first epoch record at or after ``start`` and its last."""
+    epochs = [r for r in peer.records() if "step" in r and r["time"] >= start]
+    if len(epochs) < 2:
+        return 0.0, len(epochs)
+    samples = epochs[-1]["local_samples"] - epochs[0]["local_samples"]
+    return samples / (epochs[-1]["time"] - epochs[0]["time"]), len(epochs)
+
+
+def run_backend(backend: str, python: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    workdir = root / backend
+    workdir.mkdir(parents=True)
+    real = backend == "hivemind"
+    peers: list[Peer] = []
+    try:
+        a = launch("a", python, workdir, args, real=real, join=None)
+        peers.append(a)
+        ready = workdir / "a.ready"
+        wait_for(ready.exists, 180, f"{backend} peer A to start", peers)
+        address = json.loads(ready.read_text())["addrs"][0]
+        b = launch("b", python, workdir, args, real=real, join=address)
+        peers.append(b)
+        wait_for(lambda: all(p.process.poll() is not None for p in peers), args.timeout, f"{backend} to finish", peers)
+    finally:
+        for peer in peers:
+            if peer.process.poll() is None:
+                peer.process.kill()
+                peer.process.wait()
+    averaged = first_averaged(b)
+    if averaged is None:
+        raise SystemExit(f"{backend}: B never averaged with A; see {workdir}")
+    rate_a, epochs_a = rate(a, averaged)
+    rate_b, epochs_b = rate(b, averaged)
+    return {
+        "backend": backend,
+        "first_averaged_epoch_s": averaged - b.launched,
+        "samples_per_s": rate_a + rate_b,
+        "samples_per_s_by_peer": [rate_a, rate_b],
+        "epochs_measured": [epochs_a, epochs_b],
+        "a_started_to_b_launch_s": b.launched - a.launched,
+        "workdir": str(workdir),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=5, help="both peers stop after this epoch")
+    parser.add_argument("--target-batch-size", type=int, default=10000, help="the quickstart's value by default")
+    parser.add_argument("--hivemind-python", default="/work/hm-venv/bin/python", help="an interpreter with hivemind")
+    parser.add_argument("--timeout", type=float, default=900.0, help="give up a backend after this many seconds")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="chaosp2p-bench-quickstart-"))
+    results = {
+        "chaosp2p": run_backend("chaosp2p", sys.executable, args, root),
+        "hivemind": run_backend("hivemind", args.hivemind_python, args, root),
+    }
+    ours, theirs = results["chaosp2p"], results["hivemind"]
+    slower_start = theirs["first_averaged_epoch_s"] / ours["first_averaged_epoch_s"]
+    faster = ours["samples_per_s"] / max(theirs["samples_per_s"], 1e-9)
+    ratios = {
+        "first_averaged_epoch_hivemind_over_chaosp2p": slower_start,
+        "samples_per_s_chaosp2p_over_hivemind": faster,
+    }
+    print_table(
+        f"hivemind quickstart, 2 peers, target_batch_size={args.target_batch_size}, {args.epochs} epochs",
+        ["backend", "B launch -> first averaged epoch (s)", "samples/s (both peers)"],
+        [[r["backend"], r["first_averaged_epoch_s"], r["samples_per_s"]] for r in (ours, theirs)],
+    )
+    print(f"time to the first averaged epoch, hivemind / chaosp2p: {slower_start:.2f}x")
+    print(f"samples per second, chaosp2p / hivemind: {faster:.2f}x")
+    print(f"logs and metrics: {root}")
+    write_json(args.json, {"benchmark": "training (d): hivemind quickstart", "args": vars(args), "results": results,
+                           "ratios": ratios, "load_average": os.getloadavg()})
+
+
+if __name__ == "__main__":
+    main()
