@@ -20,6 +20,8 @@ from chaosp2p import PeerConfig, open_peer
 from chaosp2p.api import AsyncPeer
 from chaosp2p.errors import TransferError
 from chaosp2p.protocols.transfer import TransferProgress
+from chaosp2p.state.checkpoint_file import read_checkpoint
+from chaosp2p.state.snapshot import SnapshotStore
 
 from ..conditions import eventually_async
 from .processes import PeerProcess, Swarm, cli, swarm
@@ -87,9 +89,20 @@ def test_four_sources_newcomer_loads_bit_exact_through_the_cli(swarm: Swarm, che
     out = tmp_path / "pulled.npz"
 
     def pulled() -> bool:
-        result = cli("state", "pull", "--profile", "local", "--run", RUN, "--out", str(out),
-                     "--bootstrap", sources[0].addr, "--json",
-                     timeout_s=60)
+        result = cli(
+            "state",
+            "pull",
+            "--profile",
+            "local",
+            "--run",
+            RUN,
+            "--out",
+            str(out),
+            "--bootstrap",
+            sources[0].addr,
+            "--json",
+            timeout_s=60,
+        )
         if result.returncode != 0:
             return False
         summary = json.loads(result.stdout)
@@ -164,3 +177,92 @@ async def test_existing_state_is_untouched_when_the_only_source_lies(swarm: Swar
         with anyio.fail_after(60), pytest.raises(TransferError, match=r"all sources failed.*corrupt"):
             await newcomer.load_state(RUN, sources=[corrupt.addr], into=live)
     assert all(not array.any() for array in live.values())  # nothing was written into the live state
+
+
+def small_checkpoint(path: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    np.savez(path, w=rng.standard_normal((512, 1024), dtype=np.float32), b=rng.standard_normal(1024))
+    return path
+
+
+def test_a_lone_source_announcing_a_newer_checkpoint_cannot_substitute_the_state(swarm: Swarm, tmp_path: Path) -> None:
+    """issue 10 item 1: two sources hold step 5, a third announces another checkpoint at step 9."""
+    honest = small_checkpoint(tmp_path / "honest.npz", seed=1)
+    forged = small_checkpoint(tmp_path / "forged.npz", seed=666)
+    first = swarm.start(command=("state", "serve", str(honest), "--run", "R", "--step", "5"))
+    second = swarm.start(command=("state", "serve", str(honest), "--run", "R", "--step", "5"), bootstrap=[first.addr])
+    attacker = swarm.start(command=("state", "serve", str(forged), "--run", "R", "--step", "9"), bootstrap=[first.addr])
+
+    async def all_three_announced() -> None:
+        async with open_peer(PeerConfig.local(bootstrap=(first.addr,))) as observer:
+
+            async def three() -> bool:
+                return len(await observer.state.find_sources("R", limit=64)) >= 3
+
+            await eventually_async(three, timeout_s=20)
+
+    anyio.run(all_three_announced, backend="trio")
+    out = tmp_path / "pulled.npz"
+    result = cli("state", "pull", "--run", "R", "--out", str(out), "--bootstrap", second.addr, "--json", timeout_s=60)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["step"] == 5
+    assert same_arrays(honest, out)
+    assert list(summary["conflicting"]) == [attacker.peer_id]
+    assert "no other source confirms" in summary["conflicting"][attacker.peer_id]
+    assert summary["sources"].get(attacker.peer_id, 0) == 0  # not one byte from it
+    assert f"ignored source {attacker.peer_id}" in result.stderr.replace("\n", "")
+
+    # Pins: the user names the state (--digest) or the sources whose word counts (--trust).
+    forged_digest = _digest_of(forged)
+    pinned = tmp_path / "pinned.npz"
+    result = cli(
+        "state", "pull", "--run", "R", "--out", str(pinned), "--bootstrap", first.addr,
+        "--digest", forged_digest.hex(), "--json", timeout_s=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["step"] == 9 and same_arrays(forged, pinned)
+    trusted = tmp_path / "trusted.npz"
+    result = cli(
+        "state", "pull", "--run", "R", "--out", str(trusted), "--bootstrap", first.addr,
+        "--trust", first.peer_id, "--json", timeout_s=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert same_arrays(honest, trusted)
+    bad = cli("state", "pull", "--run", "R", "--out", str(trusted), "--bootstrap", first.addr, "--digest", "abcd")
+    assert bad.returncode != 0 and "64 hex digits" in bad.stderr
+
+
+def _digest_of(checkpoint: Path) -> bytes:
+    """The digest ``state serve`` announces for ``checkpoint`` (the snapshot layout is deterministic)."""
+    store = SnapshotStore(PeerConfig.local().transfer)
+    return store.publish("R", 9, read_checkpoint(checkpoint)).digest
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_source_that_appears_mid_pull_joins_it(swarm: Swarm, checkpoint: Path, tmp_path: Path) -> None:
+    slow = tmp_path / "slow.toml"
+    slow.write_text('profile = "local"\n[transport]\nmax_upload_bytes_per_s = 6000000\n')
+    first = next(start_sources(swarm, checkpoint, 1, slow))
+    started: list[PeerProcess] = []
+
+    def start_second(report: TransferProgress) -> None:
+        if not started and report.bytes_done > 0:
+            started.append(swarm.start(
+                command=("state", "serve", str(checkpoint), "--run", RUN, "--step", str(STEP)),
+                bootstrap=[first.addr],
+                wait_ready=False,
+            ))  # fmt: skip
+
+    async with open_peer(PeerConfig.local(bootstrap=(first.addr,))) as newcomer:
+        await providers_known(newcomer, 1)
+        with anyio.fail_after(60):
+            loaded = await newcomer.load_state(RUN, progress=start_second)
+    assert started, "the pull ended before the second source was started"
+    by_source = {str(peer): count for peer, count in loaded.completed.bytes_by_source}
+    late = [peer for peer in by_source if peer != first.peer_id]  # found by the DHT re-lookup
+    assert late and by_source[late[0]] > 0, by_source
+    with np.load(checkpoint) as original:
+        for name in original.files:
+            assert np.array_equal(loaded.arrays[name], original[name]), name
