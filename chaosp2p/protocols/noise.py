@@ -247,12 +247,14 @@ class NoiseHandshake:
             raise LocalProtocolError("handshake already failed")
         self._inbox += data
         self._received_any = self._received_any or bool(data)
-        if len(self._inbox) > 2 * (MAX_HANDSHAKE_MESSAGE_BYTES + _LENGTH.size):
-            self._fail()
-            raise RemoteProtocolError("handshake: peer sent more data than a handshake message can hold")
         while self.state in _AWAITING:
             message = self._take_message()
             if message is None:
+                # Only what is still waiting to be a handshake message is bounded here: bytes after
+                # the final message belong to the secure channel (a dialer may pipeline records).
+                if len(self._inbox) > MAX_HANDSHAKE_MESSAGE_BYTES + _LENGTH.size:
+                    self._fail()
+                    raise RemoteProtocolError("handshake: peer sent more data than a handshake message can hold")
                 return
             try:
                 self._read(message)

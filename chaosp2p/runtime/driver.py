@@ -133,17 +133,20 @@ class MachineDriver:
             raise ChaosError(f"{self.name} sent on unregistered protocol {outgoing.protocol!r}")
         if outgoing.to == self.host.peer_id:
             return
-        queue = self._queues.setdefault(outgoing.to, deque())
-        if len(queue) >= MAX_QUEUED_PER_PEER:
+        queue = self._queues.get(outgoing.to)
+        if queue is None:
+            # Every queue has a sender draining it, so wait_sent() can count on progress: a peer
+            # that would need a sender beyond the cap gets no queue at all (its message is dropped).
+            if len(self._senders) >= MAX_SENDERS:
+                self.dropped_outgoing += 1
+                return
+            queue = self._queues[outgoing.to] = deque()
+        elif len(queue) >= MAX_QUEUED_PER_PEER:
             self.dropped_outgoing += 1
             return
         queue.append((outgoing.protocol, codec.encode(outgoing.message)))
         if outgoing.to in self._senders:
             return  # its sender task drains the queue until empty
-        if len(self._senders) >= MAX_SENDERS:
-            queue.pop()
-            self.dropped_outgoing += 1
-            return
         self._senders.add(outgoing.to)
         self._task_group.start_soon(self._sender, outgoing.to, name=f"chaosp2p {self.name} sender")
 

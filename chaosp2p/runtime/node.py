@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ class Node:
         """The node's task group: services built on the node start their background tasks in it."""
         self._events = EventHub()
         self._connected_event = anyio.Event()
-        self._bandwidth: dict[PeerID, float] = {}
+        self._bandwidth: OrderedDict[PeerID, float] = OrderedDict()  # LRU, at most max_tracked_peers
         host.on_connection_change(self._on_connection_change)
         host.set_request_handler("/chaos/status/1", self._serve_status)
         self.dht = DHTService(
@@ -255,6 +256,9 @@ class Node:
         if byte_count <= 0 or seconds <= 0:
             return
         self._bandwidth[peer] = byte_count / seconds
+        self._bandwidth.move_to_end(peer)
+        while len(self._bandwidth) > self.config.transport.max_tracked_peers:
+            self._bandwidth.popitem(last=False)
         self.membership.record_transfer(peer, byte_count, seconds)
 
     # ------------------------------------------------------------------ status

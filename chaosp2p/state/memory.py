@@ -17,6 +17,7 @@ import ctypes.util
 import mmap
 import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -33,15 +34,23 @@ def allocate_bytes(size: int) -> np.ndarray:
         return np.empty(size, dtype=np.uint8)
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     array = np.frombuffer(mapping, dtype=np.uint8)  # the array keeps the mapping alive
-    threading.Thread(target=_prefault, args=(array,), name="chaosp2p prefault", daemon=True).start()
+    threading.Thread(target=_prefault, args=(weakref.ref(array),), name="chaosp2p prefault", daemon=True).start()
     return array
 
 
-def _prefault(array: np.ndarray) -> None:
-    # Holding ``array`` keeps the mapping alive until this thread is done with it.
+def _prefault(buffer: weakref.ref[np.ndarray]) -> None:
+    # The thread holds the buffer only while one slice is being populated: once its owner drops it
+    # (a pull that failed or was cancelled), the thread stops at the next slice and the memory is
+    # unmapped, instead of being kept -- and faulted in -- until the whole buffer is done.
     assert _libc is not None
-    address = array.ctypes.data
-    for offset in range(0, array.nbytes, PREFAULT_SLICE_BYTES):
+    offset = 0
+    while True:
+        array = buffer()
+        if array is None or offset >= array.nbytes:
+            return
         length = min(PREFAULT_SLICE_BYTES, array.nbytes - offset)
-        if _libc.madvise(ctypes.c_void_p(address + offset), ctypes.c_size_t(length), MADV_POPULATE_WRITE) != 0:
+        address = array.ctypes.data + offset
+        if _libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), MADV_POPULATE_WRITE) != 0:
             return  # unsupported kernel: the pages fault in on first use instead
+        del array
+        offset += length

@@ -24,6 +24,16 @@ class TransportConfig:
     max_window_bytes: int = 64 << 20
     """Largest window a stream may raise itself to for bulk transfers."""
     max_streams_per_connection: int = 256
+    max_streams_per_peer: int = 512
+    """Streams one remote peer may have open towards us over all its connections."""
+    max_buffered_bytes_per_peer: int = 64 << 20
+    """Receive window (memory it may fill before we read) one remote peer's streams may hold in all."""
+    max_buffered_bytes_total: int = 1 << 30
+    """Receive window all remote peers' streams may hold together."""
+    handler_idle_timeout_s: float = 300.0
+    """Cancel a stream handler (and reset its stream) when no byte moved on the stream for this long."""
+    max_tracked_peers: int = 4096
+    """Per-peer tables (address book, bandwidth estimates) keep this many peers, least recent go first."""
     max_connections: int = 1024
     max_pending_handshakes: int = 64
     """Inbound connections still handshaking; when full, a newcomer evicts the oldest (slowloris guard)."""
@@ -57,6 +67,11 @@ class TransportConfig:
             "initial_window_bytes",
             "max_window_bytes",
             "max_streams_per_connection",
+            "max_streams_per_peer",
+            "max_buffered_bytes_per_peer",
+            "max_buffered_bytes_total",
+            "handler_idle_timeout_s",
+            "max_tracked_peers",
             "max_connections",
             "max_pending_handshakes",
             "max_pending_handshakes_per_address",
@@ -78,6 +93,10 @@ class TransportConfig:
         require(
             self.initial_window_bytes <= self.max_window_bytes <= 1 << 30,
             "need initial_window_bytes <= max_window_bytes <= 1 GiB",
+        )
+        require(
+            self.initial_window_bytes <= self.max_buffered_bytes_per_peer <= self.max_buffered_bytes_total,
+            "need initial_window_bytes <= max_buffered_bytes_per_peer <= max_buffered_bytes_total",
         )
         require(
             self.dead_connection_timeout_s > self.keepalive_interval_s,
@@ -108,6 +127,7 @@ class TransportConfig:
             request_timeout_s=5.0,
             keepalive_interval_s=1.0,
             dead_connection_timeout_s=5.0,
+            handler_idle_timeout_s=60.0,
         )
 
     @classmethod
@@ -126,6 +146,8 @@ class TransportConfig:
             request_timeout_s=30.0,
             keepalive_interval_s=10.0,
             dead_connection_timeout_s=45.0,
+            handler_idle_timeout_s=600.0,
+            max_buffered_bytes_per_peer=256 << 20,
             initial_window_bytes=1 << 20,
             max_window_bytes=256 << 20,
         )

@@ -53,6 +53,7 @@ from chaosp2p.protocols.records import (
     RecordSealer,
     parse_header,
 )
+from chaosp2p.transport.budget import ReceiveBudget
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.shaper import TokenBucket
@@ -117,8 +118,12 @@ class Connection:
         remote_address: tuple[str, int],
         initial_bytes: bytes = b"",
         shaper: TokenBucket | None = None,
+        budget: ReceiveBudget | None = None,
+        handler_idle_timeout: Callable[[ProtocolId], float | None] | None = None,
     ) -> None:
         self.remote_peer = remote_peer
+        self._budget = budget
+        self._handler_idle_timeout = handler_idle_timeout or (lambda protocol: config.handler_idle_timeout_s)
         self.is_dialer = is_dialer
         self.config = config
         self.remote_address = remote_address
@@ -226,7 +231,8 @@ class Connection:
         error = ConnectionClosed(f"connection to {self.remote_peer.short()} closed: {reason}")
         for stream in list(self._streams.values()):
             stream._fail(error)
-        self._streams.clear()
+        for stream_id in list(self._streams):
+            self._drop_stream(stream_id)
         if self._task_group is not None:
             self._task_group.cancel_scope.cancel()
 
@@ -357,6 +363,7 @@ class Connection:
                     await self._write_record_locked(
                         FrameType.DATA, flags, stream.stream_id, value, data[offset : offset + count]
                     )
+                    stream.last_activity = self.last_sent
                     offset += count
                     if last:
                         if stream._sent_eof:
@@ -389,24 +396,38 @@ class Connection:
         if stream._syn_pending:  # not on the wire yet: applied when the SYN goes out
             stream._window_target = target_bytes
             return
-        grant = self._mux.set_receive_window(stream.stream_id, min(target_bytes, self.config.max_window_bytes))
+        target = min(target_bytes, self.config.max_window_bytes)
+        if stream._budget_bytes and self._budget is not None and target > stream._budget_bytes:
+            # A stream the remote opened: a bigger window is memory the remote may fill, so it
+            # comes out of that peer's (and the global) receive budget -- as much as is left.
+            target = stream._budget_bytes + self._budget.grow(self.remote_peer, target - stream._budget_bytes)
+            stream._budget_bytes = max(stream._budget_bytes, target)
+        grant = self._mux.set_receive_window(stream.stream_id, target)
         if grant:
             self._queue_window(stream.stream_id, grant)
 
     def reset_stream(self, stream: Stream) -> None:
         """Abort ``stream``: forget it locally and tell the remote with RST."""
-        self._streams.pop(stream.stream_id, None)
+        self._drop_stream(stream.stream_id)
         if self._mux.reset(stream.stream_id) and not stream._syn_pending and not self.closed:
             self._pending_resets.add(stream.stream_id)
             self._control_event.set()
 
     def _forget_stream(self, stream: Stream) -> None:
         if self._mux.state(stream.stream_id) is None:
-            self._streams.pop(stream.stream_id, None)
+            self._drop_stream(stream.stream_id)
 
     def _maybe_forget(self, stream: Stream) -> None:
         if self._mux.state(stream.stream_id) is None and stream._eof:
-            self._streams.pop(stream.stream_id, None)
+            self._drop_stream(stream.stream_id)
+
+    def _drop_stream(self, stream_id: int) -> Stream | None:
+        """Forget a stream and give back what it reserved from the receive budget."""
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None and stream._budget_bytes and self._budget is not None:
+            self._budget.close_stream(self.remote_peer, stream._budget_bytes)
+            stream._budget_bytes = 0
+        return stream
 
     def _queue_window(self, stream_id: int, grant: int) -> None:
         self._pending_windows[stream_id] = self._pending_windows.get(stream_id, 0) + grant
@@ -562,6 +583,12 @@ class Connection:
         if isinstance(event, muxp.DataReceived):
             if event.opened:
                 stream = self._accept_stream(header)
+                if stream is None:
+                    log.debug("refusing stream %d from %s: over its receive budget", header.stream_id, self.remote_peer)
+                    self._mux.reset(header.stream_id)
+                    self._pending_resets.add(header.stream_id)
+                    self._control_event.set()
+                    return
             if stream is None:
                 raise RemoteProtocolError(f"DATA for unknown stream {header.stream_id}")
             self.last_activity = self.last_received
@@ -577,17 +604,22 @@ class Connection:
             self._pending_resets.add(header.stream_id)
             self._control_event.set()
         elif isinstance(event, muxp.StreamWasReset):
-            gone = self._streams.pop(header.stream_id, None)
+            gone = self._drop_stream(header.stream_id)
             if gone is not None:
                 gone._fail(StreamReset(f"stream {header.stream_id} reset by {self.remote_peer.short()}"))
                 if gone._handler_scope is not None:
                     gone._handler_scope.cancel()
 
-    def _accept_stream(self, header: RecordHeader) -> Stream:
+    def _accept_stream(self, header: RecordHeader) -> Stream | None:
         if header.value >= len(self._local_protocols):
             raise RemoteProtocolError(f"unknown protocol index {header.value} on stream {header.stream_id}")
         protocol = self._local_protocols[header.value]
+        window = self.config.initial_window_bytes
+        if self._budget is not None and not self._budget.open_stream(self.remote_peer, window):
+            return None  # over this peer's (or everyone's) budget: refused with RST like any excess stream
         stream = Stream(self, header.stream_id, protocol, outbound=False)
+        stream._budget_bytes = window if self._budget is not None else 0
+        stream._idle_timeout_s = self._handler_idle_timeout(protocol)
         self._streams[header.stream_id] = stream
         assert self._task_group is not None
         self._task_group.start_soon(self._run_handler, stream, name=f"chaosp2p {protocol} handler")
@@ -619,6 +651,16 @@ class Connection:
                 # free the stream (and its window) instead of letting it count against the limit.
                 stream.reset()
             self._maybe_forget(stream)
+
+    def _cancel_idle_handlers(self, now: float) -> None:
+        """Stream handlers have a default bound: one whose stream moved no byte for its idle timeout ends."""
+        for stream in list(self._streams.values()):
+            timeout = stream._idle_timeout_s
+            if timeout is None or stream._handler_scope is None or now - stream.last_activity <= timeout:
+                continue
+            log.info("%s handler for %s idle for %.0f s: cancelled", stream.protocol, self.remote_peer, timeout)
+            stream._handler_scope.cancel()
+            stream.reset()
 
     def _on_ping(self, header: RecordHeader) -> None:
         if header.flags & Flag.ACK:
@@ -669,6 +711,7 @@ class Connection:
                 )
                 self._mark_closed("remote stopped answering")
                 return
+            self._cancel_idle_handlers(now)
             if not self._streams and now - self.last_activity > self.config.idle_connection_timeout_s:
                 await self.aclose("idle", GoAwayCode.IDLE)
                 return

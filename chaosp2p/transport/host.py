@@ -17,9 +17,11 @@ accept queue.
 
 from __future__ import annotations
 
+import enum
 import logging
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from chaosp2p.errors import (
 )
 from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
 from chaosp2p.protocols.noise import HandshakeState, NoiseHandshake, SessionKeys, psk_for
+from chaosp2p.transport.budget import ReceiveBudget
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
@@ -86,6 +89,12 @@ class _PendingHandshake:
     """anyio clock time by which the first handshake message must have arrived."""
     spoke: bool = False
     """The first handshake message arrived (so this is a dialer speaking our protocol)."""
+
+
+class IdleTimeout(enum.Enum):
+    """Marker for :meth:`Host.set_stream_handler`: use the config's ``handler_idle_timeout_s``."""
+
+    CONFIG = "config"
 
 
 class _QuietLog:
@@ -145,7 +154,15 @@ class Host:
         self._handshakes_timed_out = 0
         self._refused_at_capacity = 0
         self._protocol_errors = 0
-        self.address_book: dict[PeerID, list[Multiaddr]] = {}
+        self.address_book: OrderedDict[PeerID, list[Multiaddr]] = OrderedDict()
+        """Known addresses per peer, least recently learned first; at most ``max_tracked_peers``."""
+        self.receive_budget = ReceiveBudget(
+            max_streams_per_peer=config.max_streams_per_peer,
+            max_bytes_per_peer=config.max_buffered_bytes_per_peer,
+            max_bytes_total=config.max_buffered_bytes_total,
+        )
+        """Stream slots and receive windows granted to remote peers over all connections."""
+        self._handler_timeouts: dict[ProtocolId, float | None] = {}
         self._shaper = (
             None
             if config.max_upload_bytes_per_s is None
@@ -177,9 +194,23 @@ class Host:
         return self.clock.now() - self._started
 
     # ------------------------------------------------------------------ protocol registration
-    def set_stream_handler(self, protocol: ProtocolId | str, handler: StreamProtocolHandler) -> None:
-        """Serve inbound streams of ``protocol`` with ``handler(stream)``."""
-        self._stream_handlers[_protocol(protocol)] = handler
+    def set_stream_handler(
+        self,
+        protocol: ProtocolId | str,
+        handler: StreamProtocolHandler,
+        *,
+        idle_timeout_s: float | IdleTimeout | None = IdleTimeout.CONFIG,
+    ) -> None:
+        """Serve inbound streams of ``protocol`` with ``handler(stream)``.
+
+        The handler is cancelled (and its stream reset) once no byte moved on the stream for
+        ``idle_timeout_s`` (default: the config's ``handler_idle_timeout_s``; ``None``: never).
+        """
+        parsed = _protocol(protocol)
+        self._stream_handlers[parsed] = handler
+        timeout = self.config.handler_idle_timeout_s if idle_timeout_s is IdleTimeout.CONFIG else idle_timeout_s
+        assert not isinstance(timeout, IdleTimeout)
+        self._handler_timeouts[parsed] = timeout
 
     def set_request_handler(self, protocol: ProtocolId | str, handler: RequestHandler) -> None:
         """Serve one-request-one-response streams: ``handler(connection, request) -> response``.
@@ -465,7 +496,12 @@ class Host:
             remote_address=address,
             initial_bytes=leftover,
             shaper=self._shaper,
+            budget=self.receive_budget,
+            handler_idle_timeout=self._handler_idle_timeout,
         )
+
+    def _handler_idle_timeout(self, protocol: ProtocolId) -> float | None:
+        return self._handler_timeouts.get(protocol, self.config.handler_idle_timeout_s)
 
     async def _run_connection(
         self, connection: Connection, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -533,11 +569,14 @@ class Host:
 
     def _remember(self, peer: PeerID, addrs: Sequence[Multiaddr]) -> None:
         book = self.address_book.setdefault(peer, [])
+        self.address_book.move_to_end(peer)
         for addr in addrs:
             plain = addr.without_peer()
             if plain not in book:
                 book.append(plain)
         del book[:-MAX_LISTEN_ADDRS]
+        while len(self.address_book) > self.config.max_tracked_peers:  # every identity ever seen would grow it
+            self.address_book.popitem(last=False)
 
     def connection(self, peer: PeerID) -> Connection | None:
         """An open connection to ``peer``, if there is one."""

@@ -45,6 +45,12 @@ class Stream:
         self._direct_filled = 0
         self._handler_scope: anyio.CancelScope | None = None
         self._window_target = 0
+        self._budget_bytes = 0
+        """Receive window this stream holds from the host's budget (remote-opened streams only)."""
+        self._idle_timeout_s: float | None = None
+        """Its handler is cancelled when no byte moved for this long (inbound streams)."""
+        self.last_activity = connection.last_received
+        """When a byte last moved on this stream (connection clock), for the handler idle timeout."""
 
     @property
     def remote_peer(self) -> PeerID:
@@ -179,18 +185,21 @@ class Stream:
         return direct[self._direct_filled : self._direct_filled + length]
 
     def _direct_written(self, length: int) -> None:
+        self.last_activity = self.connection.last_received
         self._direct_filled += length
         self.connection.consumed(self, length)
         if self._direct is not None and self._direct_filled == len(self._direct):
             self._wake_data()
 
     def _deliver(self, payload: memoryview) -> None:
+        self.last_activity = self.connection.last_received
         if len(payload):
             self._chunks.append(payload)
             self._buffered += len(payload)
             self._wake_data()
 
     def _deliver_eof(self) -> None:
+        self.last_activity = self.connection.last_received
         self._eof = True
         self._wake_data()
 

@@ -26,11 +26,13 @@ class HostileClient:
 
     @classmethod
     async def authenticated(
-        cls, addr: Multiaddr, *, swarm_key: bytes | None = None, hello: bool = True
+        cls, addr: Multiaddr, *, swarm_key: bytes | None = None, hello: bool = True, identity: Identity | None = None
     ) -> HostileClient:
-        """Handshake as a fresh identity and (optionally) send a valid Hello."""
+        """Handshake as ``identity`` (default: a fresh one) and (optionally) send a valid Hello."""
         sock = await connect_tcp(addr.host, addr.port, buffer_bytes=1 << 16)
-        handshake = NoiseHandshake(initiator=True, identity=Identity.generate(), psk=psk_for(swarm_key))
+        handshake = NoiseHandshake(
+            initiator=True, identity=identity or Identity.generate(), psk=psk_for(swarm_key)
+        )
         while True:
             out = handshake.data_to_send()
             if out:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -276,6 +277,91 @@ async def test_one_address_only_evicts_its_own_pending_handshakes() -> None:
             bystander.recv(1)
         for sock in [bystander, *flood]:
             sock.close()
+
+
+# ---------------------------------------------------------------------------- memory a remote peer can grow
+WINDOW = 64 * 1024
+BUDGET_CONFIG = TransportConfig(
+    handshake_timeout_s=2.0,
+    keepalive_interval_s=1.0,
+    dead_connection_timeout_s=10.0,
+    max_record_bytes=WINDOW,
+    initial_window_bytes=WINDOW,
+    max_window_bytes=WINDOW,
+    max_streams_per_connection=64,
+    max_streams_per_peer=6,
+    max_buffered_bytes_per_peer=4 * WINDOW,
+    max_buffered_bytes_total=6 * WINDOW,
+    handler_idle_timeout_s=60.0,
+)
+
+
+async def hold_unread(stream: Stream) -> None:
+    await anyio.sleep_forever()  # a handler that never reads: everything sent to it stays buffered
+
+
+def buffered_by(host: Host, peer: Any) -> int:
+    return sum(s._buffered for c in host.connections_to(peer) for s in c._streams.values())
+
+
+async def flood_streams(client: HostileClient, protocol_index: int, count: int) -> None:
+    """Open ``count`` streams, each with a full initial window of data nobody will read."""
+    for index in range(count):
+        await client.record(FrameType.DATA, Flag.SYN, 2 * index + 1, protocol_index, b"x" * WINDOW)
+
+
+async def test_a_peer_that_opens_everything_it_may_is_held_at_the_per_peer_and_global_budgets() -> None:
+    async with server(BUDGET_CONFIG) as (host, addr):
+        host.set_stream_handler("/chaos/hold/1", hold_unread)
+        index = [str(p) for p in host.protocols()].index("/chaos/hold/1")
+        greedy, second = Identity.generate(), Identity.generate()
+        # Three connections from one identity, eight streams each: 24 windows offered, 4 fit its budget.
+        greedy_connections = [await HostileClient.authenticated(addr, identity=greedy) for _ in range(3)]
+        for client in greedy_connections:
+            await flood_streams(client, index, 8)
+        budget = host.receive_budget
+        await eventually(lambda: budget.statistics().streams_refused == 20)
+        await eventually(lambda: buffered_by(host, greedy.peer_id) == 4 * WINDOW)
+        assert budget.streams_of(greedy.peer_id) == 4 and budget.bytes_of(greedy.peer_id) == 4 * WINDOW
+        # A second identity gets only what is left of the global budget (6 windows).
+        other = await HostileClient.authenticated(addr, identity=second)
+        await flood_streams(other, index, 8)
+        await eventually(lambda: budget.statistics().streams_refused == 26)
+        await eventually(lambda: buffered_by(host, second.peer_id) == 2 * WINDOW)
+        assert budget.statistics().reserved_bytes == 6 * WINDOW == BUDGET_CONFIG.max_buffered_bytes_total
+        assert all(len(c._streams) <= BUDGET_CONFIG.max_streams_per_peer for c in host.connections())
+        # The refused streams were reset, not fatal: every connection is still up.
+        assert len(host.connections_to(greedy.peer_id)) == 3
+        # Hanging up gives everything back, and the peer serves again.
+        for client in [*greedy_connections, other]:
+            client.close()
+        await eventually(lambda: budget.statistics().reserved_bytes == 0)
+        await assert_still_serving(addr)
+
+
+async def test_a_stream_handler_that_sees_no_traffic_is_cancelled_at_its_idle_timeout() -> None:
+    config = dataclasses.replace(CONFIG, handler_idle_timeout_s=0.5)
+    async with server(config) as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_stream_handler("/chaos/hold/1", hold_unread)
+        host.set_stream_handler("/chaos/patient/1", hold_unread, idle_timeout_s=None)
+        connection = await client.connect(addr)
+        stream = connection.open_stream("hold")
+        await stream.send(b"hello")
+        patient = connection.open_stream("patient")
+        await patient.send(b"hello")
+        with anyio.fail_after(10), pytest.raises(StreamReset):
+            await stream.receive_some()
+        await anyio.sleep(1.0)  # no readiness to wait on: proving an absence takes a bounded wait
+        assert not patient._error and not connection.closed  # the opted-out handler is still running
+
+
+async def test_the_address_book_keeps_the_most_recent_peers_only() -> None:
+    config = dataclasses.replace(CONFIG, max_tracked_peers=8)
+    async with open_host(Identity.generate(), config) as host:
+        peers = [Identity.generate().peer_id for _ in range(20)]
+        for n, peer in enumerate(peers):
+            host._remember(peer, [Multiaddr.parse(f"/ip4/10.0.0.{n}/tcp/4001")])
+        assert list(host.address_book) == peers[-8:]
 
 
 HOSTILE_RECORDS = {
