@@ -319,7 +319,6 @@ class Averager:
             round_.fail("aborted", frozenset({owner}), f"cannot reach {owner.short()}: {exc}")
             return
         round_.owner_streams[owner] = stream
-        stream.set_receive_window(self.config.window_bytes)
         await self._guarded(round_, owner, self._exchange(round_, shard, stream))
 
     async def _guarded(self, round_: RoundState, owner: PeerID, work: Awaitable[None]) -> None:
@@ -365,7 +364,9 @@ class Averager:
             return
         if failed:
             raise failed[0]
+        log.debug("round %s: answer header from %s", round_.tag, owner.short())
         await self._receive_result(round_, stream, region, answer.wire_dtype)
+        log.debug("round %s: answer from %s in", round_.tag, owner.short())
         round_.answers[owner] = answer
         round_.finished_streams.add(owner)
         round_.awaiting.discard(owner)
@@ -434,12 +435,17 @@ class Averager:
             if region is not None:
                 await send_array(stream, region, round_.wire, round_.chunk_elements, eof=True)
                 round_.bytes_sent += len(region) * round_.wire.itemsize
+            log.debug("round %s: contribution to %s sent", round_.tag, stream.remote_peer.short())
         except (ConnectionClosed, StreamReset) as exc:
             failed.append(exc)  # the reader sees the same failure, or the owner's answer explaining it
         finally:
             sent.set()
 
     async def _receive_result(self, round_: RoundState, stream: Stream, region: np.ndarray, wire: WireDtype) -> None:
+        # The window opens only now that a reader waits: bytes that arrive while nobody waits are
+        # decrypted into a fresh buffer and copied, bytes that find a waiting reader are decrypted
+        # straight into the caller's buffer.
+        stream.set_receive_window(self.config.window_bytes)
         step = round_.chunk_elements
         scratch = None if wire is WireDtype.FLOAT32 else np.empty(min(step, len(region)), storage_dtype(wire))
         for start in range(0, len(region), step):

@@ -20,6 +20,8 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
+import logging
+
 from chaosp2p.clock import Clock
 from chaosp2p.errors import ConnectionClosed, RemoteProtocolError, StreamReset
 from chaosp2p.training.average_messages import Exclusion, Result, ResultStatus, WireDtype, codec
@@ -27,6 +29,8 @@ from chaosp2p.training.round_state import Inbound, RoundState
 from chaosp2p.training.shard_reduce import Part, ShardReducer, decode, encode, storage_dtype
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
+
+log = logging.getLogger("chaosp2p.training")
 
 
 def as_bytes(array: np.ndarray) -> memoryview:
@@ -83,6 +87,7 @@ class OwnerRole:
             round_.fail("aborted", frozenset(), f"no valid contribution for the shard of {round_.me.short()}")
             return
         round_.shard_done_at = self._clock.now()
+        log.debug("round %s: shard averaged", round_.tag)
         answer = self._answer(revision=0)
         round_.answers[round_.me] = answer
         await self._send_to_all(answer)
@@ -144,6 +149,7 @@ class OwnerRole:
                 inbound.received = start + len(chunk)
                 round_.bytes_received += chunk.nbytes
                 round_.progress.notify()
+            log.debug("round %s: contribution of %s in", round_.tag, inbound.peer.short())
         except ConnectionClosed as exc:
             round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
         except (StreamReset, RemoteProtocolError) as exc:
@@ -200,6 +206,7 @@ class OwnerRole:
                 await inbound.stream.send(view[start : start + step])
             round_.bytes_sent += len(view)
             inbound.ok_sent = True
+            log.debug("round %s: answer to %s sent", round_.tag, inbound.peer.short())
         except ConnectionClosed as exc:
             round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
         except StreamReset:

@@ -120,3 +120,12 @@ def test_opposite_infinities_in_two_parts_exclude_both_quietly() -> None:
     out, reducer = reduce_all(parts_for(values, [1.0, 1.0, 1.0]), 500, chunk=128)
     assert set(reducer.excluded) == {PEERS[0], PEERS[1]}
     assert np.array_equal(out, values[2])
+
+
+def test_chunks_larger_than_a_cache_block_are_reduced_and_checked_block_by_block() -> None:
+    rng = np.random.default_rng(4)
+    values = [rng.standard_normal(300_000).astype(np.float32) for _ in range(3)]
+    values[2][250_001] = np.nan  # in a later block of the second chunk
+    out, reducer = reduce_all(parts_for(values, [1.0, 2.0, 3.0]), 300_000, chunk=200_000)
+    assert set(reducer.excluded) == {PEERS[2]}
+    np.testing.assert_allclose(out, reference(values[:2], [1.0, 2.0]), rtol=1e-6, atol=1e-6)
