@@ -69,7 +69,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
         ready.with_suffix(".tmp").rename(ready)
         members_file = workdir / "members.json"
         with anyio.fail_after(120):
-            while not members_file.exists():
+            while not members_file.exists():  # noqa: ASYNC110 - another process writes the file
                 await anyio.sleep(0.02)
         listing = json.loads(members_file.read_text())
         book = {PeerID.parse(m["peer_id"]): [Multiaddr.parse(a).without_peer() for a in m["addrs"]] for m in listing}

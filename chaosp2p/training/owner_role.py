@@ -16,11 +16,11 @@ averaged again without a peer another owner excluded) needs.
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import anyio.lowlevel
 import numpy as np
-
-import logging
 
 from chaosp2p.clock import Clock
 from chaosp2p.errors import ConnectionClosed, RemoteProtocolError, StreamReset
