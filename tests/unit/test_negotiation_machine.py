@@ -110,6 +110,8 @@ def scenario_leave_and_rejoin() -> None:
     net.deliver()
     new = conf(net, coord)
     assert not new.has_member(leaver) and len(new) == 2
+    left_at = new.departed_incarnation(leaver)
+    assert left_at is not None
     assert new.activation_step == 4 + CFG.default_margin_steps  # no step time known yet
     removed = of_type(net.take(leaver), RemovedFromRun)
     assert [(r.reason, r.activation_step) for r in removed] == [("left", new.activation_step)]
@@ -124,7 +126,7 @@ def scenario_leave_and_rejoin() -> None:
     net.deliver()
     assert state(net, leaver) is RunState.STABLE
     again = conf(net, coord)
-    assert again.has_member(leaver) and again.incarnation_of(leaver) == 2
+    assert again.has_member(leaver) and again.incarnation_of(leaver) == left_at + 1
     assert [type(e) for e in net.take(leaver)] == [RunInfo, ConfigurationCommitted, Admitted]
 
 
@@ -287,6 +289,20 @@ def scenario_refusals_raise_the_activation_step() -> None:
     assert net.machines[others[1]].statistics().refused_past >= 1
 
 
+def scenario_proposer_preempted_in_phase_two() -> None:
+    net, peers = make_net(3)
+    coord, (b, _) = roles(net, peers)
+    net.call(b, lambda m, now: m.set_throughput(now, RUN, 6.0))
+    # The coordinator's (fast, round 0) ACCEPTs are lost: it waits in phase 2 while another member
+    # holding the operation proposes with a higher ballot, which makes it stand back.
+    net.deliver(drop=lambda s, r, m: isinstance(m, Accept) and s == coord)
+    assert net.machines[coord].run_status(RUN).proposer is ProposerPhase.ACCEPTING
+    net.advance(1.0)
+    final = conf(net, coord)
+    assert final.throughputs[final.index_of(b)] == 6.0
+    assert {conf(net, p).digest for p in peers} == {final.digest}
+
+
 SCENARIOS = [
     scenario_leave_and_rejoin,
     scenario_join_refused_then_admitted,
@@ -297,6 +313,7 @@ SCENARIOS = [
     scenario_false_failure_removes_a_live_member,
     scenario_duelling_proposers,
     scenario_refusals_raise_the_activation_step,
+    scenario_proposer_preempted_in_phase_two,
 ]
 
 

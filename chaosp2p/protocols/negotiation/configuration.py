@@ -80,7 +80,9 @@ class MemberEntry:
     incarnation: int
     throughput_samples_per_s: float
     batch_share: int
-    """Samples of the global batch this member computes per step."""
+    """Samples of the global batch this member computes per step (all members taking part)."""
+    since_step: int
+    """The first step this member takes part in (its admission step)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,11 +100,17 @@ class LinkEntry:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DepartedEntry:
-    """A member removed at ``epoch`` while at ``incarnation`` (kept MAX_OP_AGE_EPOCHS epochs)."""
+    """A member removed at ``epoch`` while at ``incarnation`` (kept MAX_OP_AGE_EPOCHS epochs).
+
+    ``activation_step`` is the step its removal took effect: a member that left gracefully still
+    takes part in the steps before it, so a FAIL about it stays valid (if it crashes before that
+    step, an urgent configuration must supersede the ones that still count on it).
+    """
 
     peer_id: PeerID
     incarnation: int
     epoch: int
+    activation_step: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +126,9 @@ class Configuration:
     incarnations: tuple[int, ...]
     throughputs: tuple[float, ...]
     shares: tuple[int, ...]
+    since_steps: tuple[int, ...]
+    """Per member, the first step it takes part in. Usually <= activation_step; larger only after
+    an urgent configuration activated earlier than a pending one that admitted the member."""
     links: tuple[LinkEntry, ...]
     """Sorted by (a, b)."""
     params: RunParams
@@ -142,8 +153,10 @@ class Configuration:
         members = self._members
         if members is None:
             members = tuple(
-                MemberEntry(peer_id=p, incarnation=i, throughput_samples_per_s=t, batch_share=s)
-                for p, i, t, s in zip(self.peers, self.incarnations, self.throughputs, self.shares, strict=True)
+                MemberEntry(peer_id=p, incarnation=i, throughput_samples_per_s=t, batch_share=s, since_step=f)
+                for p, i, t, s, f in zip(
+                    self.peers, self.incarnations, self.throughputs, self.shares, self.since_steps, strict=True
+                )
             )
             object.__setattr__(self, "_members", members)
         return members
@@ -160,6 +173,17 @@ class Configuration:
     def has_member(self, peer: PeerID) -> bool:
         """Is ``peer`` a member?"""
         return self.index_of(peer) >= 0
+
+    def takes_part(self, peer: PeerID, step: int) -> bool:
+        """Is ``peer`` a member that takes part in ``step`` (admitted at or before it)?"""
+        i = self.index_of(peer)
+        return i >= 0 and self.since_steps[i] <= step
+
+    def participants(self, step: int) -> tuple[PeerID, ...]:
+        """The members taking part in ``step``: the all-reduce group of that step."""
+        if self.since_steps and max(self.since_steps) <= step:
+            return self.peers
+        return tuple(p for p, since in zip(self.peers, self.since_steps, strict=True) if since <= step)
 
     def incarnation_of(self, peer: PeerID) -> int | None:
         """The member's incarnation, or None if it is not a member."""
@@ -180,9 +204,14 @@ class Configuration:
 
     def departed_incarnation(self, peer: PeerID) -> int | None:
         """The incarnation ``peer`` had when it was removed (if within MAX_OP_AGE_EPOCHS), or None."""
+        entry = self.departed_entry(peer)
+        return None if entry is None else entry.incarnation
+
+    def departed_entry(self, peer: PeerID) -> DepartedEntry | None:
+        """The record of ``peer``'s removal (if within MAX_OP_AGE_EPOCHS), or None."""
         raws = self._departed_raws
         i = bisect.bisect_left(raws, peer.raw)
-        return self.departed[i].incarnation if i < len(raws) and raws[i] == peer.raw else None
+        return self.departed[i] if i < len(raws) and raws[i] == peer.raw else None
 
     @property
     def quorum(self) -> int:
@@ -200,10 +229,11 @@ class Configuration:
             list(self.incarnations),
             [float(t) for t in self.throughputs],
             list(self.shares),
+            list(self.since_steps),
             [[lk.a.raw, lk.b.raw, lk.up, float(lk.bandwidth_bytes_per_s), float(lk.rtt_s)] for lk in self.links],
             [self.params.global_batch, self.params.mode, self.params.local_steps],
             self.seed,
-            [[d.peer_id.raw, d.incarnation, d.epoch] for d in self.departed],
+            [[d.peer_id.raw, d.incarnation, d.epoch, d.activation_step] for d in self.departed],
         ]
 
     def encode(self) -> bytes:
@@ -265,6 +295,7 @@ def make_configuration(
     params: RunParams,
     seed: int,
     shares: Sequence[int] | None = None,
+    since_steps: Sequence[int] | None = None,
     departed: Sequence[DepartedEntry] = (),
 ) -> Configuration:
     """Build a configuration (peers already sorted), computing shares if not given, and the digest."""
@@ -277,6 +308,7 @@ def make_configuration(
         incarnations=tuple(incarnations),
         throughputs=tuple(float(t) for t in throughputs),
         shares=shares_t,
+        since_steps=tuple(since_steps) if since_steps is not None else (activation_step,) * len(peers),
         links=tuple(links),
         params=params,
         seed=seed,
@@ -324,7 +356,12 @@ def check_operation(op: Operation, config: Configuration) -> str | None:
             return "forged_origin"
         held = config.incarnation_of(op.subject)
         if held is None:
-            return "subject_not_member"
+            # A member removed recently (typically a leaver that crashed before its leave took
+            # effect): the FAIL makes the batch urgent, so its configuration supersedes the ones
+            # that still count on the subject.
+            held = config.departed_incarnation(op.subject)
+            if held is None:
+                return "subject_not_member"
         return "stale_incarnation" if op.incarnation < held else None
     if kind in (OpKind.LINK_UP, OpKind.LINK_DOWN):
         other = op.other
@@ -373,6 +410,7 @@ def next_configuration(
     peers = list(prev.peers)
     incs = list(prev.incarnations)
     thrs = list(prev.throughputs)
+    since = list(prev.since_steps)
     links: dict[bytes, LinkEntry] | None = None
     removed: set[bytes] = set()
     departed = {d.peer_id.raw: d for d in prev.departed if d.epoch + MAX_OP_AGE_EPOCHS >= prev.epoch + 1}
@@ -387,20 +425,24 @@ def next_configuration(
         kind = op.kind
         if kind is OpKind.FAIL or kind is OpKind.LEAVE:
             if present and op.incarnation >= incs[i]:
-                departed[raw] = DepartedEntry(peer_id=peers[i], incarnation=incs[i], epoch=prev.epoch + 1)
-                del raws[i], peers[i], incs[i], thrs[i]
+                departed[raw] = DepartedEntry(
+                    peer_id=peers[i], incarnation=incs[i], epoch=prev.epoch + 1, activation_step=activation_step
+                )
+                del raws[i], peers[i], incs[i], thrs[i], since[i]
                 removed.add(raw)
                 members_changed = applied = departed_changed = True
         elif kind is OpKind.JOIN:
             if present and incs[i] < op.incarnation:
                 incs[i] = op.incarnation
                 thrs[i] = op.throughput_samples_per_s
+                since[i] = activation_step
                 members_changed = applied = True
             elif not present:
                 raws.insert(i, raw)
                 peers.insert(i, op.subject)
                 incs.insert(i, op.incarnation)
                 thrs.insert(i, op.throughput_samples_per_s)
+                since.insert(i, activation_step)
                 removed.discard(raw)
                 if departed.pop(raw, None) is not None:
                     departed_changed = True
@@ -444,6 +486,7 @@ def next_configuration(
         params=prev.params,
         seed=derive_seed(prev.seed, epoch, prev.digest),
         shares=None if members_changed else prev.shares,
+        since_steps=since,
         departed=tuple(departed[k] for k in sorted(departed)) if departed_changed else prev.departed,
     )
     return config, tuple(results)
@@ -456,16 +499,27 @@ def _dropped(ops: Iterable[tuple[bytes, Operation]], dropped: set[bytes]) -> lis
 
 
 # ---------------------------------------------------------------------------------- ring
-def ring_order(config: Configuration) -> tuple[PeerID, ...]:
+def batch_shares(config: Configuration, step: int) -> tuple[tuple[PeerID, int], ...]:
+    """(member, samples) for the members taking part in ``step``; equal to ``config.shares`` unless
+    a member admitted later than the configuration's activation step is not taking part yet."""
+    peers = config.participants(step)
+    if len(peers) == len(config.peers):
+        return tuple(zip(config.peers, config.shares, strict=True))
+    throughputs = [config.throughputs[config.index_of(p)] for p in peers]
+    return tuple(zip(peers, compute_shares(throughputs, config.params.global_batch), strict=True))
+
+
+def ring_order(config: Configuration, step: int | None = None) -> tuple[PeerID, ...]:
     """The all-reduce ring: a greedy bottleneck heuristic over the link snapshot.
 
     Start at the smallest PeerID; repeatedly go to the unvisited member joined to the current one
     by the widest agreed link at least as good as an unmeasured one, else to the next unvisited
     member in PeerID order whose link to the current one is neither down nor known to be narrower
     (else simply the next unvisited). Unknown bandwidths count as equal: the median of the known
-    ones. Runs in O(members + links) and is deterministic.
+    ones. Runs in O(members + links) and is deterministic. With ``step``, only the members taking
+    part in that step (``Configuration.participants``) are in the ring.
     """
-    peers = config.peers
+    peers = config.peers if step is None else config.participants(step)
     n = len(peers)
     if n <= 2:
         return peers
@@ -521,9 +575,9 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
     whose digest does not match its content is refused.
     """
     obj = unpack(raw, max_bytes=len(raw))
-    if not isinstance(obj, list) or len(obj) != 12:
-        raise reject("configuration must be an array of 12 items")
-    run, epoch, step, raws, incs, thrs, shares, links, params, seed, gone, digest = obj
+    if not isinstance(obj, list) or len(obj) != 13:
+        raise reject("configuration must be an array of 13 items")
+    run, epoch, step, raws, incs, thrs, shares, since, links, params, seed, gone, digest = obj
     if type(run) is not str or type(epoch) is not int or type(step) is not int or type(seed) is not int:
         raise reject("configuration header has wrong types")
     check_run(run)
@@ -533,14 +587,14 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
         raise reject("seed out of range")
     if type(digest) is not bytes or len(digest) != DIGEST_BYTES:
         raise reject("digest must be 32 bytes")
-    for column in (raws, incs, thrs, shares, links, params, gone):
+    for column in (raws, incs, thrs, shares, since, links, params, gone):
         if not isinstance(column, list):
             raise reject("configuration columns must be arrays")
     check_count(len(raws), min(max_members, WIRE_MAX_MEMBERS), "members")
     check_count(len(links), min(max_links, WIRE_MAX_LINKS), "links")
     check_count(len(gone), WIRE_MAX_MEMBERS, "departed members")
     n = len(raws)
-    if not (len(incs) == len(thrs) == len(shares) == n):
+    if not (len(incs) == len(thrs) == len(shares) == len(since) == n):
         raise reject("configuration columns differ in length")
     try:
         peers = tuple(PeerID(r) if type(r) is bytes else _bad_peer() for r in raws)
@@ -559,6 +613,10 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
     for value in shares:
         if type(value) is not int or not 1 <= value <= MAX_STEP:
             raise reject("share must be a positive int")
+    for value in since:
+        if type(value) is not int:
+            raise reject("since step must be an int")
+        check_uint(value, "since step")
     link_entries = []
     previous = b""
     for item in links:
@@ -585,15 +643,17 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
     departed = []
     previous = b""
     for item in gone:
-        if not (isinstance(item, list) and len(item) == 3 and type(item[0]) is bytes):
-            raise reject("departed entry must be [PeerID, int, int]")
-        if type(item[1]) is not int or type(item[2]) is not int or not previous < item[0]:
+        if not (isinstance(item, list) and len(item) == 4 and type(item[0]) is bytes):
+            raise reject("departed entry must be [PeerID, int, int, int]")
+        if any(type(v) is not int for v in item[1:]) or not previous < item[0]:
             raise reject("departed entries must be sorted, with int fields")
-        check_uint(item[1], "departed incarnation")
-        check_uint(item[2], "departed epoch")
+        for value, what in zip(item[1:], ("incarnation", "epoch", "activation step"), strict=True):
+            check_uint(value, f"departed {what}")
         previous = item[0]
         try:
-            departed.append(DepartedEntry(peer_id=PeerID(item[0]), incarnation=item[1], epoch=item[2]))
+            departed.append(
+                DepartedEntry(peer_id=PeerID(item[0]), incarnation=item[1], epoch=item[2], activation_step=item[3])
+            )
         except ValueError:
             raise reject("departed entry is not a PeerID") from None
     config = make_configuration(
@@ -607,6 +667,7 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
         params=run_params,
         seed=seed,
         shares=shares,
+        since_steps=since,
         departed=departed,
     )
     if config.digest != digest:
@@ -626,6 +687,7 @@ __all__ = [
     "LinkEntry",
     "MemberEntry",
     "RunParams",
+    "batch_shares",
     "check_operation",
     "compute_shares",
     "decode_configuration",

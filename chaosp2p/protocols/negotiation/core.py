@@ -75,6 +75,8 @@ class MachineCore:
             max_senders=config.max_tracked_senders,
         )
         self._down: dict[bytes, float] = {}
+        self._failed: dict[bytes, tuple[PeerID, int]] = {}
+        """Peers membership reported FAILED/LEFT (and not alive since), with that incarnation."""
         """Peers membership reported failed/left or the driver could not reach (proposer ranking)."""
         self._alive_inc: dict[bytes, int] = {}
         """Highest membership incarnation at which each peer was reported alive."""
@@ -105,6 +107,52 @@ class MachineCore:
         results: tuple[AppliedOp, ...],
     ) -> None:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ steps
+    def _config_for(self, rec: RunRecord, step: int) -> Configuration | None:
+        """The configuration governing ``step`` if this peer takes part in it and it is not gated."""
+        if rec.state not in MEMBER_STATES and rec.state is not RunState.REMOVED:
+            return None
+        gate = rec.gate_step
+        if gate is not None and step >= gate:
+            return None
+        for config in reversed(rec.configs):
+            if config.activation_step <= step:
+                return config if config.takes_part(self.local_peer, step) else None
+        return None
+
+    def _check_stuck(self, now: float, rec: RunRecord) -> None:
+        """Fail every peer membership reported failed that the configuration of our next step still
+        counts on. Usually its FAIL was raised when the failure was reported; this catches the rest:
+        a member that left (or was admitted) for a later step and died before it, or an urgent
+        value whose step came out later than the one we are stuck in."""
+        config = rec.config
+        if not self._failed or rec.state not in MEMBER_STATES or config is None:
+            return
+        step = max(rec.entered, rec.completed + 1, 0)
+        governing = self._config_for(rec, step)
+        if governing is None:
+            return
+        for raw, (peer, observed) in list(self._failed.items()):
+            if rec.pending_fails.get(raw) or not governing.takes_part(peer, step):
+                continue
+            held = config.incarnation_of(peer)
+            if held is None:
+                gone = config.departed_entry(peer)
+                if gone is None:
+                    continue
+                held = gone.incarnation
+            self._raise(now, rec, kind=OpKind.FAIL, subject=peer, incarnation=held, observed_incarnation=observed)
+
+    def _lame_duck(self, rec: RunRecord) -> bool:
+        """Removed, but still training the steps before its removal took effect (a leaver): it keeps
+        learning decisions, since an urgent one may end those steps earlier."""
+        next_step = max(rec.completed + 1, rec.entered)
+        return rec.state is RunState.REMOVED and self._config_for(rec, next_step) is not None
+
+    def _learner(self, rec: RunRecord) -> bool:
+        """Does this peer apply the run's decisions (a member, or a lame duck)?"""
+        return rec.config is not None and (rec.state in MEMBER_STATES or self._lame_duck(rec))
 
     # ------------------------------------------------------------------ pending operations
 
@@ -138,16 +186,21 @@ class MachineCore:
         if op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
             rec.pending_removals[raw] = rec.pending_removals.get(raw, 0) + 1
+            if op.kind is OpKind.FAIL:
+                rec.pending_fails[raw] = rec.pending_fails.get(raw, 0) + 1
 
     def _remove_pending(self, rec: RunRecord, ident: bytes) -> None:
         op = rec.pending.pop(ident, None)
         if op is not None and op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
-            left = rec.pending_removals.get(raw, 0) - 1
-            if left > 0:
-                rec.pending_removals[raw] = left
-            else:
-                rec.pending_removals.pop(raw, None)
+            for counts in (
+                (rec.pending_removals, rec.pending_fails) if op.kind is OpKind.FAIL else (rec.pending_removals,)
+            ):
+                left = counts.get(raw, 0) - 1
+                if left > 0:
+                    counts[raw] = left
+                else:
+                    counts.pop(raw, None)
 
     def _drop_own_pending(self, rec: RunRecord, match: Callable[[Operation], bool]) -> None:
         for ident in [i for i, op in rec.pending.items() if op.origin == self.local_peer and match(op)]:
@@ -186,8 +239,8 @@ class MachineCore:
                 self._reject(rec.run, reason, sender)
                 continue
             if op.kind is OpKind.FAIL:
-                if rec.pending_removals.get(op.subject.raw):
-                    continue  # one removal per subject is enough; others would only cost verifications
+                if rec.pending_fails.get(op.subject.raw):
+                    continue  # one FAIL per subject is enough; others would only cost verifications
                 if self._alive_inc.get(op.subject.raw, -1) > op.observed_incarnation:
                     self._reject(rec.run, "stale_fail", sender)
                     continue

@@ -10,6 +10,8 @@ carries the configuration including them.
 
 from __future__ import annotations
 
+import bisect
+
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.protocols.negotiation.configuration import (
     AppliedOp,
@@ -76,7 +78,7 @@ class Learning(MachineCore):
                 self._offer_configuration(now, rec, msg.configuration, sender, expected_digest=msg.digest)
             return
         config = rec.config
-        if rec.state not in MEMBER_STATES or config is None:
+        if config is None or not self._learner(rec):
             return
         if msg.epoch <= config.epoch:
             return  # a duplicate
@@ -150,11 +152,13 @@ class Learning(MachineCore):
             )
         self._trim_applied(rec)
         self._events.append(ConfigurationCommitted(run=rec.run, configuration=new_config, committed_at=now))
+        if rec.state is RunState.REMOVED:
+            return  # a lame duck only needs the configurations (its last steps may end earlier)
         if was_gated:
             self._events.append(GateReleased(run=rec.run))
         rec.reset_instance()
         if not new_config.has_member(me):
-            self._remove(rec, own_fate or "excluded")
+            self._remove(now, rec, own_fate or "excluded")
             return
         rec.state = transition(rec.state, RunEvent.COMMIT)
         if rec.completed >= new_config.activation_step:
@@ -184,18 +188,24 @@ class Learning(MachineCore):
         for ident, op in list(rec.pending.items()):
             if ident in rec.applied or check_operation(op, config) is not None:
                 self._remove_pending(rec, ident)
+            elif op.kind is OpKind.FAIL and not config.has_member(op.subject):
+                gone = config.departed_entry(op.subject)
+                if gone is None or gone.activation_step <= rec.entered:
+                    self._remove_pending(rec, ident)  # its removal already took effect here
+        self._check_stuck(now, rec)
         if rec.pending:
             # The new epoch ranks proposers differently: hand our pending operations to its best.
             self._announce(rec, tuple(rec.pending.values()))
             self._ops_became_pending(now, rec)
 
-    def _remove(self, rec: RunRecord, reason: str) -> None:
+    def _remove(self, now: float, rec: RunRecord, reason: str) -> None:
         rec.state = transition(rec.state, RunEvent.REMOVE)
         rec.removed_reason = reason
         rec.pending.clear()
         rec.pending_removals.clear()
+        rec.pending_fails.clear()
         rec.reset_instance()
-        rec.sync_at = None
+        rec.sync_at = now + self.config.sync_interval_s if self._lame_duck(rec) else None
         config = rec.config
         step = 0 if config is None else config.activation_step
         self._events.append(RemovedFromRun(run=rec.run, epoch=rec.epoch, reason=reason, activation_step=step))
@@ -205,13 +215,15 @@ class Learning(MachineCore):
     def _send_sync(self, now: float, rec: RunRecord) -> None:
         rec.sync_at = None
         config = rec.config
-        if rec.state not in MEMBER_STATES or config is None:
+        if config is None or not self._learner(rec):
             return
         rec.sync_at = now + self.config.sync_interval_s * self._rng.uniform(0.75, 1.25)
         n = len(config.peers)
-        i = config.index_of(self.local_peer)
-        if n < 2 or i < 0:
+        member = config.has_member(self.local_peer)
+        if n == 0 or (n == 1 and member):
             return
+        # Our ring neighbours; a lame duck (no longer a member) uses the place it would sit at.
+        i = config.index_of(self.local_peer) if member else bisect.bisect_left(config.peers, self.local_peer)
         message = Sync(run=rec.run, epoch=config.epoch, digest=config.digest)
         neighbours = {config.peers[(i + 1) % n], config.peers[(i - 1) % n]}
         for peer in neighbours:
@@ -230,7 +242,7 @@ class Learning(MachineCore):
         if config is None or rec.state is RunState.JOINING:
             return
         if msg.epoch > config.epoch:
-            if rec.state in MEMBER_STATES:
+            if self._learner(rec):
                 self._request_sync(rec, sender)
         elif msg.epoch < config.epoch:
             self._send(sender, self._sync_reply(rec, msg.epoch + 1))
@@ -270,13 +282,13 @@ class Learning(MachineCore):
             if msg.snapshot:
                 self._offer_configuration(now, rec, msg.snapshot, sender, expected_digest=None)
             return
-        if rec.state not in MEMBER_STATES or rec.config is None:
+        if not self._learner(rec):
             return
         if len(msg.commits) > self.config.max_history:
             self._reject(msg.run, "too_many_commits", sender)
             return
         for record in sorted(msg.commits, key=lambda r: r.epoch):
-            if rec.state not in MEMBER_STATES or rec.config is None:
+            if not self._learner(rec):
                 return
             if record.epoch != rec.epoch + 1:
                 continue
@@ -324,7 +336,7 @@ class Learning(MachineCore):
             self._events.append(GateReleased(run=rec.run))
         rec.reset_instance()
         if not config.has_member(self.local_peer):
-            self._remove(rec, "excluded")
+            self._remove(now, rec, "excluded")
             return
         rec.state = transition(rec.state, RunEvent.COMMIT)
         if rec.completed >= config.activation_step:
@@ -351,6 +363,7 @@ class Learning(MachineCore):
         assert join is not None
         sponsor = join.sponsors[join.attempt % len(join.sponsors)]
         join.attempt += 1
+        join.answered = False
         join.request_id = self._send_query(rec.run, sponsor)
         join.retry_at = now + self.config.join_retry_s * self._jitter()
 
@@ -384,10 +397,14 @@ class Learning(MachineCore):
         join = None if rec is None else rec.join
         if rec is None or join is None or rec.state is not RunState.JOINING or msg.request_id != join.request_id:
             return
+        join.answered = True
         if config is None:
             self._join_refused(rec, sender, "not_member")
             return
         join.known = config
+        # The sponsor's progress: a newcomer that ends up proposing has an idea where the run is.
+        rec.peer_entered = max(rec.peer_entered, msg.step)
+        rec.peer_completed = max(rec.peer_completed, msg.step - 1)
         others = [p for p in config.peers if p != sender and p != self.local_peer]
         if others:
             start = self._rng.randrange(len(others))
@@ -425,6 +442,7 @@ class Learning(MachineCore):
         if sender not in rec.join.sponsors:
             self._reject(msg.run, "unsolicited", sender)
             return
+        rec.join.answered = True
         self._join_refused(rec, sender, msg.reason)
 
     def _on_join_request(self, now: float, sender: PeerID, msg: JoinRequest) -> None:
@@ -471,7 +489,8 @@ class Learning(MachineCore):
         rec.reset_instance()
         rec.sync_at = now + self.config.sync_interval_s * self._rng.uniform(0.5, 1.5)
         self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
-        self._events.append(Admitted(run=rec.run, configuration=config, activation_step=config.activation_step))
+        since = config.since_steps[config.index_of(self.local_peer)]
+        self._events.append(Admitted(run=rec.run, configuration=config, activation_step=since))
 
     def _on_announce(self, now: float, sender: PeerID, msg: OpsAnnounce) -> None:
         rec = self._runs.get(msg.run)

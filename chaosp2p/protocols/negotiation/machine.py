@@ -156,6 +156,10 @@ class NegotiationMachine(PaxosRoles, Learning):
             if join is not None and join.retry_at is not None and join.retry_at <= now:
                 join.retry_at = None
                 if rec.state is RunState.JOINING:
+                    if not join.answered:
+                        # Tell the training layer (it may know other members) and try the next.
+                        sponsor = join.sponsors[(join.attempt - 1) % len(join.sponsors)]
+                        self._join_refused(rec, sponsor, "no_answer")
                     self._join_attempt(now, rec)
 
     def next_deadline(self) -> float | None:
@@ -185,10 +189,13 @@ class NegotiationMachine(PaxosRoles, Learning):
         self._mark_down(peer, now)
         for rec in self._runs.values():
             join = rec.join
-            if rec.state is RunState.JOINING and join is not None and join.sponsors:
+            if rec.state is RunState.JOINING and join is not None and join.sponsors and not join.answered:
                 current = join.sponsors[(join.attempt - 1) % len(join.sponsors)]
                 if current == peer:
-                    self._join_attempt(now, rec)
+                    # The next sponsor is tried when the retry timer fires (no tight loop over
+                    # dead sponsors); the training layer may also name another one at once.
+                    join.answered = True
+                    self._join_refused(rec, peer, "unreachable")
 
     # ================================================================== public API
 
@@ -245,6 +252,7 @@ class NegotiationMachine(PaxosRoles, Learning):
         rec.configs.clear()
         rec.pending.clear()
         rec.pending_removals.clear()
+        rec.pending_fails.clear()
         rec.reset_instance()
         rec.sync_at = None
         self._join_attempt(now, rec)
@@ -262,8 +270,11 @@ class NegotiationMachine(PaxosRoles, Learning):
         if peer == self.local_peer:
             return
         raw = peer.raw
+        if incarnation < self._alive_inc.get(raw, -1):
+            return  # news older than what we already know (it refuted since)
         if state in (MemberState.ALIVE, MemberState.SUSPECT):
             self._down.pop(raw, None)
+            self._failed.pop(raw, None)
             if state is MemberState.ALIVE and incarnation > self._alive_inc.get(raw, -1):
                 if len(self._alive_inc) >= self.config.max_tracked_senders:
                     self._alive_inc.pop(next(iter(self._alive_inc)))
@@ -272,14 +283,21 @@ class NegotiationMachine(PaxosRoles, Learning):
                     self._drop_stale_fails(rec, peer, incarnation)
             return
         self._mark_down(peer, now)
+        if len(self._failed) >= self.config.max_tracked_senders:
+            self._failed.pop(next(iter(self._failed)))
+        self._failed[raw] = (peer, incarnation)
         for rec in list(self._runs.values()):
             config = rec.config
             if rec.state not in MEMBER_STATES or config is None:
                 continue
             held = config.incarnation_of(peer)
-            if held is None or rec.pending_removals.get(raw):
-                continue
-            self._raise(now, rec, kind=OpKind.FAIL, subject=peer, incarnation=held, observed_incarnation=incarnation)
+            if held is not None and not rec.pending_fails.get(raw):
+                self._raise(
+                    now, rec, kind=OpKind.FAIL, subject=peer, incarnation=held, observed_incarnation=incarnation
+                )
+            # A member that left (or was admitted) for a later step still holds up the steps
+            # before it if it died: _check_stuck fails it as long as our next step counts on it.
+            self._check_stuck(now, rec)
 
     def link_changed(
         self, now: float, a: PeerID, b: PeerID, *, up: bool, bandwidth_bytes_per_s: float = 0.0, rtt_s: float = 0.0
@@ -358,6 +376,7 @@ class NegotiationMachine(PaxosRoles, Learning):
                 if self.config_for_step(run, entered) is None:
                     raise LocalProtocolError(f"negotiation: step {entered} of {run!r} is gated or not ours")
                 rec.entered = entered
+                self._check_stuck(now, rec)
         if completed is not None:
             if not 0 <= completed <= MAX_STEP:
                 raise LocalProtocolError(f"negotiation: step {completed} out of range")
@@ -374,19 +393,13 @@ class NegotiationMachine(PaxosRoles, Learning):
     def config_for_step(self, run: str, step: int) -> Configuration | None:
         """The configuration governing ``step``, or None if the step is gated or not ours.
 
-        The governing configuration is the newest committed one whose activation step is <= step.
+        The governing configuration is the newest committed one whose activation step is <= step;
+        this peer must take part in it at ``step`` (``Configuration.takes_part``): a newcomer starts
+        at its ``since_step``. The all-reduce group of the step is ``participants(step)``.
         A removed peer (a leaver) still gets the configurations of the steps before its removal.
         """
         rec = self._runs.get(run)
-        if rec is None or (rec.state not in MEMBER_STATES and rec.state is not RunState.REMOVED):
-            return None
-        gate = rec.gate_step
-        if gate is not None and step >= gate:
-            return None
-        for config in reversed(rec.configs):
-            if config.activation_step <= step:
-                return config if config.has_member(self.local_peer) else None
-        return None
+        return None if rec is None else self._config_for(rec, step)
 
     def configuration(self, run: str) -> Configuration | None:
         """The newest configuration this peer holds for ``run`` (None while joining)."""

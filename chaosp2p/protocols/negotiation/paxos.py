@@ -80,6 +80,8 @@ class JoinRecord:
     request_id: int = 0
     known: Configuration | None = None
     """The configuration the last RUN_INFO reported."""
+    answered: bool = False
+    """The current attempt's sponsor answered (RUN_INFO or a refusal)."""
 
 
 @dataclass(slots=True)
@@ -98,6 +100,8 @@ class RunRecord:
     pending: dict[bytes, Operation] = field(default_factory=dict)
     pending_removals: dict[bytes, int] = field(default_factory=dict)
     """Subject raw id -> number of pending FAIL/LEAVE ops about it."""
+    pending_fails: dict[bytes, int] = field(default_factory=dict)
+    """Subject raw id -> number of pending FAIL ops about it."""
     incarnation: int = 0
     """Our own incarnation in this run."""
     # acceptor state of the open instance (epoch config.epoch + 1)
@@ -191,16 +195,24 @@ def activation_step(
     margin = 1 + ceil(decision_estimate_s / step_time_s), decision_estimate_s = 4 x the slowest RTT
     in the link snapshot (default_rtt_s if none is known) + decision_floor_s, step_time_s the
     median reported; ``default_margin_steps`` if no step time is known. An urgent batch (a FAIL)
-    uses margin 0 and no lower bound from C_e: S = max(max(entered), max(completed) + 1), so the
-    survivors redo the step the failed member left stuck.
+    uses S = max(completed) + 1 and no lower bound from C_e, so the survivors redo the step the
+    failed member left stuck. (Not max(entered): a newcomer enters its admission step at once,
+    before the old members finished the steps before it.)
     """
     max_entered = max(entered, default=-1)
     max_completed = max(completed, default=-1)
     if is_urgent(ops):
-        # No lower bound from C_e: if C_e activates later than the stuck step, the urgent value
-        # supersedes it (the configuration governing a step is the newest one activating at or
-        # before it), otherwise the survivors would wait forever under the old configuration.
-        return max(max_entered, max_completed + 1, 0)
+        if max_completed < 0:
+            # Nobody we heard from completed a step (only fresh newcomers answered, or the run
+            # has not started): the furthest anyone got. If old members are in fact stuck earlier,
+            # they raise the FAIL again and get an earlier S (``_check_stuck``).
+            return max(max_entered, 0)
+        # The first step nobody completed: the survivors redo it without the failed member. No
+        # lower bound from C_e: if C_e activates later, the urgent value supersedes it (the
+        # configuration governing a step is the newest one activating at or before it; members
+        # it admitted keep their later since_step), otherwise the survivors would wait forever
+        # under a configuration that counts on the failed member.
+        return max(max_completed + 1, 0)
     else:
         times = [t for t in step_times if t > 0.0]
         if times:

@@ -79,8 +79,14 @@ class PaxosRoles(MachineCore):
             and not rec.proposer.fast_used
             and rec.promised is None
             and rec.accepted_value is None
+            # An urgent S is the first uncompleted step: without progress of our own (a fresh
+            # newcomer) ask a quorum for theirs in phase 1 instead of guessing.
+            and not (self._urgent_pending(rec) and rec.completed < 0 and rec.peer_completed < 0)
         )
         self._start_proposal(now, rec, fast=fast)
+
+    def _urgent_pending(self, rec: RunRecord) -> bool:
+        return bool(rec.pending_fails)
 
     def _start_proposal(self, now: float, rec: RunRecord, *, fast: bool) -> None:
         config = rec.config
@@ -238,6 +244,10 @@ class PaxosRoles(MachineCore):
         record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest)
         plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest)
         self._broadcast(config.peers, plain)
+        # Members that left but still train steps this value now governs must learn it too.
+        lame = [d.peer_id for d in config.departed if d.activation_step > value.activation_step]
+        if lame:
+            self._broadcast(lame, plain)
         newcomers = [p for p in new_config.peers if not config.has_member(p)]
         if newcomers:
             full = Commit(

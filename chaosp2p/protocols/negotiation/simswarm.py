@@ -37,6 +37,7 @@ from chaosp2p.protocols.negotiation.configuration import Configuration, RunParam
 from chaosp2p.protocols.negotiation.events import (
     Admitted,
     ConfigurationCommitted,
+    JoinRefused,
     NegotiationEvent,
     OperationCommitted,
     RemovedFromRun,
@@ -376,6 +377,10 @@ class NegotiationSwarm:
                 self.removals.append((self.net.now, peer_id, event))
             elif isinstance(event, OperationCommitted):
                 self.op_events.append((self.net.now, peer_id, event))
+            elif isinstance(event, JoinRefused):
+                # As a training layer would: ask another member it knows of.
+                self._oracle.at(self.net.now + 0.01, functools.partial(self._retry_join, peer))
+                self.net.poke(self._oracle_id)
         self._train(peer)
 
     def _exit(self, peer: PeerID, now: float) -> None:
@@ -383,6 +388,18 @@ class NegotiationSwarm:
         inc = self.peers[peer].membership_incarnation
         for other in self.running():
             self._schedule_observe(other, peer, MemberState.LEFT, inc)
+
+    def _retry_join(self, peer: SwarmPeer, now: float) -> None:
+        if not peer.running or peer.machine.run_status(self.run).state is not RunState.JOINING:
+            return
+        members = self.members()
+        if members:
+            sponsor = self.random.choice(members)
+            throughput = 1.0
+            self.call(
+                peer.peer_id,
+                lambda m, t: m.request_join(t, self.run, sponsor, incarnation=peer.joins, throughput=throughput),
+            )
 
     def _rejoin(self, peer: SwarmPeer, now: float) -> None:
         if peer.running and peer.machine.run_status(self.run).state is RunState.REMOVED:
@@ -442,7 +459,7 @@ class NegotiationSwarm:
         trainer.in_step = key
         group = self._groups_in_step.setdefault(key, set())
         group.add(peer.peer_id)
-        if len(group) == len(config.peers) and key not in self._pending_groups:
+        if len(group) == len(config.participants(k)) and key not in self._pending_groups:
             self._maybe_complete(config, k)
 
     def _leave_group(self, peer: SwarmPeer) -> None:
@@ -457,7 +474,7 @@ class NegotiationSwarm:
 
     def _maybe_complete(self, config: Configuration, k: int) -> None:
         key = (k, config.digest)
-        for p in config.peers:
+        for p in config.participants(k):
             record = self.peers.get(p)
             if record is None or not record.running or record.trainer.in_step != key:
                 return
@@ -468,7 +485,7 @@ class NegotiationSwarm:
     def _complete(self, config: Configuration, k: int) -> None:
         key = (k, config.digest)
         self._pending_groups.discard(key)
-        records = [self.peers.get(p) for p in config.peers]
+        records = [self.peers.get(p) for p in config.participants(k)]
         for record in records:
             if record is None or not record.running or record.trainer.in_step != key:
                 return

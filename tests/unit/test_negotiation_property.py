@@ -1,0 +1,172 @@
+"""Property test: random interleavings of joins, leaves, crashes, link changes, throughput changes,
+message loss, duplication and reordering, and partitions, over 8+ simulated peers that train with
+the all-reduce oracle (``simswarm``). After every rule the safety invariants must hold; once faults
+stop and the network heals (a majority of every configuration is alive by construction), every
+running peer must agree on one configuration made of exactly the running peers.
+
+Invariants (``NegotiationSwarm.violations``):
+* no two configurations for one epoch, anywhere (peers that crashed or were removed included);
+* each peer's epochs strictly increase; the configuration in force for its next step never goes
+  back in (epoch, activation step);
+* every completed step k was completed under the configuration that the final chain says governs
+  k -- so all members of C_e switched at its activation step and no decision came too late;
+* no ResyncNeeded (with the all-reduce oracle a late member cannot exist).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from chaosp2p.protocols.negotiation import NegotiationConfig, RunParams
+from chaosp2p.protocols.negotiation.configuration import quorum
+from chaosp2p.protocols.negotiation.simswarm import NegotiationSwarm
+from chaosp2p.sim.network import LinkProfile
+from chaosp2p.wire.identity import PeerID
+
+MAX_PEERS = 14
+CONFIG = dataclasses.replace(NegotiationConfig.local(), max_history=8)  # small: snapshots get exercised
+
+
+class NegotiationProperties(RuleBasedStateMachine):
+    """One simulated run under random faults; see the module docstring."""
+
+    swarm: NegotiationSwarm
+
+    @initialize(seed=st.integers(min_value=0, max_value=2**16), jitter=st.sampled_from([0.0, 0.002, 0.01]))
+    def start(self, seed: int, jitter: float) -> None:
+        self.swarm = NegotiationSwarm(
+            config=CONFIG,
+            seed=seed,
+            params=RunParams(global_batch=64),
+            link=LinkProfile(latency_s=0.001, jitter_s=jitter),
+            step_time_s=0.03,
+        )
+        self.swarm.found()
+        self.swarm.grow(7, spacing_s=0.01)
+        assert self.swarm.run_until(self.swarm.converged, timeout_s=20.0) is not None
+        self.partitioned = False
+
+    # ------------------------------------------------------------------ helpers
+    def _latest(self) -> list[PeerID]:
+        swarm = self.swarm
+        return list(swarm.configs[max(swarm.configs)].peers)
+
+    def _may_lose(self, peer: PeerID) -> bool:
+        """Would a majority of the newest configuration stay alive without ``peer``?"""
+        swarm = self.swarm
+        latest = self._latest()
+        alive = {p for p in swarm.running() if not swarm.peers[p].leaving} - {peer}
+        return len(alive & set(latest)) >= quorum(swarm.configs[max(swarm.configs)])
+
+    def _pick(self, data: st.DataObject, peers: list[PeerID]) -> PeerID | None:
+        return data.draw(st.sampled_from(peers)) if peers else None
+
+    # ------------------------------------------------------------------ rules
+    @precondition(lambda self: len(self.swarm.peers) < MAX_PEERS)
+    @rule()
+    def join(self) -> None:
+        self.swarm.spawn()
+
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        swarm = self.swarm
+        members = [p for p in swarm.members() if not swarm.peers[p].leaving and self._may_lose(p)]
+        peer = self._pick(data, members)
+        if peer is not None and len(members) > 2:
+            swarm.leave(peer)
+
+    @rule(data=st.data())
+    def crash(self, data: st.DataObject) -> None:
+        swarm = self.swarm
+        peer = self._pick(data, [p for p in swarm.running() if self._may_lose(p)])
+        if peer is not None:
+            swarm.crash(peer)
+
+    @rule(data=st.data(), up=st.booleans(), bandwidth=st.sampled_from([0.0, 1e8, 1e9, 1e10]))
+    def link_change(self, data: st.DataObject, up: bool, bandwidth: float) -> None:
+        swarm = self.swarm
+        members = swarm.members()
+        if len(members) < 2:
+            return
+        a = data.draw(st.sampled_from(members))
+        b = data.draw(st.sampled_from([p for p in members if p != a]))
+        swarm.call(a, lambda m, now: m.link_changed(now, a, b, up=up, bandwidth_bytes_per_s=bandwidth, rtt_s=0.001))
+
+    @rule(data=st.data(), rate=st.sampled_from([0.5, 1.0, 4.0]))
+    def throughput(self, data: st.DataObject, rate: float) -> None:
+        swarm = self.swarm
+        peer = self._pick(data, [p for p in swarm.members() if not swarm.peers[p].leaving])
+        if peer is not None:
+            swarm.call(peer, lambda m, now: m.set_throughput(now, swarm.run, rate))
+
+    @rule(loss=st.sampled_from([0.0, 0.05, 0.2]), duplicate=st.sampled_from([0.0, 0.1]))
+    def network_quality(self, loss: float, duplicate: float) -> None:
+        self.swarm.set_loss(loss)
+        self.swarm.duplicate = duplicate
+
+    @precondition(lambda self: not self.partitioned)
+    @rule(data=st.data())
+    def partition(self, data: st.DataObject) -> None:
+        running = self.swarm.running()
+        side = data.draw(st.lists(st.sampled_from(running), unique=True, max_size=len(running)))
+        self.swarm.partition([side, [p for p in running if p not in side]])
+        self.partitioned = True
+
+    @precondition(lambda self: self.partitioned)
+    @rule()
+    def heal(self) -> None:
+        self.swarm.heal()
+        self.partitioned = False
+
+    @rule(seconds=st.sampled_from([0.005, 0.05, 0.3, 1.0]))
+    def advance(self, seconds: float) -> None:
+        self.swarm.run_for(seconds)
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def safety(self) -> None:
+        assert self.swarm.problems == []
+
+    def teardown(self) -> None:
+        swarm = getattr(self, "swarm", None)
+        if swarm is None:
+            return
+        swarm.heal()
+        swarm.set_loss(0.0)
+        swarm.duplicate = 0.0
+        took = swarm.run_until(swarm.converged, timeout_s=60.0, step_s=0.1)
+        assert took is not None, _describe(swarm)
+        swarm.run_for(1.0)  # keep training a little under the final configuration
+        assert swarm.violations() == []
+        final = swarm.agreed()
+        assert final is not None
+        crashed = {p for p, r in swarm.peers.items() if not r.running}
+        assert not crashed & set(final.peers)
+
+
+def _describe(swarm: NegotiationSwarm) -> str:
+    lines = []
+    for p, r in swarm.peers.items():
+        if swarm.run not in r.machine.runs():
+            continue
+        s = r.machine.run_status(swarm.run)
+        lines.append(
+            f"{r.index} running={r.running} leaving={r.leaving} {s.state.name} epoch={s.epoch} "
+            f"S={s.activation_step} step={s.step} gate={s.gate_step} pending={len(s.pending)} "
+            f"proposer={s.proposer.name} members={len(s.members)} trainer={r.trainer.next_step}"
+        )
+    return "\n".join(lines)
+
+
+NegotiationProperties.TestCase.settings = settings(
+    max_examples=int(os.environ.get("NEGOTIATION_EXAMPLES", "12")),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestNegotiationProperties = NegotiationProperties.TestCase
