@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import anyio
 import click
+from rich.markup import escape
 
 from chaosp2p.cli_common import announce_ready, fail, load_config, peer_options, setup_logging
 from chaosp2p.dashboard.config import DashboardConfig
@@ -45,9 +46,9 @@ def dashboard_config(http: str | None, token: str | None, *, role: str) -> Dashb
         config = DashboardConfig.from_bind(http, token=token or None, role=role)
         import chaosp2p.dashboard.server  # noqa: F401  (fail now, not after joining, if the extra is missing)
     except ConfigError as exc:
-        fail(str(exc))
+        fail(escape(str(exc)))
     except ImportError:
-        fail(INSTALL_HINT)
+        fail(escape(INSTALL_HINT))
     return config
 
 
@@ -123,7 +124,7 @@ def dashboard(
     except ChaosError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(f"cannot serve the dashboard on {http}: {exc}")
+        fail(escape(f"cannot serve the dashboard on {http}: {exc}"))
 
 
 async def _run_observer(config: PeerConfig, settings: DashboardConfig | None, ready_file: str | None) -> None:

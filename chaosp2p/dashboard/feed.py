@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import math
@@ -43,6 +44,7 @@ from chaosp2p.clock import Clock
 from chaosp2p.dashboard.config import DashboardConfig
 from chaosp2p.errors import ChaosError
 from chaosp2p.protocols.membership import LinkView, Member, Topology
+from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.dashboard")
 
@@ -52,6 +54,8 @@ MAX_DEPTH = 4
 MAX_MEMBERS = 1024
 """Members beyond this are left out of a view (and counted): the page stays responsive."""
 MAX_LINKS = 4096
+MAX_FEED_CPU_SHARE_INVERSE = 9.0
+"""After a view that took t seconds to build, wait at least 9 t: the feed takes at most ~10% of the loop."""
 
 
 class TooManyClients(ChaosError):
@@ -59,6 +63,12 @@ class TooManyClients(ChaosError):
 
 
 # ------------------------------------------------------------------------------------- JSON values
+@functools.lru_cache(maxsize=16384)
+def peer_text(peer: PeerID) -> str:
+    """``str(peer)``, remembered: base58 dominates the cost of a view otherwise (~90% at 1000 members)."""
+    return str(peer)
+
+
 def json_value(value: Any, depth: int = 0) -> Any:
     """``value`` as bounded JSON data: dataclasses become objects, enums their values, ids strings."""
     if isinstance(value, enum.Enum):  # text values as they are (MemberState), numbered ones by name (OpKind)
@@ -71,6 +81,8 @@ def json_value(value: Any, depth: int = 0) -> Any:
         return value[:MAX_STRING_CHARS]
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value[: MAX_STRING_CHARS // 2]).hex()
+    if isinstance(value, PeerID):
+        return peer_text(value)
     text_form: object = type(value).__str__
     if text_form is not object.__str__:  # ids and addresses (PeerID, Multiaddr) have a text form
         return str(value)[:MAX_STRING_CHARS]
@@ -154,7 +166,7 @@ def gather_view(node: Any, *, role: str, wall: Callable[[], float] = time.time) 
     connections: dict[str, PeerConnectionView] = {}
     host = getattr(node, "host", None)
     for connection in host.connections() if host is not None else ():
-        key = str(connection.remote_peer)
+        key = peer_text(connection.remote_peer)
         if key in connections:
             continue
         hello = connection.remote_hello
@@ -185,7 +197,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _member_json(member: Member, view: SwarmView, link_rtt_s: Mapping[str, float | None]) -> dict[str, Any]:
-    peer = str(member.peer_id)
+    peer = peer_text(member.peer_id)
     connection = view.connections.get(peer)
     agent = view.agent if member.is_local else (connection.agent if connection else None)
     rtt_s = link_rtt_s.get(peer)  # our overlay link's smoothed RTT, else the connection's
@@ -210,7 +222,7 @@ def snapshot_body(view: SwarmView) -> dict[str, Any]:
     """The snapshot's content without its timestamp (compared to decide whether to send)."""
     members = view.members[:MAX_MEMBERS]
     links = view.links[:MAX_LINKS]
-    own_rtt_s = {str(link.target): link.rtt_s for link in view.links if str(link.source) == view.peer_id}
+    own_rtt_s = {peer_text(link.target): link.rtt_s for link in links if peer_text(link.source) == view.peer_id}
     return {
         "self": {
             "peer_id": view.peer_id,
@@ -221,8 +233,8 @@ def snapshot_body(view: SwarmView) -> dict[str, Any]:
         "members": [_member_json(m, view, own_rtt_s) for m in members],
         "links": [
             {
-                "source": str(link.source),
-                "target": str(link.target),
+                "source": peer_text(link.source),
+                "target": peer_text(link.target),
                 "up": link.up,
                 "rtt_ms": _ms(link.rtt_s),
                 "bandwidth_bytes_per_s": json_value(link.bandwidth_bytes_per_s),
@@ -235,12 +247,15 @@ def snapshot_body(view: SwarmView) -> dict[str, Any]:
     }
 
 
-def snapshot_message(view: SwarmView, *, stats: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The JSON ``snapshot`` message for ``view`` (see the README's Dashboard section)."""
-    body = snapshot_body(view)
-    body["time"] = round(view.wall, 3)
-    body["feed"] = dict(stats or {})
-    return body
+def snapshot_message(
+    view: SwarmView, *, stats: Mapping[str, int] | None = None, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON ``snapshot`` message for ``view``: its body plus the time and the feed's counters."""
+    return {
+        **(body if body is not None else snapshot_body(view)),
+        "time": round(view.wall, 3),
+        "feed": dict(stats or {}),
+    }
 
 
 def _record_json(record: Any, view: SwarmView) -> dict[str, Any]:
@@ -441,11 +456,12 @@ class DashboardFeed:
     def refresh(self) -> bool:
         """Build a snapshot; broadcast it if it differs from the last one. True if it was sent."""
         view = self._view()
-        key = json.dumps(snapshot_body(view), sort_keys=True, default=str)
+        body = snapshot_body(view)
+        key = json.dumps(body, ensure_ascii=True, separators=(",", ":"), allow_nan=False)  # built in a fixed order
         if key == self._snapshot_key and self._snapshot_frame is not None:
             return False
         self._snapshot_key = key
-        self._snapshot_frame = encode_frame("snapshot", snapshot_message(view, stats=self.stats()))
+        self._snapshot_frame = encode_frame("snapshot", snapshot_message(view, stats=self.stats(), body=body))
         self.snapshots_sent += 1
         for client in self._clients:
             client.offer_snapshot(self._snapshot_frame)
@@ -494,9 +510,15 @@ class DashboardFeed:
             self._changed = False
             if self._closed:
                 return
+            if not self._clients:
+                self._snapshot_frame = None  # nobody watches: build nothing; a new page gets a fresh view
+                continue
+            started = time.perf_counter()
             self.refresh()
-            # Bursts of events (a partition, a mass join) coalesce into one view per spacing.
-            await anyio.sleep(self.config.min_snapshot_spacing_s)
+            cost_s = time.perf_counter() - started
+            # Bursts of events (a partition, a mass join) coalesce into one view per spacing, and a
+            # view that is costly to build (thousands of members) is built at most ~1/10 of the time.
+            await anyio.sleep(max(self.config.min_snapshot_spacing_s, MAX_FEED_CPU_SHARE_INVERSE * cost_s))
 
     def close(self) -> None:
         """Stop producing and end every client's stream."""
