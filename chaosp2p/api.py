@@ -68,7 +68,7 @@ class AsyncPeer(Node):
     async def aclose(self) -> None:
         """Leave every training run and the swarm, then stop (also done when ``open_peer`` ends)."""
         for collaboration in self.training.collaborations():
-            await collaboration.leave(timeout_s=1.0)
+            await collaboration.leave(timeout_s=5.0)
         await super().aclose()
 
     async def serve_state(self, store: SnapshotCatalog, *, runs: Iterable[str] = ()) -> None:

@@ -45,6 +45,12 @@ from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.negotiation")
 
+ROUTINE_REJECTIONS = frozenset({"stale_ballot", "old_epoch", "stale_fail", "unsolicited", "replayed"})
+"""Refusals that concurrent proposers and late messages cause all the time (logged at debug)."""
+LINK_SETTLE_INTERVALS = 10
+"""A link change becomes an operation once it held for this many heartbeat intervals: flapping
+heartbeats on a loaded host would otherwise make a new configuration every few steps."""
+
 
 class RunRemoved(ChaosError):
     """This peer is no longer a member of the run (removed while partitioned, or it left)."""
@@ -63,6 +69,7 @@ class NegotiationService:
         task_group: anyio.abc.TaskGroup,
         publish: Callable[[Any], None],
         resolve: Callable[[PeerID], list[Multiaddr]],
+        link_settle_s: float,
     ) -> None:
         self._clock = clock
         self._publish = publish
@@ -81,12 +88,16 @@ class NegotiationService:
         self._changed = anyio.Event()
         self._run_info: dict[tuple[str, PeerID], RunInfo] = {}
         self._admitted: dict[str, Configuration] = {}
-        self._removed: dict[str, str] = {}
+        self._removed: dict[str, tuple[str, int]] = {}  # run -> (reason, first step we are not part of)
         self._resync: dict[str, int] = {}
+        self._task_group = task_group
+        self._link_settle_s = link_settle_s
+        self._link_changes: dict[PeerID, tuple[bool, float, float]] = {}  # peer -> (up, since, rtt)
 
     def start(self) -> None:
-        """Start the machine's timers."""
+        """Start the machine's timers and the link-change settling loop."""
         self.driver.start()
+        self._task_group.start_soon(self._settle_links, name="chaosp2p negotiation links")
 
     # ------------------------------------------------------------------ membership feed
     def observe(self, event: Any) -> None:
@@ -98,11 +109,23 @@ class NegotiationService:
         elif isinstance(event, PeerJoined):
             self.driver.call(self.machine.observe_member, event.peer, MemberState.ALIVE, event.incarnation)
         elif isinstance(event, LinkUp):
-            local = self.machine.local_peer
-            self.driver.call(lambda now: self.machine.link_changed(now, local, event.peer, up=True, rtt_s=event.rtt_s))
+            self._link_changes[event.peer] = (True, self._clock.now(), event.rtt_s)
         elif isinstance(event, LinkDown):
-            local = self.machine.local_peer
-            self.driver.call(lambda now: self.machine.link_changed(now, local, event.peer, up=False))
+            self._link_changes[event.peer] = (False, self._clock.now(), 0.0)
+
+    async def _settle_links(self) -> None:
+        """Turn link changes that held for ``link_settle_s`` into LINK_UP / LINK_DOWN operations."""
+        local = self.machine.local_peer
+        while True:
+            await anyio.sleep(self._link_settle_s / 2)
+            now = self._clock.now()
+            for peer, (up, since, rtt) in list(self._link_changes.items()):
+                if now - since < self._link_settle_s:
+                    continue
+                del self._link_changes[peer]
+                self.driver.call(
+                    lambda now, p=peer, u=up, r=rtt: self.machine.link_changed(now, local, p, up=u, rtt_s=r)
+                )
 
     # ------------------------------------------------------------------ runs
     def create_run(self, run: str, params: RunParams) -> Configuration:
@@ -129,13 +152,26 @@ class NegotiationService:
         """Explicit connect-link / disconnect-link between two members (one of them is this peer)."""
         self.driver.call(lambda now: self.machine.link_changed(now, a, b, up=up))
 
-    async def leave(self, run: str, *, timeout_s: float) -> bool:
-        """Announce that this peer leaves ``run``; wait (bounded) until the run committed it."""
+    def announce_leave(self, run: str) -> bool:
+        """Tell the run this peer leaves; False if it is no longer a member anyway.
+
+        The peer stays a member until the run commits the leave at an agreed step: until then it
+        must keep taking part in the averaging rounds (the collaboration does, with zero weight).
+        """
         if self.machine.configuration(run) is None or run in self._removed:
-            return True
+            return False
         try:
             self.driver.call(self.machine.leave, run)
         except LocalProtocolError:  # no longer a member (removed while we were not looking)
+            return False
+        return True
+
+    async def leave(self, run: str, *, timeout_s: float) -> bool:
+        """Announce that this peer leaves ``run``; wait (bounded) until the run committed it.
+
+        For a peer that does not train (a training member uses the collaboration's ``leave``).
+        """
+        if not self.announce_leave(run):
             return True
         with anyio.move_on_after(timeout_s):
             while run in self.machine.runs() and run not in self._removed:
@@ -170,8 +206,9 @@ class NegotiationService:
     async def configuration_for_step(self, run: str, step: int) -> Configuration:
         """The configuration governing ``step``; waits while a pending change gates it."""
         while True:
-            if run in self._removed:
-                raise RunRemoved(f"this peer was removed from run {run!r}: {self._removed[run]}")
+            removed = self._removed.get(run)
+            if removed is not None and step >= removed[1]:
+                raise RunRemoved(f"this peer was removed from run {run!r} from step {removed[1]}: {removed[0]}")
             found = self.machine.config_for_step(run, step)
             if found is not None:
                 return found
@@ -183,7 +220,13 @@ class NegotiationService:
 
     def removed_reason(self, run: str) -> str | None:
         """Why this peer was removed from ``run``, if it was."""
-        return self._removed.get(run)
+        removed = self._removed.get(run)
+        return None if removed is None else removed[0]
+
+    def removed_from_step(self, run: str) -> int | None:
+        """The first step of ``run`` this peer no longer takes part in, if it was removed."""
+        removed = self._removed.get(run)
+        return None if removed is None else removed[1]
 
     def forget_removal(self, run: str) -> None:
         """Clear a removal (before rejoining the run as a newcomer)."""
@@ -207,8 +250,9 @@ class NegotiationService:
         elif isinstance(event, JoinRefused):
             log.info("joining run %r: %s refused (%s); asking another member", event.run, event.sponsor, event.reason)
         elif isinstance(event, RemovedFromRun):
-            self._removed[event.run] = event.reason
-            log.warning("removed from run %r: %s", event.run, event.reason)
+            self._removed[event.run] = (event.reason, event.activation_step)
+            level = logging.INFO if event.reason == "left" else logging.WARNING
+            log.log(level, "no longer in run %r from step %d: %s", event.run, event.activation_step, event.reason)
         elif isinstance(event, ResyncNeeded):
             self._resync[event.run] = event.step
             log.warning("run %r: state from step %d must be reloaded", event.run, event.step)
@@ -223,7 +267,8 @@ class NegotiationService:
                 (event.committed_at - event.proposed_at) * 1e3,
             )
         elif isinstance(event, OperationRejected):
-            log.warning("run %r: rejected an operation from %s: %s", event.run, event.origin, event.reason)
+            level = logging.DEBUG if event.reason in ROUTINE_REJECTIONS else logging.WARNING
+            log.log(level, "run %r: refused a message from %s: %s", event.run, event.origin, event.reason)
         elif isinstance(event, ConfigurationCommitted):
             log.debug("run %r: configuration %d committed", event.run, event.configuration.epoch)
         self._publish(event)

@@ -34,7 +34,7 @@ from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub, Subscription
 from chaosp2p.runtime.membership_service import MembershipService
-from chaosp2p.runtime.negotiation_service import NegotiationService
+from chaosp2p.runtime.negotiation_service import LINK_SETTLE_INTERVALS, NegotiationService
 from chaosp2p.runtime.status import (
     STATUS_CODEC,
     ConnectionInfo,
@@ -130,6 +130,7 @@ class Node:
             task_group=task_group,
             publish=self._events.publish,
             resolve=self._dial_addrs,
+            link_settle_s=LINK_SETTLE_INTERVALS * config.membership.heartbeat_interval_s,
         )
 
     def start(self) -> None:

@@ -54,7 +54,7 @@ class Collaboration:
         """Average this step's gradients among the members and step the optimizer."""
         return self._peer._call(self._collab.step, samples)  # type: ignore[no-any-return]
 
-    def leave(self, timeout: float = 5.0) -> None:
+    def leave(self, timeout: float = 30.0) -> None:
         """Leave the run gracefully (the members go on without this peer)."""
         self._peer._call(partial(self._collab.leave, timeout_s=timeout))
 

@@ -35,6 +35,7 @@ collaboration turns that into training:
 from __future__ import annotations
 
 import logging
+import math
 import statistics as stats_module
 from collections import deque
 from collections.abc import Callable
@@ -73,6 +74,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("chaosp2p.training")
 
 _STEP_TIME_WINDOW = 16
+
+
+def _discard(update: np.ndarray) -> None:
+    """What a leaving member does with the rounds' results: nothing (it takes no further steps)."""
 
 
 class TrainingError(ChaosError):
@@ -125,6 +130,9 @@ class AsyncCollaboration:
         self.snapshots = SnapshotWaiters()
         self._local = np.zeros(self.flat.numel, dtype=np.float32)
         self._step_times: deque[float] = deque(maxlen=_STEP_TIME_WINDOW)
+        # Rounds that failed, per (step, configuration digest): a failed round is final, so a retry
+        # under the same configuration is a new round (the count is its attempt number).
+        self._failed_rounds: dict[tuple[int, bytes], int] = {}
         self._history: deque[tuple[int, bytes, int, np.ndarray]] = deque(maxlen=config.update_history)
         self._throughput: float | None = None
         self._last_end: float | None = None
@@ -153,6 +161,11 @@ class AsyncCollaboration:
             raise LocalProtocolError(f"this peer takes no part in run {self.run!r} (start() first)")
         return found
 
+    @staticmethod
+    def _participants(config: Configuration, step: int) -> list[PeerID]:
+        """The round's members in ring order: the configuration's members taking part in ``step``."""
+        return [peer for peer in ring_order(config) if config.takes_part(peer, step)]
+
     def _governing(self) -> Configuration:
         """The configuration for the next step as far as known now (the newest one if it is gated)."""
         found = self.peer.negotiation.machine.config_for_step(self.run, self.step_index)
@@ -172,7 +185,7 @@ class AsyncCollaboration:
         config = self._governing()
         shares = {m.peer_id: int(m.batch_share) for m in config.members}
         start = 0
-        for peer in ring_order(config):
+        for peer in self._participants(config, self.step_index):
             if peer == self.peer.peer_id:
                 return start, start + shares[peer]
             start += shares[peer]
@@ -181,17 +194,18 @@ class AsyncCollaboration:
     @property
     def rank(self) -> int:
         """This member's position in the ring order of the configuration for the next step."""
-        return ring_order(self._governing()).index(self.peer.peer_id)
+        return self._participants(self._governing(), self.step_index).index(self.peer.peer_id)
 
     @property
     def world_size(self) -> int:
         """Members of the configuration for the next step."""
-        return len(self._governing().members)
+        return len(self._participants(self._governing(), self.step_index))
 
     @property
     def global_batch(self) -> int:
         """Samples per step over all members."""
-        return sum(int(m.batch_share) for m in self._governing().members)
+        config = self._governing()
+        return sum(int(m.batch_share) for m in config.members if config.takes_part(m.peer_id, self.step_index))
 
     def statistics(self) -> StepStatistics | None:
         """What the last ``step()`` did."""
@@ -254,14 +268,37 @@ class AsyncCollaboration:
                 await self._join()
         return self.step_index
 
-    async def leave(self, *, timeout_s: float = 5.0) -> None:
+    async def leave(self, *, timeout_s: float = 30.0) -> None:
         """Leave the run gracefully: the members commit our departure and go on without us."""
         if self._left or not self._started:
             return
         self._left = True
-        if not await self.peer.negotiation.leave(self.run, timeout_s=timeout_s):
-            log.warning("run %r did not confirm our leave within %.1f s", self.run, timeout_s)
-        self.peer.training.unregister(self)
+        try:
+            if self.peer.negotiation.announce_leave(self.run):
+                with anyio.move_on_after(timeout_s) as scope:
+                    await self._serve_until_removed()
+                if scope.cancelled_caught:
+                    log.warning("run %r did not commit our leave within %.1f s", self.run, timeout_s)
+        finally:
+            self.peer.training.unregister(self)
+
+    async def _serve_until_removed(self) -> None:
+        """Until the leave takes effect, keep doing our part of each round with zero weight.
+
+        The run commits a leave at a future step; until then the configuration still counts this
+        peer, and every round needs each member's shard, so the leaver contributes nothing but
+        still reduces its shard for the others.
+        """
+        self._local.fill(0.0)
+        negotiation = self.peer.negotiation
+        while True:
+            last = negotiation.removed_from_step(self.run)
+            if last is not None and self.step_index >= last:
+                return
+            try:
+                await self._averaged_step(0, apply=_discard)
+            except (RunRemoved, TrainingError):
+                return
 
     # ------------------------------------------------------------------ stepping
     async def step(self, samples: int) -> StepStatistics:
@@ -329,12 +366,16 @@ class AsyncCollaboration:
         step = self.step_index
         buffer = np.empty_like(self._local)
         attempts = 0
-        retry = 0  # rounds of this step under the current configuration that failed
+        failed_rounds = self._failed_rounds
+        for stale in [key for key in failed_rounds if key[0] != step]:
+            del failed_rounds[stale]
         round_started = self.peer.clock.now()
         while True:
             try:
                 config = await negotiation.configuration_for_step(self.run, step)
             except RunRemoved:
+                if self._left:
+                    raise
                 await self._rejoin("removed from the run")
                 return await self._averaged_step(weight, apply=apply)
             negotiation.report_step(self.run, entered=step)
@@ -342,14 +383,19 @@ class AsyncCollaboration:
             np.copyto(buffer, self._local)
             phase = RoundPhase.OUTER if self.diloco else RoundPhase.GRADIENTS
             tag = RoundTag(
-                run=self.run, epoch=config.epoch, config_digest=config.digest, step=step, phase=phase, attempt=retry
+                run=self.run,
+                epoch=config.epoch,
+                config_digest=config.digest,
+                step=step,
+                phase=phase,
+                attempt=failed_rounds.get((step, config.digest), 0),
             )
             try:
                 outcome = await self.peer.training.averager.all_reduce(
                     tag,
                     buffer,
                     weight=float(weight),
-                    members=ring_order(config),
+                    members=self._participants(config, step),
                     addrs=self.peer.membership.machine.dial_addrs,
                     bandwidth=self._bandwidths(config),
                     wire_dtype=self.config.wire_dtype,
@@ -362,21 +408,22 @@ class AsyncCollaboration:
                 log.info("run %r step %d: round under epoch %d failed: %s", self.run, step, config.epoch, exc)
                 if attempts >= self.config.max_round_attempts:
                     raise TrainingError(f"step {step} of run {self.run!r} failed {attempts} times: {exc}") from exc
+                failed_rounds[(step, config.digest)] = failed_rounds.get((step, config.digest), 0) + 1
                 if await self._wait_for_new_configuration(step, config):
-                    retry = 0
                     continue
                 # No change: either some members completed the round before it failed here (fetch
                 # their result; redoing it is impossible) or nobody did (retry as a new round).
                 if await self._fetch_update(config, step, buffer):
                     outcome = None
                     break
-                retry += 1
                 continue
             # A change agreed while the round ran may govern this very step (a failure found mid-round
             # is redone at the stuck step): then this round's result is discarded, never applied.
             try:
                 governing = await negotiation.configuration_for_step(self.run, step)
             except RunRemoved:
+                if self._left:
+                    raise
                 await self._rejoin("removed from the run")
                 return await self._averaged_step(weight, apply=apply)
             if governing.digest == config.digest:
@@ -397,7 +444,7 @@ class AsyncCollaboration:
             step=step,
             epoch=config.epoch,
             config_digest=config.digest.hex(),
-            members=len(config.members),
+            members=len(self._participants(config, step)),
             samples=weight,
             round_s=communication_s if outcome is None else outcome.seconds,
             idle_s=communication_s,
@@ -513,7 +560,7 @@ class AsyncCollaboration:
     # ------------------------------------------------------------------ joining
     async def _check_resync(self) -> None:
         resync = self.peer.negotiation.take_resync(self.run)
-        if resync is not None:
+        if resync is not None and not self._left:
             await self._rejoin(f"state diverged from step {resync}")
 
     async def _rejoin(self, why: str) -> None:
@@ -599,13 +646,14 @@ class AsyncCollaboration:
 
             async def ask_admission() -> None:
                 me = next(m for m in self.peer.members() if m.peer_id == self.peer.peer_id)
+                # Bounded by join_timeout_s around the whole join; never raises into this group.
                 admitted.append(
                     await self.peer.negotiation.join(
                         self.run,
                         sponsor,
                         incarnation=me.incarnation,
                         throughput=self._throughput or 1.0,  # unmeasured yet: an equal share
-                        timeout_s=self.config.join_timeout_s,
+                        timeout_s=math.inf,
                     )
                 )
 
@@ -613,7 +661,9 @@ class AsyncCollaboration:
             while True:
                 if admitted:
                     admission = admitted[0]
-                    if applied >= admission.activation_step - 1:
+                    me = admission.member(self.peer.peer_id)
+                    since = admission.activation_step if me is None else me.since_step
+                    if applied >= since - 1:
                         break
                 elif not asked and (receiver.latest or applied) - applied <= self.config.join_lag_steps:
                     asked = True
@@ -629,7 +679,8 @@ class AsyncCollaboration:
                 applied = header.step
             tg.cancel_scope.cancel()
         assert admission is not None
-        self.step_index = admission.activation_step
+        me = admission.member(self.peer.peer_id)
+        self.step_index = admission.activation_step if me is None else me.since_step
         self._records.append(
             {
                 "event": "joined",
@@ -649,10 +700,14 @@ class AsyncCollaboration:
     ) -> tuple[Any, np.ndarray] | tuple[None, None]:
         """The next update, or (None, None) when admission arrived while waiting."""
         result: list[tuple[Any, np.ndarray]] = []
+        errors: list[ChaosError] = []
         async with anyio.create_task_group() as tg:
 
             async def take() -> None:
-                result.append(await receiver.next())
+                try:
+                    result.append(await receiver.next())
+                except ChaosError as exc:  # raised below, outside the task group (no exception group)
+                    errors.append(exc)
                 tg.cancel_scope.cancel()
 
             async def admission() -> None:
@@ -663,6 +718,8 @@ class AsyncCollaboration:
             tg.start_soon(take)
             if not admitted:
                 tg.start_soon(admission)
+        if errors:
+            raise errors[0]
         return result[0] if result else (None, None)
 
     def _replay(self, update: np.ndarray | None) -> None:
