@@ -438,7 +438,8 @@ class AsyncCollaboration:
             await self._publish_snapshot(step)
         self.snapshots.give_up_before(step + 1)
         self.step_index = step + 1
-        if step % self.config.rebalance_interval_steps == 0 and self._throughput and self.config.balance:
+        rebalance = step % self.config.rebalance_interval_steps == 0 and len(config.members) > 1
+        if rebalance and self._throughput and self.config.balance:
             negotiation.set_throughput(self.run, self._throughput)
         return StepStatistics(
             step=step,

@@ -109,19 +109,20 @@ def run_peer(args: argparse.Namespace) -> int:
                     "epoch": result.epoch,
                     "config_digest": result.config_digest,
                     "members": result.members,
-                    "loss": round(float(loss), 6),
+                    "loss": round(loss.item(), 6),
                     "samples": result.samples,
                     "round_s": round(result.round_s, 6),
                     "idle_s": round(result.idle_s, 6),
                     "attempts": result.attempts,
                     "param_digest": collab.parameter_digest(),
+                    "time": time.time(),
                 }
             )
             for record in collab.take_events():
                 metrics.write(record)
             if step % 50 == 0:
                 print(
-                    f"step {step}: loss {float(loss):.3f}, {result.members} members, epoch {result.epoch}", flush=True
+                    f"step {step}: loss {loss.item():.3f}, {result.members} members, epoch {result.epoch}", flush=True
                 )
             if args.pace > 0:
                 time.sleep(args.pace)

@@ -49,6 +49,7 @@ class Member:
         self.collab = AsyncCollaboration(peer, run=RUN, model=model, optimizer=optimizer, config=config)
         self.digests: dict[int, str] = {}
         self.members: dict[int, int] = {}
+        self.compute_s = 0.005  # stands in for compute, so joins overlap training
 
     async def train_until(self, steps: int) -> None:
         while self.collab.step_index < steps:
@@ -59,10 +60,11 @@ class Member:
             y = torch.randint(0, 2, (GLOBAL_BATCH,), generator=generator)[start:stop]
             self.collab.optimizer.zero_grad()
             torch.nn.functional.cross_entropy(self.collab.model(x), y).backward()
+            await anyio.sleep(self.compute_s * (stop - start) / GLOBAL_BATCH * 2)  # compute ~ samples
             result = await self.collab.step(samples=stop - start)
-            self.digests[result.step] = self.collab.parameter_digest()
-            self.members[result.step] = result.members
-            await anyio.sleep(0.005)  # stands in for compute, so joins overlap training
+            if result.step >= 0:  # a DiLoCo inner step reports -1
+                self.digests[result.step] = self.collab.parameter_digest()
+                self.members[result.step] = result.members
 
 
 def _config(**changes: object) -> chaosp2p.PeerConfig:
@@ -135,3 +137,50 @@ async def test_after_a_graceful_leave_the_others_go_on_with_identical_parameters
                     tg.start_soon(member.train_until, 35)
         _agree(survivors, range(20, 35))
         assert survivors[0].members[34] == 2
+
+
+async def test_diloco_members_hold_identical_global_parameters_after_each_outer_step() -> None:
+    async with swarm(2) as peers:
+        members = []
+        for index, peer in enumerate(peers):
+            model, optimizer = _model()
+            config = CollaborationConfig.local(global_batch=GLOBAL_BATCH, mode="diloco", local_steps=3)
+            member = Member(peer, index)
+            member.collab = AsyncCollaboration(peer, run=RUN, model=model, optimizer=optimizer, config=config)
+            members.append(member)
+        await members[0].collab.start(found=True)
+
+        async def join_and_train(member: Member) -> None:
+            await member.collab.start(found=False)
+            await member.train_until(8)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(members[0].train_until, 8)
+            tg.start_soon(join_and_train, members[1])
+        joined = min(members[1].digests)
+        _agree(members, range(joined, 8))
+        # Between outer steps the members train locally on different samples: the live models
+        # differ, and the outer step brings them back to the same global parameters.
+        assert members[0].collab.step_index == members[1].collab.step_index == 8
+
+
+async def test_a_slow_member_gets_a_smaller_share_of_the_global_batch() -> None:
+    async with swarm(2) as peers:
+        fast, slow = Member(peers[0], 0), Member(peers[1], 1)
+        for member in (fast, slow):
+            member.collab.config = member.collab.config.replace(rebalance_interval_steps=3)
+        slow.compute_s = 0.05
+        await fast.collab.start(found=True)
+
+        async def join_and_train(member: Member) -> None:
+            await member.collab.start(found=False)
+            await member.train_until(40)
+
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(fast.train_until, 40)
+                tg.start_soon(join_and_train, slow)
+        shares = {m.peer_id: m.batch_share for m in fast.collab.configuration.members}
+        assert shares[slow.peer.peer_id] < shares[fast.peer.peer_id], shares
+        assert sum(shares.values()) == GLOBAL_BATCH
+        _agree([fast, slow], range(min(slow.digests), 40))

@@ -36,7 +36,7 @@ class Trainer:
             command += ["--join", addr]
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_until(lambda: self.ready.exists() or self.process.poll() is not None, timeout_s=60, what=f"{name} ready")
+        wait_until(lambda: self.ready.exists() or self.process.poll() is not None, timeout_s=120, what=f"{name} ready")
         assert self.process.poll() is None, self.log.read_text()
         info = json.loads(self.ready.read_text())
         self.peer_id: str = info["peer_id"]
@@ -85,6 +85,7 @@ def _agree(survivors: list[Trainer], since: int) -> int:
     return len(common)
 
 
+@pytest.mark.timeout(600)
 def test_a_join_completes_while_a_member_is_killed_and_survivors_agree(tmp_path: Path, trainers: list[Trainer]) -> None:
     steps = 2000
     first = Trainer("a", tmp_path, [], steps, pace=0.02)

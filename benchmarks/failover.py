@@ -1,0 +1,134 @@
+"""Failure end to end: from ``kill -9`` of a member until training resumes at the survivors.
+
+Starts N digits peers (``python -m chaosp2p.training.digits``, real processes on 127.0.0.1, the
+``local`` profile), waits until all of them train as one run, SIGKILLs one member mid-run and reads
+the survivors' metrics files:
+
+* detection: kill -> the FAIL operation is raised (``detected_at`` of the committed operation);
+* decision: raised -> committed at the founder;
+* resume: kill -> the first step the survivors complete without the killed member.
+
+Run: ``python benchmarks/failover.py [--peers 4] [--repeats 3] [--json PATH]``. Times are wall-clock
+on a shared 2-core machine (every peer is a process competing for the same cores): report the
+conditions with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def start(
+    name: str, workdir: Path, join: list[str], pace: float
+) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any]]:
+    ready = workdir / f"{name}.ready"
+    metrics = workdir / f"{name}.jsonl"
+    command = [sys.executable, "-m", "chaosp2p.training.digits", "--steps", "1000000", "--batch", "64"]
+    command += ["--pace", str(pace), "--ready-file", str(ready), "--metrics-file", str(metrics)]
+    for addr in join:
+        command += ["--join", addr]
+    with (workdir / f"{name}.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"peer {name} did not start; see {workdir / (name + '.log')}")
+        time.sleep(0.05)
+    return process, metrics, json.loads(ready.read_text())
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+def wait_for(condition: Any, what: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def one_trial(peers: int, pace: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="chaosp2p-failover-") as tmp:
+        workdir = Path(tmp)
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            first, first_metrics, info = start("p0", workdir, [], pace)
+            processes.append(first)
+            files = [first_metrics]
+            for index in range(1, peers):
+                process, metrics, _ = start(f"p{index}", workdir, [info["addrs"][0]], pace)
+                processes.append(process)
+                files.append(metrics)
+
+            def steps(path: Path) -> list[dict[str, Any]]:
+                return [r for r in records(path) if "param_digest" in r and "step" in r]
+
+            wait_for(lambda: all(s and s[-1]["members"] == peers for s in map(steps, files)), "all members")
+            before = steps(files[0])[-1]["step"]
+            wait_for(lambda: steps(files[0])[-1]["step"] >= before + 30, "30 steps with everyone")
+            victim = processes[-1]
+            killed_wall, killed_mono = time.time(), time.monotonic()
+            victim.send_signal(signal.SIGKILL)
+            survivors = files[:-1]
+            wait_for(
+                lambda: all(any(r["members"] == peers - 1 for r in steps(f)) for f in survivors), "survivors resume"
+            )
+            resumed = max(min(r["time"] for r in steps(f) if r["members"] == peers - 1) for f in survivors)
+            operation = next(r for r in records(files[0]) if r.get("event") == "operation" and r["kind"] == "fail")
+            return {
+                "detect_s": operation["detected_at"] - killed_mono,
+                "decide_ms": operation["decision_ms"],
+                "commit_s": operation["committed_at"] - killed_mono,
+                "resume_s": resumed - killed_wall,
+            }
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+            for process in processes:
+                process.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pace", type=float, default=0.02, help="seconds of stand-in compute per step")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    trials = [one_trial(args.peers, args.pace) for _ in range(args.repeats)]
+    print(f"kill -9 of 1 of {args.peers} digits peers (local profile), {args.repeats} trials, medians:")
+    print("| stage | median | min | max |")
+    print("|---|---|---|---|")
+    for key, label in (
+        ("detect_s", "kill -> failure detected (s)"),
+        ("decide_ms", "failure proposed -> committed (ms)"),
+        ("commit_s", "kill -> committed (s)"),
+        ("resume_s", "kill -> survivors complete a step without it (s)"),
+    ):
+        values = [t[key] for t in trials]
+        print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"peers": args.peers, "pace_s": args.pace, "trials": trials}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
