@@ -182,6 +182,16 @@ class MachineCore:
         self._ops_became_pending(now, rec)
 
     def _add_pending(self, rec: RunRecord, ident: bytes, op: Operation) -> None:
+        if op.kind is OpKind.JOIN:
+            # A newcomer re-signs its JOIN on every attempt: keep only its newest one pending.
+            raw = op.subject.raw
+            older = rec.pending_joins.get(raw)
+            if older is not None:
+                kept = rec.pending[older]
+                if (kept.incarnation, kept.detected_at, older) >= (op.incarnation, op.detected_at, ident):
+                    return
+                self._remove_pending(rec, older)
+            rec.pending_joins[raw] = ident
         rec.pending[ident] = op
         if op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
@@ -191,6 +201,8 @@ class MachineCore:
 
     def _remove_pending(self, rec: RunRecord, ident: bytes) -> None:
         op = rec.pending.pop(ident, None)
+        if op is not None and op.kind is OpKind.JOIN and rec.pending_joins.get(op.subject.raw) == ident:
+            del rec.pending_joins[op.subject.raw]
         if op is not None and op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
             for counts in (

@@ -204,6 +204,7 @@ class Learning(MachineCore):
         rec.pending.clear()
         rec.pending_removals.clear()
         rec.pending_fails.clear()
+        rec.pending_joins.clear()
         rec.reset_instance()
         rec.sync_at = now + self.config.sync_interval_s if self._lame_duck(rec) else None
         config = rec.config
@@ -402,9 +403,6 @@ class Learning(MachineCore):
             self._join_refused(rec, sender, "not_member")
             return
         join.known = config
-        # The sponsor's progress: a newcomer that ends up proposing has an idea where the run is.
-        rec.peer_entered = max(rec.peer_entered, msg.step)
-        rec.peer_completed = max(rec.peer_completed, msg.step - 1)
         others = [p for p in config.peers if p != sender and p != self.local_peer]
         if others:
             start = self._rng.randrange(len(others))

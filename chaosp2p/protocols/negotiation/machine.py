@@ -253,6 +253,7 @@ class NegotiationMachine(PaxosRoles, Learning):
         rec.pending.clear()
         rec.pending_removals.clear()
         rec.pending_fails.clear()
+        rec.pending_joins.clear()
         rec.reset_instance()
         rec.sync_at = None
         self._join_attempt(now, rec)

@@ -102,6 +102,8 @@ class RunRecord:
     """Subject raw id -> number of pending FAIL/LEAVE ops about it."""
     pending_fails: dict[bytes, int] = field(default_factory=dict)
     """Subject raw id -> number of pending FAIL ops about it."""
+    pending_joins: dict[bytes, bytes] = field(default_factory=dict)
+    """Subject raw id -> the one pending JOIN of that newcomer (its newest)."""
     incarnation: int = 0
     """Our own incarnation in this run."""
     # acceptor state of the open instance (epoch config.epoch + 1)
