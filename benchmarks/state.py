@@ -1,24 +1,33 @@
-"""State benchmark: how fast a newcomer loads model + Adam state, against the alternatives.
+"""State benchmark: how fast a newcomer loads model + Adam state, against the limits and the alternatives.
 
-    python benchmarks/state.py [--gib 1] [--repeats 3] [--json out.json] [--hivemind-python PATH]
+    python benchmarks/state.py [--gib 1] [--repeats 3] [--scenarios single,capped,cli,kill,static,hivemind]
+                               [--json out.json] [--hivemind-python PATH]
 
-Sources are separate processes on 127.0.0.1 serving byte-identical state; the newcomer is this
-process. Scenarios (each a median over --repeats, with the raw runs kept in the JSON):
+Sources are separate processes on 127.0.0.1 serving byte-identical state; every figure is a ratio to
+a baseline measured in the same run, medians over --repeats (raw runs in the JSON). Every pull is
+checked bit-exact (its arrays hashed against the state the sources were built from).
 
-  a  loopback, no caps: 1, 2 and 4 sources (1 source = the single-source download baseline)
-  b  per-source upload caps 25/50/100/200 MB/s: chaosp2p's default adaptive pull, next to the
-     lower bound S / sum(caps)
-  c  the same caps with static plans (no work stealing, no re-planning): the optimal greedy plan,
-     equal split, bandwidth-proportional split and the single fastest source
-  d  hivemind 1.1.12 ``load_state_from_peers`` on the same state (needs an interpreter with
-     hivemind; see --hivemind-python), one donor, as hivemind does it
-  e  4 sources capped at 100 MB/s, one killed (SIGKILL) at 50 %: time next to the same pull
-     without the kill
+  single    one uncapped source, fresh sources each repeat: the first pull after the source started
+            and a second one, next to plain unencrypted TCP moving the same bytes between two
+            processes (interleaved with the pulls); also 2 and 4 uncapped sources
+  capped    3 sources capped at 20/40/80 MB/s and 4 at 25/50/100/200 MB/s, through the API: the
+            newcomer knowing nothing (it measures the links) and being told the caps, next to the
+            lower bound S / sum(caps)
+  cli       the same capped sets as ``chaosp2p state serve`` processes, pulled with
+            ``chaosp2p state pull --bootstrap`` (DHT discovery included): the command's own
+            timing (peer start + discovery + pull) and the process wall time
+  kill      4 sources capped at 25/50/100/200 MB/s, the 100 MB/s one SIGKILLed at 40 %, next to the
+            bound 0.4 S / sum(all caps) + 0.6 S / sum(remaining caps)
+  static    the 4 capped sources with static plans (no stealing, no re-planning): the optimal greedy
+            plan, equal split, bandwidth-proportional split and the single fastest source
+  hivemind  hivemind 1.1.12 ``load_state_from_peers`` on the same state, one donor (needs an
+            interpreter with hivemind: --hivemind-python)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -27,16 +36,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
+import numpy as np
+import xxhash
 from _common import median, print_table, write_json
+from _state_data import model_and_adam_state
+from _tcp_baseline import receive as tcp_receive
 
 from chaosp2p import PeerConfig, open_peer
 from chaosp2p.api import AsyncPeer
+from chaosp2p.errors import ChaosError
 from chaosp2p.protocols.transfer import SourceEstimate, TransferProgress
 from chaosp2p.protocols.transfer_config import TransferConfig
 from chaosp2p.scheduling import (
@@ -53,7 +68,22 @@ from chaosp2p.wire.multiaddr import Multiaddr
 
 HERE = Path(__file__).resolve().parent
 RUN = "bench"
-CAPS = (25e6, 50e6, 100e6, 200e6)
+CAP_SETS: dict[str, tuple[float, ...]] = {
+    "3 x 20/40/80 MB/s": (20e6, 40e6, 80e6),
+    "4 x 25/50/100/200 MB/s": (25e6, 50e6, 100e6, 200e6),
+}
+KILL_CAPS = (25e6, 50e6, 100e6, 200e6)
+KILL_INDEX = 2  # the 100 MB/s source
+KILL_AT = 0.4
+
+
+def state_hash(arrays: Mapping[str, np.ndarray]) -> str:
+    """xxh3-128 over every array's bytes, in name order (what "bit-exact" is checked with)."""
+    hasher = xxhash.xxh3_128()
+    for name in sorted(arrays):
+        hasher.update(name.encode())
+        hasher.update(np.ascontiguousarray(arrays[name]).view(np.uint8).data)
+    return hasher.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------- sources
@@ -64,16 +94,24 @@ class SourceProcess:
     addr: Multiaddr
     cap: float | None
 
-    def address(self) -> SourceAddress:
-        """The source as the newcomer sees it; a capped link's estimate is its cap (the cluster
-        monitor would have measured it), an uncapped loopback link gets a flat guess."""
-        return SourceAddress(
-            peer=self.peer, addrs=(self.addr.without_peer(),), bytes_per_s=self.cap or 1e9, latency_s=0.0001
-        )
+    def address(self, *, known: bool) -> SourceAddress:
+        """The source as the newcomer sees it: the cap as a known estimate, or nothing (it measures)."""
+        rate = self.cap if known and self.cap else None
+        return SourceAddress(peer=self.peer, addrs=(self.addr.without_peer(),), bytes_per_s=rate, latency_s=0.0001)
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
+
+
+def wait_ready(process: subprocess.Popen[bytes], ready: Path, timeout_s: float = 180) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"a state source failed to start (exit {process.poll()})")
+        time.sleep(0.05)
+    time.sleep(0.05)  # the file is written in one call; give it a moment to be complete
+    return json.loads(ready.read_text())  # type: ignore[no-any-return]
 
 
 def start_sources(total: int, caps: Sequence[float | None], workdir: Path) -> list[SourceProcess]:
@@ -88,27 +126,44 @@ def start_sources(total: int, caps: Sequence[float | None], workdir: Path) -> li
         processes.append((process, ready, cap))
     sources = []
     for process, ready, cap in processes:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"a state source failed to start (exit {process.poll()})")
-            time.sleep(0.05)
-        info = json.loads(ready.read_text())
+        info = wait_ready(process, ready)
         addr = Multiaddr.parse(info["addrs"][0])
         assert addr.peer_id is not None
         sources.append(SourceProcess(process, addr.peer_id, addr, cap))
     return sources
 
 
-def stop(sources: Sequence[SourceProcess]) -> None:
-    for source in sources:
-        if source.process.poll() is None:
-            source.process.terminate()
-    for source in sources:
+def start_tcp_sender(total: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    ready = workdir / "tcp.json"
+    args = [sys.executable, str(HERE / "_tcp_baseline.py"), "serve", "--bytes", str(total), "--ready-file", str(ready)]
+    process = subprocess.Popen(args)
+    return process, int(wait_ready(process, ready)["port"])
+
+
+def start_cli_source(
+    checkpoint: Path, cap: float, index: int, bootstrap: str, workdir: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``chaosp2p state serve CHECKPOINT`` with an upload cap in its profile; returns it and its address."""
+    profile = workdir / f"cap-{index}.toml"
+    profile.write_text(f'profile = "local"\n[transport]\nmax_upload_bytes_per_s = {cap}\n')
+    ready = workdir / f"cli-source-{index}-{time.monotonic_ns()}.json"
+    args = ["state", "serve", str(checkpoint), "--run", RUN, "--step", "1000", "--profile", str(profile)]
+    args += ["--ready-file", str(ready)] + (["--bootstrap", bootstrap] if bootstrap else [])
+    with (workdir / f"cli-source-{index}.log").open("ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "chaosp2p", *args], stdout=subprocess.DEVNULL, stderr=log)
+    return process, str(wait_ready(process, ready)["addrs"][0])
+
+
+def stop(sources: Sequence[SourceProcess | subprocess.Popen[bytes]]) -> None:
+    processes = [s.process if isinstance(s, SourceProcess) else s for s in sources]
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
         try:
-            source.process.wait(10)
+            process.wait(10)
         except subprocess.TimeoutExpired:
-            source.kill()
+            process.kill()
 
 
 # ---------------------------------------------------------------------------------------- plans
@@ -126,7 +181,7 @@ class StaticPlanner:
         total_bytes: int,
         align_bytes: int,
     ) -> list[tuple[PeerID, int, int]]:
-        sched = [Source(peer_id=s.peer, bytes_per_s=s.bytes_per_s, latency_s=s.latency_s) for s in sources]
+        sched = [Source(peer_id=s.peer, bytes_per_s=s.bytes_per_s or 1.0, latency_s=s.latency_s) for s in sources]
         out: list[tuple[PeerID, int, int]] = []
         for start, length in ranges:
             cursor = start
@@ -160,12 +215,16 @@ class Pull:
     seconds: float
     bytes: int
     dropped: int
+    exact: bool
+    shares: list[float]
 
 
 async def pull(
     newcomer: AsyncPeer,
     sources: Sequence[SourceProcess],
+    expected: str,
     *,
+    known: bool,
     config: TransferConfig,
     planner: Any = None,
     work_stealing: bool = True,
@@ -174,7 +233,7 @@ async def pull(
     started = time.perf_counter()
     loaded = await newcomer.state.load(
         RUN,
-        sources=[s.address() for s in sources],
+        sources=[s.address(known=known) for s in sources],
         config=config,
         planner=planner,
         work_stealing=work_stealing,
@@ -182,81 +241,199 @@ async def pull(
     )
     elapsed = time.perf_counter() - started
     total = loaded.completed.manifest.total_bytes
+    exact = await anyio.to_thread.run_sync(state_hash, loaded.state.arrays) == expected
+    by_source = dict(loaded.completed.bytes_by_source)
     loaded.result.staging.close()
-    return Pull(elapsed, total, len(loaded.result.dropped))
+    return Pull(elapsed, total, len(loaded.result.dropped), exact, [by_source.get(s.peer, 0) / total for s in sources])
 
 
-async def run_chaos(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    total = int(args.gib * (1 << 30))
-    report: dict[str, Any] = {"bytes": total}
-    base = TransferConfig.local()
-    static = replace(base, behind_plan_factor=1e9)  # never re-plan: the plan alone decides the makespan
-    async with open_peer(PeerConfig.local(listen=("/ip4/127.0.0.1/tcp/0",))) as newcomer:
-        if "a" in args.scenarios:
-            sources = start_sources(total, [None] * 4, workdir)
+def new_peer() -> PeerConfig:
+    return PeerConfig.local(listen=("/ip4/127.0.0.1/tcp/0",))
+
+
+async def scenario_single(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    """One uncapped source (fresh each repeat): first and second pull, interleaved with plain TCP."""
+    report: dict[str, Any] = {"first": [], "second": [], "tcp": [], "exact": [], "sources": {}}
+    tcp, port = start_tcp_sender(total, workdir)
+    try:
+        config = TransferConfig.local()
+        for _ in range(repeats):
+            sources = start_sources(total, [None], workdir)
             try:
-                report["a"] = {}
-                for count in (1, 2, 4):
-                    runs = [await pull(newcomer, sources[:count], config=base) for _ in range(args.repeats)]
-                    report["a"][count] = [r.seconds for r in runs]
+                async with open_peer(new_peer()) as newcomer:
+                    report["tcp"].append(await anyio.to_thread.run_sync(tcp_receive, port, total))
+                    for key in ("first", "second"):
+                        result = await pull(newcomer, sources, expected, known=False, config=config)
+                        report[key].append(result.seconds)
+                        report["exact"].append(result.exact)
+                    report["tcp"].append(await anyio.to_thread.run_sync(tcp_receive, port, total))
             finally:
                 stop(sources)
-        if "b" in args.scenarios or "c" in args.scenarios:
-            sources = start_sources(total, CAPS, workdir)
+        for count in (2, 4):
+            sources = start_sources(total, [None] * count, workdir)
             try:
-                if "b" in args.scenarios:
-                    runs = [await pull(newcomer, sources, config=base) for _ in range(args.repeats)]
-                    report["b"] = {"seconds": [r.seconds for r in runs], "lower_bound_s": total / sum(CAPS)}
-                if "c" in args.scenarios:
-                    report["c"] = {}
-                    for name, plan in STATIC_PLANS.items():
-                        runs = [
-                            await pull(
-                                newcomer, sources, config=static, planner=StaticPlanner(plan), work_stealing=False
-                            )
-                            for _ in range(args.repeats)
-                        ]
-                        predicted = plan(total, [Source(s.peer, s.cap or 1e9, 0.0) for s in sources]).makespan_s
-                        report["c"][name] = {"seconds": [r.seconds for r in runs], "predicted_s": predicted}
+                async with open_peer(new_peer()) as newcomer:
+                    runs = [await pull(newcomer, sources, expected, known=False, config=config) for _ in range(repeats)]
+                report["sources"][count] = [r.seconds for r in runs]
+                report["exact"] += [r.exact for r in runs]
             finally:
                 stop(sources)
-        if "e" in args.scenarios:
-            report["e"] = {"baseline": [], "killed": []}
-            for _ in range(args.repeats):
-                for kill in (False, True):
-                    sources = start_sources(total, [100e6] * 4, workdir)
-                    killed: list[SourceProcess] = []
-
-                    def kill_at_half(
-                        progress: TransferProgress,
-                        kill: bool = kill,
-                        sources: list[SourceProcess] = sources,
-                        killed: list[SourceProcess] = killed,
-                    ) -> None:
-                        if kill and not killed and progress.fraction >= 0.5:
-                            sources[0].kill()
-                            killed.append(sources[0])
-
-                    try:
-                        result = await pull(newcomer, sources, config=base, progress=kill_at_half)
-                    finally:
-                        stop(sources)
-                    report["e"]["killed" if kill else "baseline"].append(result.seconds)
+    finally:
+        stop([tcp])
     return report
 
 
-def run_hivemind(args: argparse.Namespace) -> dict[str, Any] | None:
+async def scenario_capped(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    config = TransferConfig.local()
+    for name, caps in CAP_SETS.items():
+        sources = start_sources(total, caps, workdir)
+        entry: dict[str, Any] = {"bound_s": total / sum(caps), "measured": [], "known": [], "shares": [], "exact": []}
+        try:
+            async with open_peer(new_peer()) as newcomer:
+                for _ in range(repeats):
+                    for known in (False, True):
+                        result = await pull(newcomer, sources, expected, known=known, config=config)
+                        entry["known" if known else "measured"].append(result.seconds)
+                        entry["exact"].append(result.exact)
+                        if not known:
+                            entry["shares"].append(result.shares)
+        finally:
+            stop(sources)
+        report[name] = entry
+    return report
+
+
+async def scenario_static(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    caps = CAP_SETS["4 x 25/50/100/200 MB/s"]
+    static = replace(TransferConfig.local(), max_replans=0)
+    report: dict[str, Any] = {"bound_s": total / sum(caps)}
+    sources = start_sources(total, caps, workdir)
+    try:
+        async with open_peer(new_peer()) as newcomer:
+            for name, plan in STATIC_PLANS.items():
+                runs = [
+                    await pull(
+                        newcomer,
+                        sources,
+                        expected,
+                        known=True,
+                        config=static,
+                        planner=StaticPlanner(plan),
+                        work_stealing=False,
+                    )
+                    for _ in range(repeats)
+                ]
+                predicted = plan(total, [Source(s.peer, s.cap or 1e9, 0.0) for s in sources]).makespan_s
+                report[name] = {
+                    "seconds": [r.seconds for r in runs],
+                    "predicted_s": predicted,
+                    "exact": [r.exact for r in runs],
+                }
+    finally:
+        stop(sources)
+    return report
+
+
+async def scenario_kill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    caps = KILL_CAPS
+    rest = sum(c for i, c in enumerate(caps) if i != KILL_INDEX)
+    bound = KILL_AT * total / sum(caps) + (1 - KILL_AT) * total / rest
+    report: dict[str, Any] = {"bound_s": bound, "no_kill_bound_s": total / sum(caps), "seconds": [], "exact": []}
+    for _ in range(repeats):
+        sources = start_sources(total, caps, workdir)
+        killed: list[float] = []
+
+        def kill(
+            progress: TransferProgress, sources: list[SourceProcess] = sources, killed: list[float] = killed
+        ) -> None:
+            if not killed and progress.fraction >= KILL_AT:
+                sources[KILL_INDEX].kill()
+                killed.append(progress.fraction)
+
+        try:
+            async with open_peer(new_peer()) as newcomer:
+                result = await pull(
+                    newcomer, sources, expected, known=False, config=TransferConfig.local(), progress=kill
+                )
+        finally:
+            stop(sources)
+        assert killed, "the pull ended before the kill"
+        report["seconds"].append(result.seconds)
+        report["exact"].append(result.exact)
+        report.setdefault("killed_at", []).append(killed[0])
+    return report
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def cli(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chaosp2p", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    """``chaosp2p state serve`` sources with capped profiles, ``chaosp2p state pull`` through the DHT."""
+    from chaosp2p.state.checkpoint_file import read_checkpoint
+
+    checkpoint = workdir / "checkpoint.npz"
+    np.savez(checkpoint, **model_and_adam_state(total, 0))
+    report: dict[str, Any] = {}
+    for name, caps in CAP_SETS.items():
+        processes: list[subprocess.Popen[bytes]] = []
+        entry: dict[str, Any] = {"bound_s": total / sum(caps), "seconds": [], "wall_s": [], "exact": [], "sources": []}
+        try:
+            first_addr = ""
+            for index, cap in enumerate(caps):
+                process, addr = start_cli_source(checkpoint, cap, index, first_addr, workdir)
+                processes.append(process)
+                first_addr = first_addr or addr
+            await wait_for_providers(first_addr, len(caps))
+            out = workdir / "pulled.npz"
+            command = ("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", first_addr, "--json")
+            for _ in range(repeats):
+                started = time.perf_counter()
+                result = await anyio.to_thread.run_sync(functools.partial(cli, *command))
+                wall = time.perf_counter() - started
+                if result.returncode != 0:
+                    raise SystemExit(f"state pull failed: {result.stderr[-2000:]}")
+                summary = json.loads(result.stdout)
+                entry["seconds"].append(summary["seconds"])
+                entry["wall_s"].append(wall)
+                entry["sources"].append(len([p for p, n in summary["sources"].items() if n]))
+                pulled = await anyio.to_thread.run_sync(read_checkpoint, out)
+                entry["exact"].append(await anyio.to_thread.run_sync(state_hash, pulled.arrays) == expected)
+                out.unlink()
+        finally:
+            stop(processes)
+        report[name] = entry
+    return report
+
+
+async def wait_for_providers(bootstrap: str, count: int, timeout_s: float = 60) -> None:
+    """Until the DHT lists ``count`` providers of the run (they announce in the background)."""
+    async with open_peer(PeerConfig.local(bootstrap=(bootstrap,))) as observer:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(await observer.state.find_sources(RUN, limit=64)) >= count:
+                return
+            await anyio.sleep(0.2)
+        raise SystemExit(f"the DHT never listed {count} providers of {RUN!r}")
+
+
+# ---------------------------------------------------------------------------------------- hivemind
+def run_hivemind(args: argparse.Namespace, total: int) -> dict[str, Any]:
     python = args.hivemind_python or sys.executable
-    probe = subprocess.run([python, "-c", "import hivemind"], capture_output=True)
+    probe = subprocess.run([python, "-c", "import hivemind"], capture_output=True, check=False)
     if probe.returncode != 0:
         return {"not_run": f"hivemind is not importable by {python}"}
-    total = int(args.gib * (1 << 30))
     result = subprocess.run(
         [python, str(HERE / "_hivemind_baseline.py"), "--bytes", str(total), "--repeats", str(args.repeats)],
         capture_output=True,
         text=True,
         timeout=3600,
         env={**os.environ, "PYTHONPATH": str(HERE)},
+        check=False,
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
@@ -264,75 +441,134 @@ def run_hivemind(args: argparse.Namespace) -> dict[str, Any] | None:
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
+# ---------------------------------------------------------------------------------------- main
+SCENARIOS = ("single", "capped", "cli", "kill", "static", "hivemind")
+
+
+async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    total = int(args.gib * (1 << 30))
+    expected = state_hash(model_and_adam_state(total, 0))
+    report: dict[str, Any] = {"bytes": total, "load_avg_start": os.getloadavg()}
+    steps: dict[str, Callable[..., Any]] = {
+        "single": scenario_single,
+        "capped": scenario_capped,
+        "cli": scenario_cli,
+        "kill": scenario_kill,
+        "static": scenario_static,
+    }
+    for name in args.scenarios:
+        if name in steps:
+            began = time.perf_counter()
+            try:
+                report[name] = await steps[name](total, expected, args.repeats, workdir)
+            except ChaosError as exc:  # a failed scenario is a result too (the machine may be overloaded)
+                report[name] = {"failed": f"{type(exc).__name__}: {exc}"}
+            report[name]["load_avg"] = os.getloadavg()
+            print(f"[{name} done in {time.perf_counter() - began:.0f} s, load {os.getloadavg()[0]:.1f}]", flush=True)
+    if "hivemind" in args.scenarios:
+        report["hivemind"] = await anyio.to_thread.run_sync(run_hivemind, args, total)
+    report["load_avg_end"] = os.getloadavg()
+    return report
+
+
 def main() -> None:
-    # The sources come and go between scenarios (and one is killed on purpose): the newcomer's
+    # Sources come and go between scenarios (and one is killed on purpose): the newcomer's
     # membership reports them, which is right but is not what this benchmark shows.
     logging.basicConfig(level=logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--scenarios", default="abcde", help="which scenarios to run (letters, default all)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {SCENARIOS}")
     parser.add_argument("--hivemind-python", default=None, help="interpreter that has hivemind (default: this one)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(args.scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}")
     with tempfile.TemporaryDirectory() as tmp:
-        report = anyio.run(run_chaos, args, Path(tmp), backend="trio")
-    if "d" in args.scenarios:
-        report["d"] = run_hivemind(args)
+        report = anyio.run(run_all, args, Path(tmp), backend="trio")
     show(report, args)
     write_json(args.json, {"benchmark": "state", "gib": args.gib, "repeats": args.repeats, **report})
 
 
 def show(report: dict[str, Any], args: argparse.Namespace) -> None:
-    total = report["bytes"]
-    mib = total / 2**20
-    hivemind = report.get("d") or {}
+    mib = report["bytes"] / 2**20
+    hivemind = report.get("hivemind") or {}
     hm = median(hivemind["seconds"]) if "seconds" in hivemind else None
-    if "a" in report:
-        single = median(report["a"][1])
-        rows = []
-        for count, runs in report["a"].items():
-            seconds = median(runs)
-            rows.append(
-                [
-                    f"chaosp2p, {count} source(s)",
-                    seconds,
-                    mib / seconds,
-                    single / seconds,
-                    "-" if hm is None else hm / seconds,
-                ]
-            )
+    for name, entry in report.items():
+        if isinstance(entry, dict) and "failed" in entry:
+            print(f"{name}: FAILED ({entry['failed']})")
+    if "single" in report and "failed" not in report["single"]:
+        s = report["single"]
+        tcp = median(s["tcp"])
+        rows = [["plain TCP, unencrypted, same bytes", tcp, 1.0]]
+        rows.append(["chaosp2p, 1 source, first pull after it started", median(s["first"]), median(s["first"]) / tcp])
+        rows.append(["chaosp2p, 1 source, second pull", median(s["second"]), median(s["second"]) / tcp])
+        for count, runs in s["sources"].items():
+            rows.append([f"chaosp2p, {count} uncapped sources", median(runs), median(runs) / tcp])
         if hm is not None:
-            rows.append(["hivemind load_state_from_peers, 1 donor", hm, mib / hm, single / hm, 1.0])
+            rows.append(["hivemind load_state_from_peers, 1 donor", hm, hm / tcp])
         print_table(
-            f"(a, d) load {mib:.0f} MiB on loopback, median of {args.repeats}",
-            ["transfer", "seconds", "MiB/s", "speed-up vs 1 source", "speed-up vs hivemind"],
+            f"single: {mib:.0f} MiB on loopback, median of {args.repeats}; all exact: {all(s['exact'])}",
+            ["transfer", "seconds", "vs plain TCP"],
             rows,
         )
-    elif "d" in report:
-        print("(d) hivemind:", json.dumps(hivemind))
-    if "b" in report:
-        bound = report["b"]["lower_bound_s"]
-        seconds = median(report["b"]["seconds"])
+    elif hm is not None or "hivemind" in report:
+        print("hivemind:", json.dumps(hivemind))
+    for key, title in (("capped", "API"), ("cli", "CLI (chaosp2p state pull, DHT discovery)")):
+        if key not in report or "failed" in report[key]:
+            continue
+        rows = []
+        for name, entry in report[key].items():
+            if not isinstance(entry, dict):
+                continue
+            bound = entry["bound_s"]
+            if key == "capped":
+                rows.append(
+                    [
+                        name,
+                        "no estimates (measured)",
+                        median(entry["measured"]),
+                        bound,
+                        median(entry["measured"]) / bound,
+                    ]
+                )
+                rows.append(
+                    [name, "caps given as estimates", median(entry["known"]), bound, median(entry["known"]) / bound]
+                )
+            else:
+                rows.append(
+                    [name, "command's own timing", median(entry["seconds"]), bound, median(entry["seconds"]) / bound]
+                )
+                rows.append(
+                    [name, "process wall time", median(entry["wall_s"]), bound, median(entry["wall_s"]) / bound]
+                )
+            rows[-1].append(all(entry["exact"]))
+            rows[-2].append(all(entry["exact"]))
         print_table(
-            f"(b) caps {[int(c / 1e6) for c in CAPS]} MB/s, 4 sources",
-            ["transfer", "seconds", "lower bound S/sum(caps) s", "ratio"],
-            [["chaosp2p adaptive pull", seconds, bound, seconds / bound]],
+            f"{key}: capped sources, {title}",
+            ["sources", "newcomer", "seconds", "S/sum(caps) s", "ratio", "exact"],
+            rows,
         )
-    if "c" in report:
-        greedy_s = median(report["c"]["greedy (optimal)"]["seconds"])
+    if "kill" in report and "failed" not in report["kill"]:
+        k = report["kill"]
+        print_table(
+            "kill: 4 x 25/50/100/200 MB/s, the 100 MB/s source SIGKILLed at 40 %",
+            ["pull", "seconds", "ratio to bound", "exact"],
+            [
+                ["bound 0.4 S/sum(all) + 0.6 S/sum(rest)", k["bound_s"], 1.0, ""],
+                ["chaosp2p", median(k["seconds"]), median(k["seconds"]) / k["bound_s"], all(k["exact"])],
+            ],
+        )
+    if "static" in report and "failed" not in report["static"]:
+        st = report["static"]
         rows = [
-            [name, median(v["seconds"]), v["predicted_s"], median(v["seconds"]) / greedy_s]
-            for name, v in report["c"].items()
+            [name, median(v["seconds"]), v["predicted_s"], median(v["seconds"]) / st["bound_s"], all(v["exact"])]
+            for name, v in st.items()
+            if isinstance(v, dict) and "seconds" in v
         ]
-        print_table("(c) static plans on the same capped links", ["plan", "seconds", "predicted s", "vs greedy"], rows)
-    if "e" in report:
-        base, killed = median(report["e"]["baseline"]), median(report["e"]["killed"])
-        print_table(
-            "(e) 4 x 100 MB/s, one source killed at 50 %",
-            ["pull", "seconds", "ratio"],
-            [["no failure", base, 1.0], ["one source SIGKILLed halfway", killed, killed / base]],
-        )
+        print_table("static plans, 4 capped sources", ["plan", "seconds", "predicted s", "vs bound", "exact"], rows)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@ class TransferConfig:
     """Chunk and manifest hash of snapshots this peer builds: ``xxh3_128`` or ``blake3``."""
     max_inflight_chunks_per_source: int = 16
     """Most chunks outstanding on one source at once, over all its requests (bounds its receive window)."""
-    max_requests_per_source: int = 2
-    """Requests kept outstanding on each source: the next one is queued there while one is sent."""
+    max_requests_per_source: int = 8
+    """Most requests outstanding on one source (the next ones wait at the source while one is sent)."""
+    pipeline_target_s: float = 0.25
+    """Keep about this much of a source's measured rate requested ahead (round trips, scheduling delays)."""
     max_chunks_per_request: int = 8
     """Most chunks one ``GetChunks`` asks for (a batch is one header and one contiguous payload)."""
     request_target_s: float = 0.05
@@ -89,6 +91,7 @@ class TransferConfig:
             "max_requests_per_source",
             "max_chunks_per_request",
             "request_target_s",
+            "pipeline_target_s",
             "request_timeout_s",
             "stall_timeout_s",
             "check_interval_s",
@@ -113,6 +116,7 @@ class TransferConfig:
             "stall_timeout_s",
             "replan_factor",
             "request_target_s",
+            "pipeline_target_s",
             "max_staging_memory_fraction",
             "check_interval_s",
             "progress_interval_s",
@@ -170,8 +174,8 @@ class TransferConfig:
         return replace(
             cls(),
             max_inflight_chunks_per_source=32,
-            max_requests_per_source=4,
             request_target_s=0.25,
+            pipeline_target_s=1.0,
             request_timeout_s=20.0,
             stall_timeout_s=45.0,
             check_interval_s=2.0,

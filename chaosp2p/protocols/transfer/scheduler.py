@@ -19,9 +19,11 @@ request in flight. It never waits for anything: inputs are headers, payloads, ab
   or that joins mid-pull always triggers a re-plan.
 * **Batches and pipelining.** A request asks for a run of consecutive queued chunks sized to
   about ``request_target_s`` of the lane's rate (one chunk until it is measured, at most
-  ``max_chunks_per_request``); up to ``max_requests_per_source`` requests and
-  ``max_inflight_chunks_per_source`` chunks are outstanding per lane, so the next batch is queued
-  at the source while one is on the wire.
+  ``max_chunks_per_request``). Each lane keeps about ``pipeline_target_s`` of its rate outstanding
+  (at least two chunks, at most ``max_inflight_chunks_per_source``, in at most
+  ``max_requests_per_source`` requests), so the source always has the next batch queued -- even
+  when the newcomer is slow to answer (a loaded machine) -- and the tail a slow lane holds at the
+  end stays short.
 * **Stealing.** A lane whose queue is empty takes a batch from the tail of the queue that would
   finish last, if it would finish that batch sooner.
 * **End game.** When no chunk is missing or queued, an idle lane re-requests an unstarted request of
@@ -70,12 +72,16 @@ class RateMeter:
         self.samples = 0
         self._last_done: float | None = None
 
-    def record(self, sent_at: float, header_at: float, now: float, nbytes: int) -> None:
-        """Request sent at ``sent_at``, header at ``header_at``, last byte at ``now``."""
+    def record(self, header_at: float, now: float, nbytes: int) -> None:
+        """A payload of ``nbytes`` whose header arrived at ``header_at`` ended at ``now``.
+
+        The sample is the payload's own time: from its header (or the previous payload's end, if
+        later) to its last byte. Gaps before a header are left out on purpose: they are round
+        trips and our own scheduling delays, not the link -- counting them would shrink the rate,
+        then the pipeline sized from it, then the rate again.
+        """
         last = self._last_done
-        # Queued behind the previous payload: count from its end (gaps are part of the rate).
-        # Otherwise the lane was idle: count from the header, so the round trip does not count.
-        start = last if last is not None and last >= sent_at else header_at
+        start = header_at if last is None else max(header_at, last)
         self._last_done = now
         elapsed = now - start
         if nbytes <= 0 or elapsed <= 0:
@@ -283,7 +289,7 @@ class ChunkScheduler:
             return PayloadOutcome(verified=0, corrupt=())
         self._finish(lane, request)
         assert request.header_at is not None
-        lane.meter.record(request.sent_at, request.header_at, now, request.length)
+        lane.meter.record(request.header_at, now, request.length)
         lane.last_activity = now
         if request.discard or slot.kind is not PayloadKind.DATA:
             return PayloadOutcome(verified=0, corrupt=())
@@ -524,11 +530,18 @@ class ChunkScheduler:
             owner.queue.appendleft(chunk)  # first: a lost chunk holds up completion
             self._chunk_to(chunk, ChunkInput.ASSIGN)
 
+    def _depth_chunks(self, lane: Lane) -> int:
+        """Chunks to keep outstanding on ``lane``: ``pipeline_target_s`` of its rate (two while unknown)."""
+        config = self.config
+        rate = lane.rate
+        wanted = 2 if rate is None else math.ceil(rate * config.pipeline_target_s / self.manifest.chunk_bytes)
+        return max(2, min(wanted, config.max_inflight_chunks_per_source))
+
     def _batch_chunks(self, lane: Lane) -> int:
         config, chunk_bytes = self.config, self.manifest.chunk_bytes
         rate = lane.rate
         wanted = 1 if rate is None else math.ceil(rate * config.request_target_s / chunk_bytes)
-        room = config.max_inflight_chunks_per_source - lane.outstanding_chunks()
+        room = self._depth_chunks(lane) - lane.outstanding_chunks()
         return max(0, min(wanted, config.max_chunks_per_request, config.max_request_bytes // chunk_bytes, room))
 
     def _fill(self, now: float, lane: Lane) -> None:
@@ -628,7 +641,7 @@ class ChunkScheduler:
                     best, best_at = request, arrives
         if best is None:
             return False
-        if best.count > self.config.max_inflight_chunks_per_source - thief.outstanding_chunks():
+        if best.count > self._depth_chunks(thief) - thief.outstanding_chunks():
             return False
         if thief.latency_s + self._finish_s(thief, best.length) >= best_at:
             return False
