@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 from urllib.parse import urlparse
 
 import anyio
+import numpy as np
 import pytest
 
-from chaosp2p import PeerConfig
+from chaosp2p import PeerConfig, SnapshotStore, open_peer
+from chaosp2p.protocols.transfer import TransferProgress
 from chaosp2p.runtime.node import Node, open_node
 from tests.conditions import eventually
 
@@ -135,3 +138,27 @@ class _Marker:
 
     def __str__(self) -> str:
         return self.note
+
+
+async def test_a_load_in_flight_is_shown_as_a_transfer_with_its_sources() -> None:
+    async with (
+        open_peer(PeerConfig.local()) as source,
+        open_peer(PeerConfig.local()) as newcomer,
+        open_dashboard(newcomer, DashboardConfig(port=0)) as dashboard,
+    ):
+        store = SnapshotStore(source.config.transfer)
+        store.publish("run-a", 3, {"w": np.arange(1 << 20, dtype=np.float32)})
+        await source.serve_state(store)
+        seen: list[dict[str, Any]] = []
+
+        def progress(update: TransferProgress) -> None:
+            assert update in newcomer.state.transfers_in_progress()
+            seen.extend(dashboard.feed.snapshot_now()["transfers"])
+
+        await newcomer.load_state("run-a", sources=[str(source.addrs[0])], progress=progress)
+        assert seen, "no progress was reported"
+        assert all(t["run"] == "run-a" and t["step"] == 3 and 0.0 <= t["fraction"] <= 1.0 for t in seen)
+        assert seen[-1]["fraction"] == 1.0
+        assert {s["peer"] for t in seen for s in t["sources"]} == {str(source.peer_id)}
+        assert newcomer.state.transfers_in_progress() == ()
+        assert dashboard.feed.snapshot_now()["transfers"] == []
