@@ -37,8 +37,8 @@ STEPS = 1_000_000
 STEPS_AFTER_CRASH = 150
 BATCH = 64
 PACE_S = 0.02
-READY_TIMEOUT_S = 60.0
-PHASE_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 180.0
+PHASE_TIMEOUT_S = 300.0
 
 
 class DemoPeer:
@@ -103,11 +103,19 @@ def start(peers: dict[str, DemoPeer], name: str, workdir: Path, join: list[str])
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
-            raise ChaosError(f"demo peer {name} did not start; see {peer.log}")
+            raise ChaosError(f"demo peer {name} did not start:\n{log_tail(peer.log)}")
         time.sleep(0.05)
     info = json.loads(ready.read_text())
     peer.peer_id, peer.addr = info["peer_id"], info["addrs"][0]
     return peer
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The end of a peer's log (the demo's directory is removed when it ends)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def wait_for(condition: Any, what: str, peers: dict[str, DemoPeer]) -> None:
@@ -116,7 +124,7 @@ def wait_for(condition: Any, what: str, peers: dict[str, DemoPeer]) -> None:
         for peer in peers.values():
             code = peer.process.poll()
             if code not in (None, 0, -signal.SIGKILL, -signal.SIGTERM):
-                raise ChaosError(f"peer {peer.name} exited with {code}; see {peer.log}")
+                raise ChaosError(f"peer {peer.name} exited with {code}:\n{log_tail(peer.log)}")
         if time.monotonic() > deadline:
             raise ChaosError(f"timed out waiting for {what}")
         time.sleep(0.05)

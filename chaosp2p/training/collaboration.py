@@ -617,13 +617,18 @@ class AsyncCollaboration:
         receiver = await UpdateReceiver.open(
             stream, run=self.run, layout=self.layout, numel=self.flat.numel, max_queued=self.config.max_catchup_updates
         )
+        failures: list[BaseException] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(receiver.run)
             try:
                 await self._catch_up(sponsor, config, receiver)
+            except (ChaosError, TimeoutError) as exc:  # re-raised below, not as an exception group
+                failures.append(exc)
             finally:
                 await receiver.aclose()
                 tg.cancel_scope.cancel()
+        if failures:
+            raise failures[0]
 
     async def _catch_up(self, sponsor: PeerID, config: Configuration, receiver: UpdateReceiver) -> None:
         snapshot_step = receiver.sponsor_completed + self.config.snapshot_ahead_steps
