@@ -633,6 +633,8 @@ class AsyncCollaboration:
     async def _catch_up(self, sponsor: PeerID, config: Configuration, receiver: UpdateReceiver) -> None:
         snapshot_step = receiver.sponsor_completed + self.config.snapshot_ahead_steps
         sources = await self._request_snapshots(config, snapshot_step)
+        if self.config.max_snapshot_sources:  # every member was asked (one refusing must not fail the join)
+            sources = sources[: self.config.max_snapshot_sources]
         if not sources:
             raise TransferError(f"no member could snapshot step {snapshot_step}")
         started = self.peer.clock.now()

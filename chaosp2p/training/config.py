@@ -57,6 +57,9 @@ class CollaborationConfig:
     """Report measured throughput to the run every this many steps (straggler balancing)."""
     balance: bool = True
     """Follow the run's batch shares (``local_batch_size``) from measured throughput."""
+    max_snapshot_sources: int = 0
+    """A newcomer loads its snapshot from at most this many of the members that prepared it (0 =
+    all of them). 1 is a single-source download: the baseline of ``benchmarks/training_elastic.py``."""
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"mode must be one of {MODES} (got {self.mode!r})")
@@ -78,6 +81,7 @@ class CollaborationConfig:
         )
         require(0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)")
         require(self.join_lag_steps >= 1, "join_lag_steps must be >= 1")
+        require(self.max_snapshot_sources >= 0, "max_snapshot_sources must be >= 0 (0 = all members)")
 
     def replace(self, **changes: Any) -> CollaborationConfig:
         """A copy with fields replaced."""
