@@ -1,17 +1,18 @@
 """A transformer big enough that joins move real state: ~46 M parameters, ~555 MB with Adam's moments.
 
 A GPT-style decoder (12 pre-norm layers, width 512, 8 heads, vocabulary 8192) trained with Adam on
-generated tokens -- nothing is downloaded. The "language" is a fixed random Markov chain from a seed:
-every token has 4 possible successors, so the loss falls from ln(8192) = 9.0 towards ln(4) = 1.39 as
-the model learns the chain. Each step's global batch (``--batch`` sequences of ``--seq`` tokens,
-drawn from the seed and the step number) is split among the members by their agreed shares, and the
-gradients are averaged weighted by samples (``--mode sync``) -- or every member takes
-``--local-steps`` Adam steps alone and the parameters are averaged through DiLoCo's outer step
-(``--mode diloco``).
+generated tokens -- nothing is downloaded. The "language" is a fixed random Markov chain from a seed
+over 64 of the 8192 tokens, each with 4 possible successors: the loss falls from ln(8192) = 9.0
+towards ln(4) = 1.39 as the model learns the chain (about 2.4 after 50 steps). Each step's global
+batch (``--batch`` sequences of ``--seq`` tokens, drawn from the seed and the step number) is split
+among the members by their agreed shares, and the gradients are averaged weighted by samples
+(``--mode sync``) -- or every member takes ``--local-steps`` Adam steps alone and the parameters are
+averaged through DiLoCo's outer step (``--mode diloco``).
 
-Sequences and batches are tiny so that a step takes 1-2 s on one CPU core; the point is the size of
-the state. A newcomer downloads parameters and Adam's moments (~555 MB) from every member in
-parallel while they keep training, replays the steps it missed and is admitted bit-identical::
+Sequences and batches are tiny (4 x 16 tokens) so that a step takes 1-2 s on one idle CPU core; the
+point is the size of the state. A newcomer downloads parameters and Adam's moments (~555 MB) from
+every member in parallel while they keep training, replays the steps it missed and is admitted
+bit-identical::
 
     python examples/train_transformer.py --steps 100 --metrics-file a.jsonl
     python examples/train_transformer.py --steps 100 --join /ip4/127.0.0.1/tcp/PORT/p2p/12D3KooW...
@@ -23,6 +24,7 @@ Flags shared by every example peer: ``--join`` (repeatable), ``--steps``, ``--re
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 
@@ -31,11 +33,13 @@ import torch
 from torch import nn
 
 import chaosp2p
+from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.training.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
 
 RUN = "transformer"
 DATA_SEED = 11
 SUCCESSORS = 4
+ACTIVE = 64
 
 
 class Decoder(nn.Module):
@@ -61,18 +65,19 @@ class Decoder(nn.Module):
 
 
 class MarkovTokens:
-    """A fixed random Markov chain over the vocabulary: each token has ``SUCCESSORS`` successors."""
+    """A fixed random Markov chain over ``ACTIVE`` of the tokens, each with ``SUCCESSORS`` successors."""
 
     def __init__(self, vocab: int, seq: int) -> None:
         rng = np.random.default_rng(DATA_SEED)
-        self.successors = rng.integers(0, vocab, size=(vocab, SUCCESSORS))
-        self.vocab, self.seq = vocab, seq
+        self.active = rng.choice(vocab, size=min(ACTIVE, vocab), replace=False)
+        self.successors = self.active[rng.integers(0, len(self.active), size=(vocab, SUCCESSORS))]
+        self.seq = seq
 
     def global_batch(self, step: int, size: int) -> torch.Tensor:
         """The ``size`` sequences of step ``step`` (``seq + 1`` tokens each): every member agrees."""
         rng = np.random.default_rng([DATA_SEED, step])
         tokens = np.empty((size, self.seq + 1), dtype=np.int64)
-        tokens[:, 0] = rng.integers(0, self.vocab, size=size)
+        tokens[:, 0] = self.active[rng.integers(0, len(self.active), size=size)]
         choices = rng.integers(0, SUCCESSORS, size=(size, self.seq))
         for position in range(self.seq):
             tokens[:, position + 1] = self.successors[tokens[:, position], choices[:, position]]
@@ -103,7 +108,7 @@ def main() -> int:
     parser.add_argument("--mode", choices=("sync", "diloco"), default="sync")
     parser.add_argument("--local-steps", type=int, default=10, help="DiLoCo: inner steps per outer step")
     parser.add_argument("--batch", type=int, default=4, help="global batch: sequences per step over all members")
-    parser.add_argument("--seq", type=int, default=32, help="tokens per sequence")
+    parser.add_argument("--seq", type=int, default=16, help="tokens per sequence")
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=12)
@@ -112,6 +117,9 @@ def main() -> int:
     parser.add_argument("--wire-dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     args = parser.parse_args()
     torch.set_num_threads(1)  # several peers share this machine's cores
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    for name in ("chaosp2p.training", "chaosp2p.state"):  # the join's download and catch-up timeline
+        logging.getLogger(name).setLevel(logging.INFO)
 
     stop = StopSignal()
     model, optimizer = make_model(args)
@@ -120,10 +128,18 @@ def main() -> int:
     print(f"model: {params / 1e6:.1f} M parameters, {state_megabytes(model):.0f} MB with Adam's moments", flush=True)
     metrics = MetricsWriter(args.metrics_file)
     config = profile_config(args.profile)
+    if args.profile == "local":
+        # Moving ~555 MB (snapshots, downloads, averaging) keeps this machine's cores busy for whole
+        # seconds; the local profile's sub-second failure detection would declare busy peers failed.
+        config = config.replace(membership=MembershipConfig.lan())
     from chaosp2p.training import Collaboration, CollaborationConfig
 
     collab_config = CollaborationConfig.profile_named(config.profile).replace(
-        mode=args.mode, global_batch=args.batch, local_steps=args.local_steps, wire_dtype=args.wire_dtype
+        mode=args.mode,
+        global_batch=args.batch,
+        local_steps=args.local_steps,
+        wire_dtype=args.wire_dtype,
+        round_timeout_min_s=30.0,  # a step takes seconds here: wait that long for a member's share
     )
     with chaosp2p.Peer(initial_peers=args.join, config=config, run=RUN) as peer:
         write_ready_file(args.ready_file, peer.peer_id, peer.addrs)
@@ -156,7 +172,7 @@ def main() -> int:
                     "epoch": result.epoch,
                     "config_digest": result.config_digest,
                     "members": result.members,
-                    "loss": round(float(loss), 6),
+                    "loss": round(loss.item(), 6),
                     "samples": result.samples,
                     "round_s": round(result.round_s, 6),
                     "idle_s": round(result.idle_s, 6),
@@ -166,7 +182,7 @@ def main() -> int:
                 }
             )
             print(
-                f"step {result.step}: loss {float(loss):.3f}, {result.members} members, "
+                f"step {result.step}: loss {loss.item():.3f}, {result.members} members, "
                 f"compute {computed:.2f} s, averaging {result.round_s:.2f} s",
                 flush=True,
             )
