@@ -160,8 +160,14 @@ class FeedSource(Protocol):
         ...
 
 
-def gather_view(node: Any, *, role: str, wall: Callable[[], float] = time.time) -> SwarmView:
-    """Read a :class:`SwarmView` from a running node (read-only; never awaits)."""
+def gather_view(
+    node: Any, *, role: str, wall: Callable[[], float] = time.time, remote_runs: Iterable[Mapping[str, Any]] = ()
+) -> SwarmView:
+    """Read a :class:`SwarmView` from a running node (read-only; never awaits).
+
+    ``remote_runs`` (other members' reports, see :mod:`.remote`) fill in the runs the node itself
+    is not in; a run the node takes part in is shown as the node sees it.
+    """
     report = node.status_report()
     connections: dict[str, PeerConnectionView] = {}
     host = getattr(node, "host", None)
@@ -175,6 +181,9 @@ def gather_view(node: Any, *, role: str, wall: Callable[[], float] = time.time) 
             rtt_s=connection.rtt_s,
             outbound=connection.is_dialer,
         )
+    runs: list[Any] = list(getattr(report, "runs", ()))
+    local_runs = {getattr(r, "run", None) for r in runs}
+    runs.extend(r for r in remote_runs if r.get("run") not in local_runs)
     state = getattr(node, "state", None)
     transfers_of = getattr(state, "transfers_in_progress", None)
     return SwarmView(
@@ -185,7 +194,7 @@ def gather_view(node: Any, *, role: str, wall: Callable[[], float] = time.time) 
         members=node.members(),
         links=node.topology().links,
         connections=connections,
-        runs=tuple(getattr(report, "runs", ())),
+        runs=tuple(runs),
         transfers=tuple(transfers_of()) if callable(transfers_of) else (),
         now=node.clock.now(),
         wall=wall(),

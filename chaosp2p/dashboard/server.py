@@ -42,7 +42,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from chaosp2p.dashboard.config import DashboardConfig, is_loopback
-from chaosp2p.dashboard.feed import DashboardFeed, FeedSource, TooManyClients, frames_bytes
+from chaosp2p.dashboard.feed import DashboardFeed, FeedSource, TooManyClients, frames_bytes, gather_view
+from chaosp2p.dashboard.remote import RemoteRuns
 
 log = logging.getLogger("chaosp2p.dashboard")
 
@@ -314,10 +315,12 @@ async def open_dashboard(node: FeedSource, config: DashboardConfig | None = None
     hypercorn_config.errorlog = http_log
     hypercorn_config.graceful_timeout = config.shutdown_grace_s
     hypercorn_config.include_server_header = False
-    feed = DashboardFeed(node, config)
+    remote = RemoteRuns(node)
+    feed = DashboardFeed(node, config, view=lambda: gather_view(node, role=config.role, remote_runs=remote.runs()))
     shutdown, done = anyio.Event(), anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(feed.run, name="dashboard feed")
+        tg.start_soon(remote.run, lambda: feed.client_count > 0, name="dashboard remote runs")
         tg.start_soon(_serve, build_app(feed, config), hypercorn_config, shutdown, done, name="dashboard http")
         dashboard = Dashboard(url=f"http://{shown}:{port}/", config=config, feed=feed)
         log.info("dashboard on %s", dashboard.url)

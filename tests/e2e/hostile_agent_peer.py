@@ -1,12 +1,14 @@
-"""A real peer whose self-declared agent string is HTML, for the dashboard's escaping test.
+"""A real peer that names itself and a training run with HTML, for the dashboard's escaping test.
 
 Run as ``python -m tests.e2e.hostile_agent_peer --bootstrap ADDR --ready-file F``. Every connection
-it opens or accepts introduces it with :data:`HOSTILE_AGENT` in its Hello, as a malicious peer may.
+it opens or accepts introduces it with :data:`HOSTILE_AGENT` in its Hello, and its status reports a
+run whose id is :data:`HOSTILE_RUN`, as a malicious peer may.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -16,10 +18,12 @@ import anyio
 from chaosp2p import PeerConfig
 from chaosp2p.cli_common import announce_ready
 from chaosp2p.runtime.node import Node, open_node
+from chaosp2p.runtime.status import RunStatusInfo, StatusReport
 from chaosp2p.transport.host import Host
 
 HOSTILE_AGENT = "<img src=x onerror=window.pwned=1><script>pwned=2</script>"
 """58 characters: within the Hello's 64-character agent limit, so it reaches every peer intact."""
+HOSTILE_RUN = '"><svg onload=window.pwned=3><script>window.pwned=4</script>'
 
 
 class HostileAgentNode(Node):
@@ -28,6 +32,14 @@ class HostileAgentNode(Node):
     def __init__(self, *, host: Host, **options: Any) -> None:
         host.agent = HOSTILE_AGENT
         super().__init__(host=host, **options)
+
+    def status_report(self) -> StatusReport:
+        """The real report, plus a run with a hostile id that this peer claims to train."""
+        report = super().status_report()
+        run = RunStatusInfo(
+            run=HOSTILE_RUN, epoch=7, step=1234, config_digest="<b>digest</b>", members=(str(self.peer_id),)
+        )
+        return dataclasses.replace(report, runs=(*report.runs, run))
 
 
 async def run(bootstrap: Sequence[str], ready_file: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .hostile_agent_peer import HOSTILE_AGENT
+from .hostile_agent_peer import HOSTILE_AGENT, HOSTILE_RUN
 from .processes import ROOT, PeerProcess, Swarm, swarm, wait_until
 
 __all__ = ["swarm"]
@@ -150,6 +150,19 @@ def test_page_shows_the_swarm_marks_a_killed_peer_failed_and_escapes_hostile_str
         """
     )
     assert injected == {"pwned": None, "images": 0, "scripts": ["static/app.js"]}
+    # Its status claims a training run with a hostile id: the observer asks members for their runs.
+    wait_until(
+        lambda: browser.execute_script(
+            "const r = document.querySelector('#runs tbody tr'); return r && [r.dataset.run, r.cells[0].textContent];"
+        )
+        == [HOSTILE_RUN, HOSTILE_RUN],
+        timeout_s=20,
+        what="the page to list the hostile peer's run, its id as text",
+    )
+    assert browser.execute_script(
+        "return [document.querySelectorAll('svg').length, document.querySelectorAll('img').length,"
+        " document.scripts.length, window.pwned === undefined]"
+    ) == [1, 0, 1, True]  # only the page's own graph and script
 
     # Runs and transfers come from the training layer; render hostile ones through the page's own
     # code path (the feed's message format) and check they stay text.

@@ -24,15 +24,18 @@ from chaosp2p.dashboard.feed import (
     TooManyClients,
     encode_frame,
     event_message,
+    gather_view,
     json_value,
     snapshot_message,
 )
+from chaosp2p.dashboard.remote import MAX_REMOTE_RUNS, RemoteRuns, RemoteRunsConfig
 from chaosp2p.errors import ConfigError
-from chaosp2p.protocols.membership import LinkView, Member, MemberState, PeerFailed, Resources
+from chaosp2p.protocols.membership import LinkView, Member, MemberState, PeerFailed, Resources, Topology
 from chaosp2p.protocols.negotiation.events import OperationCommitted
 from chaosp2p.protocols.negotiation.operations import OpKind
 from chaosp2p.protocols.transfer import SourceProgress, TransferProgress
 from chaosp2p.runtime.events import EventHub
+from chaosp2p.runtime.status import RunStatusInfo, StatusReport
 from chaosp2p.wire.identity import Identity, PeerID
 
 HOSTILE = '</td><script>window.pwned=1</script><img src=x onerror="pwned=2">\n\ndata: {"x":1}\r\n\u2028'
@@ -103,8 +106,9 @@ def make_view(now: float = 100.0, wall: float = 1_700_000_000.0) -> tuple[SwarmV
         rate_bytes_per_s=250.0,
         eta_s=3.0,
         sources=(
-            SourceProgress(peer=alive, active=True, bytes_done=250, rate_bytes_per_s=250.0, inflight_chunks=1,
-                           queued_chunks=2),
+            SourceProgress(
+                peer=alive, active=True, bytes_done=250, rate_bytes_per_s=250.0, inflight_chunks=1, queued_chunks=2
+            ),
         ),
     )
     run = RunRecord(
@@ -153,8 +157,12 @@ def test_snapshot_shape_times_links_runs_and_transfers() -> None:
     view, (local, alive, failed) = make_view()
     message = snapshot_message(view, stats={"clients": 2})
     assert set(message) == {"self", "members", "links", "runs", "transfers", "omitted", "time", "feed"}
-    assert message["self"] == {"peer_id": str(local), "agent": "chaosp2p/0.1.0", "addrs": ["/ip4/127.0.0.1/tcp/1"],
-                               "role": "observer"}
+    assert message["self"] == {
+        "peer_id": str(local),
+        "agent": "chaosp2p/0.1.0",
+        "addrs": ["/ip4/127.0.0.1/tcp/1"],
+        "role": "observer",
+    }
     by_id = {m["peer_id"]: m for m in message["members"]}
     assert [m["peer_id"] for m in message["members"]] == [str(local), str(alive), str(failed)]
     assert by_id[str(local)]["role"] == "observer" and by_id[str(local)]["is_local"]
@@ -166,8 +174,13 @@ def test_snapshot_shape_times_links_runs_and_transfers() -> None:
     assert by_id[str(failed)]["agent"] is None and by_id[str(failed)]["resources"] is None
     # Node-clock times become wall-clock times: changed 1 s before "now".
     assert by_id[str(failed)]["since"] == pytest.approx(view.wall - 1.0)
-    assert message["links"][0] == {"source": str(local), "target": str(alive), "up": True, "rtt_ms": 2.1,
-                                   "bandwidth_bytes_per_s": 5e8}
+    assert message["links"][0] == {
+        "source": str(local),
+        "target": str(alive),
+        "up": True,
+        "rtt_ms": 2.1,
+        "bandwidth_bytes_per_s": 5e8,
+    }
     assert message["links"][1]["up"] is False and message["links"][1]["rtt_ms"] is None
     (run,) = message["runs"]
     assert run["run"] == HOSTILE and run["epoch"] == 2 and run["step"] == 40 and run["pending"] == 1
@@ -194,16 +207,26 @@ def test_hostile_strings_cannot_break_the_event_stream_framing() -> None:
 
 def test_events_become_generic_json_with_wall_times_for_every_at_field() -> None:
     peer = peer_ids(1)[0]
-    failed = event_message(PeerFailed(at=98.0, peer=peer, incarnation=2, suspected_at=97.5), seq=5, now=100.0,
-                           wall=1000.0)
+    failed = event_message(
+        PeerFailed(at=98.0, peer=peer, incarnation=2, suspected_at=97.5), seq=5, now=100.0, wall=1000.0
+    )
     assert failed["kind"] == "PeerFailed" and failed["seq"] == 5 and failed["peer"] == str(peer)
     assert failed["time"] == 998.0
     assert failed["times"] == {"at": 998.0, "suspected_at": 997.5}
     assert failed["fields"]["incarnation"] == 2
     subject, origin = peer_ids(2)
     committed = OperationCommitted(
-        run="run-a", epoch=4, kind=OpKind.FAIL, subject=subject, other=None, origin=origin, detected_at=96.0,
-        proposed_at=97.0, committed_at=98.5, activation_step=1200, applied=True,
+        run="run-a",
+        epoch=4,
+        kind=OpKind.FAIL,
+        subject=subject,
+        other=None,
+        origin=origin,
+        detected_at=96.0,
+        proposed_at=97.0,
+        committed_at=98.5,
+        activation_step=1200,
+        applied=True,
     )
     message = event_message(committed, seq=6, now=100.0, wall=1000.0)
     assert message["kind"] == "OperationCommitted" and message["peer"] == str(subject)
@@ -338,3 +361,53 @@ def test_dashboard_config_requires_a_token_off_loopback() -> None:
         DashboardConfig(port=70000)
     with pytest.raises(ConfigError):
         DashboardConfig(client_queue_events=0)
+
+
+# ------------------------------------------------------------------------------------- remote runs
+def status_with_runs(peer: PeerID, *runs: tuple[str, int, int]) -> StatusReport:
+    return StatusReport(
+        peer_id=str(peer),
+        addrs=(),
+        agent="x",
+        uptime_s=1.0,
+        connections=(),
+        runs=tuple(
+            RunStatusInfo(run=run, epoch=epoch, step=step, config_digest="d", members=(str(peer),))
+            for run, epoch, step in runs
+        ),
+    )
+
+
+def test_remote_runs_keep_the_newest_record_per_run_and_forget_stale_ones() -> None:
+    node = HubNode()
+    remote = RemoteRuns(node, RemoteRunsConfig(stale_after_s=10.0))
+    a, b = peer_ids(2)
+    remote.note(status_with_runs(a, ("r1", 2, 50), ("r2", 1, 5)), str(a))
+    remote.note(status_with_runs(b, ("r1", 2, 40)), str(b))  # behind: ignored
+    assert [(r["run"], r["step"], r["reported_by"]) for r in remote.runs()] == [("r1", 50, str(a)), ("r2", 5, str(a))]
+    node.clock.advance(6.0)
+    remote.note(status_with_runs(b, ("r1", 3, 0)), str(b))  # a new epoch wins
+    node.clock.advance(6.0)  # r2 not reported for 12 s: gone
+    assert [(r["run"], r["epoch"], r["reported_by"]) for r in remote.runs()] == [("r1", 3, str(b))]
+    remote.note(status_with_runs(a, *((f"x{i}", 0, 0) for i in range(500))), str(a))
+    assert len(remote.runs()) == MAX_REMOTE_RUNS  # a peer cannot grow the page without bound
+
+
+def test_the_nodes_own_runs_win_over_what_others_report() -> None:
+    view, (local, _, _) = make_view()
+
+    class Node:
+        clock = VirtualClock(100.0)
+
+        def status_report(self) -> StatusReport:
+            return status_with_runs(local, ("mine", 1, 10))
+
+        def members(self) -> tuple[Member, ...]:
+            return view.members
+
+        def topology(self) -> Any:
+            return Topology(nodes=view.members, links=view.links)
+
+    gathered = gather_view(Node(), role="peer", remote_runs=[{"run": "mine", "step": 99}, {"run": "theirs", "step": 3}])
+    assert [(getattr(r, "run", None) or r["run"]) for r in gathered.runs] == ["mine", "theirs"]
+    assert gathered.runs[0].step == 10
