@@ -248,7 +248,8 @@ def scenario_false_failure_removes_a_live_member() -> None:
         for p in peers:
             if p not in (quiet, busy):
                 net.call(p, lambda m, now, v=victim: m.observe_member(now, v, MemberState.FAILED, 3))
-    net.deliver(drop=lambda s, r, m: (r in (quiet, busy) and isinstance(m, Accept)) or s in (quiet, busy))
+    # Nobody trained yet, so the proposer waits one phase timeout for progress reports.
+    net.advance(0.5, drop=lambda s, r, m: (r in (quiet, busy) and isinstance(m, Accept)) or s in (quiet, busy))
     for victim in (quiet, busy):
         assert state(net, victim) is RunState.REMOVED
         assert [r.reason for r in of_type(net.take(victim), RemovedFromRun)] == ["failed"]
@@ -292,6 +293,7 @@ def scenario_refusals_raise_the_activation_step() -> None:
 def scenario_proposer_preempted_in_phase_two() -> None:
     net, peers = make_net(3)
     coord, (b, _) = roles(net, peers)
+    report_all(net, peers, entered=1, completed=0)  # a coordinator with progress of its own goes fast
     net.call(b, lambda m, now: m.set_throughput(now, RUN, 6.0))
     # The coordinator's (fast, round 0) ACCEPTs are lost: it waits in phase 2 while another member
     # holding the operation proposes with a higher ballot, which makes it stand back.

@@ -415,6 +415,14 @@ def next_configuration(
     removed: set[bytes] = set()
     departed = {d.peer_id.raw: d for d in prev.departed if d.epoch + MAX_OP_AGE_EPOCHS >= prev.epoch + 1}
     departed_changed = len(departed) != len(prev.departed)
+    for raw, d in list(departed.items()):
+        if d.activation_step > activation_step:
+            # This configuration governs the steps from activation_step on and does not count on
+            # the departed member: its participation now ends earlier (a lame duck learns this).
+            departed[raw] = DepartedEntry(
+                peer_id=d.peer_id, incarnation=d.incarnation, epoch=d.epoch, activation_step=activation_step
+            )
+            departed_changed = True
     members_changed = False
     results: list[AppliedOp] = [AppliedOp(op_id=i, op=op, applied=False) for i, op in _dropped(ops, dropped)]
     for ident, op in ordered:

@@ -113,6 +113,12 @@ class MachineCore:
         """The configuration governing ``step`` if this peer takes part in it and it is not gated."""
         if rec.state not in MEMBER_STATES and rec.state is not RunState.REMOVED:
             return None
+        newest = rec.config
+        if rec.state is RunState.REMOVED and newest is not None:
+            # Our participation ends where the newest configuration says it does.
+            gone = newest.departed_entry(self.local_peer)
+            if step >= (newest.activation_step if gone is None else gone.activation_step):
+                return None
         gate = rec.gate_step
         if gate is not None and step >= gate:
             return None

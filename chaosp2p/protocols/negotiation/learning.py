@@ -295,7 +295,7 @@ class Learning(MachineCore):
                 continue
             if not self._learn(now, rec, record, sender):
                 return
-        if msg.snapshot and rec.state in MEMBER_STATES:
+        if msg.snapshot and self._learner(rec):
             self._offer_configuration(now, rec, msg.snapshot, sender, expected_digest=None)
 
     def _offer_configuration(
@@ -322,10 +322,17 @@ class Learning(MachineCore):
                 return
             self._admit(now, rec, config)
             return
-        # A member far behind: adopt the snapshot (the history cannot bridge the gap).
         if not (config.has_member(sender) or (rec.config is not None and rec.config.has_member(sender))):
             self._reject(rec.run, "not_member", sender)
             return
+        if rec.state is RunState.REMOVED:
+            # A lame duck far behind: the newest configuration's record of its departure says
+            # when its participation ends (_config_for); older configurations still tell it who
+            # trains the steps before that.
+            self._install(rec, config)
+            self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
+            return
+        # A member far behind: adopt the snapshot (the history cannot bridge the gap).
         was_gated = rec.accepted_value is not None
         self._abandon(now, rec)
         self._count("snapshots_adopted")

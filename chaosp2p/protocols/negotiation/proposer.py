@@ -79,14 +79,20 @@ class PaxosRoles(MachineCore):
             and not rec.proposer.fast_used
             and rec.promised is None
             and rec.accepted_value is None
-            # An urgent S is the first uncompleted step: without progress of our own (a fresh
-            # newcomer) ask a quorum for theirs in phase 1 instead of guessing.
-            and not (self._urgent_pending(rec) and rec.completed < 0 and rec.peer_completed < 0)
+            # S comes from the progress of the members: a proposer without progress of its own (a
+            # newcomer that has not trained yet) asks a quorum for theirs in phase 1 instead of
+            # guessing from what it heard earlier, which may be stale.
+            and self._informed(rec, rec.entered, rec.completed)
         )
         self._start_proposal(now, rec, fast=fast)
 
     def _urgent_pending(self, rec: RunRecord) -> bool:
         return bool(rec.pending_fails)
+
+    def _informed(self, rec: RunRecord, entered: int, completed: int) -> bool:
+        """Does this progress report pin S down? An urgent S is the first uncompleted step, so it
+        needs a member that completed one; otherwise one that began training."""
+        return completed >= 0 if self._urgent_pending(rec) else entered >= 0
 
     def _start_proposal(self, now: float, rec: RunRecord, *, fast: bool) -> None:
         config = rec.config
@@ -181,6 +187,11 @@ class PaxosRoles(MachineCore):
             if ids is None:
                 value = None  # an invalid accepted value cannot have been chosen by correct acceptors
         if value is None or ids is None:
+            if not force and not any(self._informed(rec, p.entered, p.completed) for p in prop.promises.values()):
+                # Only newcomers that have not trained answered so far: an S from stale knowledge
+                # could be accepted by them alone and rewrite steps the others completed. Wait for
+                # a member with progress (until the phase times out).
+                return
             value, ids = self._fresh_value(now, rec, prop.promises.values())
             if value is None:
                 prop.phase = proposer_transition(prop.phase, ProposerEvent.ABANDON)
