@@ -44,7 +44,9 @@ class TrainingService:
         self.averager = Averager(node.host, node.clock)
         self.store = SnapshotStore(node.config.transfer, keep_latest=SNAPSHOTS_KEPT)
         self._collaborations: dict[str, AsyncCollaboration] = {}
-        node.host.set_stream_handler(PROTOCOL_ID, self._serve)
+        # No idle timeout: an observe stream is quiet while training pauses, and a snapshot request
+        # waits for its step; both end with the newcomer's stream (or the peer).
+        node.host.set_stream_handler(PROTOCOL_ID, self._serve, idle_timeout_s=None)
 
     def register(self, collaboration: AsyncCollaboration) -> None:
         """Route requests about ``collaboration.run`` to it."""
