@@ -300,6 +300,7 @@ class PullDriver:
                 with unwrap_single_error():
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._send_loop, link)
+                        tg.start_soon(self._watch_progress, link.stream, peer)
                         await self._read_loop(link)
                         tg.cancel_scope.cancel()
             except BaseExceptionGroup as group:
@@ -315,6 +316,20 @@ class PullDriver:
             except ChaosError as exc:
                 if not link.dropped:
                     self._input(self.machine.source_failed, peer, str(exc))
+
+    async def _watch_progress(self, stream: Stream, peer: PeerID) -> None:
+        """Tell the machine that bytes keep arriving while a long payload is being received.
+
+        The machine judges a source stalled when nothing it can see happens for
+        ``stall_timeout_s``; a payload is one step for it, however long a slow link needs for it.
+        """
+        seen = stream.last_activity
+        interval = self.machine.config.stall_timeout_s / 3
+        while True:
+            await anyio.sleep(interval)
+            if stream.last_activity != seen:
+                seen = stream.last_activity
+                self._input(self.machine.note_activity, peer)
 
     async def _send_loop(self, link: _SourceLink) -> None:
         assert link.stream is not None
