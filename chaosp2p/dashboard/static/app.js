@@ -95,7 +95,14 @@
   }
 
   // ----------------------------------------------------------------- runs and transfers
-  const RUN_COLUMNS = ["run", "epoch", "step", "loss", "members", "pending", "config_digest"];
+  const RUN_COLUMNS = ["run", "epoch", "step", "activation_step", "loss", "members", "pending", "config_digest",
+    "reported_by"];
+  function runCell(key, v) {
+    if (Array.isArray(v)) return String(v.length); // members, pending: a count (the list in the tooltip)
+    if (key === "reported_by") return short(v);
+    if (key === "config_digest" && typeof v === "string" && v.length > 12) return v.slice(0, 12) + "…";
+    return scalar(v);
+  }
   function renderRuns(s) {
     const box = document.getElementById("runs");
     clear(box);
@@ -113,8 +120,8 @@
       if (typeof r.run === "string") row.dataset.run = r.run;
       for (const k of keys) {
         const v = r[k];
-        cell(row, k === "members" && Array.isArray(v) ? v.length : scalar(v), typeof v === "number" ? "num" : "",
-          Array.isArray(v) ? v.map(scalar).join("\n") : "");
+        cell(row, runCell(k, v), typeof v === "number" || Array.isArray(v) ? "num" : "",
+          Array.isArray(v) ? v.map(scalar).join("\n") : typeof v === "string" ? v : "");
       }
       body.appendChild(row);
     }
