@@ -107,7 +107,7 @@
     const box = document.getElementById("runs");
     clear(box);
     document.getElementById("run-count").textContent = s.runs.length ? "(" + s.runs.length + ")" : "";
-    if (!s.runs.length) { box.appendChild(el("p", "empty", "no training run reported by this peer")); return; }
+    if (!s.runs.length) { box.appendChild(el("p", "empty", "no training run reported")); return; }
     const keys = RUN_COLUMNS.filter((k) => s.runs.some((r) => k in r));
     for (const r of s.runs) for (const k of Object.keys(r)) if (!keys.includes(k) && k !== "times") keys.push(k);
     const table = el("table", "runs");
