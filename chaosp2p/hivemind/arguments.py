@@ -220,8 +220,11 @@ class OptimizerSettings:
             "global_batch": self.target_batch_size,
             "wire_dtype": self.wire_dtype,
             "join_timeout_s": self.join_timeout_s,
-            # An epoch spans many step() calls, so a newcomer asks for the nearest one's snapshot.
+            # An epoch spans many step() calls, so a newcomer asks for the nearest one's snapshot,
+            # and each member reports its throughput every epoch (shares follow it; negotiation only
+            # acts on large changes).
             "snapshot_ahead_steps": 1,
+            "rebalance_interval_steps": 1,
         }
         if self.mode == "diloco":
             # One outer step per epoch whose pseudo-gradient is the parameter difference: with an

@@ -125,6 +125,7 @@ def test_gradient_averaging_maps_to_sync_mode_with_the_target_as_global_batch() 
     assert config.retry_wait_s == 3.0
     assert config.join_timeout_s == 120.0
     assert config.wire_dtype == "float32"
+    assert config.rebalance_interval_steps == 1  # epochs are long: shares follow throughput every epoch
 
 
 def test_allreduce_timeout_wins_over_averaging_timeout() -> None:
