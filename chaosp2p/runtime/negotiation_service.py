@@ -47,7 +47,7 @@ log = logging.getLogger("chaosp2p.negotiation")
 
 ROUTINE_REJECTIONS = frozenset({"stale_ballot", "old_epoch", "stale_fail", "unsolicited", "replayed"})
 """Refusals that concurrent proposers and late messages cause all the time (logged at debug)."""
-LINK_SETTLE_INTERVALS = 10
+LINK_SETTLE_INTERVALS = 30
 """A link change becomes an operation once it held for this many heartbeat intervals: flapping
 heartbeats on a loaded host would otherwise make a new configuration every few steps."""
 

@@ -151,12 +151,18 @@ class NegotiationConfig:
 
     @classmethod
     def local(cls) -> NegotiationConfig:
-        """One machine / loopback: takeovers within ~0.1 s, resync every 0.25 s."""
+        """One machine / loopback: takeovers within ~0.5 s, resync every 0.25 s.
+
+        Decisions take a few milliseconds when nothing is lost; the phase and takeover timeouts
+        only matter when messages are. They are not shorter than lan's because peers on one
+        machine share its cores: on a busy machine a message can sit for tens of milliseconds,
+        and shorter timeouts made proposers abandon rounds that would have succeeded (duels).
+        """
         return dataclasses.replace(
             cls(),
             proposer_backoff_s=0.01,
-            phase_timeout_s=0.05,
-            decision_timeout_s=0.1,
+            phase_timeout_s=0.25,
+            decision_timeout_s=0.5,
             decision_floor_s=0.005,
             default_rtt_s=0.001,
             sync_interval_s=0.25,
