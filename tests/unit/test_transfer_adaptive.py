@@ -8,8 +8,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from chaosp2p.errors import LocalProtocolError
+from chaosp2p.errors import LocalProtocolError, TransferError
 from chaosp2p.protocols.transfer import (
     ChunkState,
     DropReason,
@@ -31,6 +33,8 @@ from .test_transfer_pull import (
     FakeNet,
     FakeSource,
     assert_bit_exact,
+    faults,
+    inject,
     make_sources,
     make_state,
     peer,
@@ -229,3 +233,27 @@ def test_unknown_rates_with_equal_sources_need_no_replan() -> None:
     assert_bit_exact(net.result(), make_state())
     reasons = [p.reason for p in net.of(Planned)]
     assert reasons.count(PlanReason.BEHIND_PLAN) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(faults, min_size=1, max_size=5), st.integers(0, 2**16))
+def test_random_faults_with_measured_rates_and_deep_pipelines_never_commit_wrong_bytes(
+    kinds: list[str], seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    state = big_state(seed=seed % 7, chunks=48)
+    rates = [float(r) for r in rng.uniform(2e4, 4e5, len(kinds))]
+    sources = make_sources(len(kinds), rates=rates, states=[state] * len(kinds), config=ADAPTIVE)
+    total = sources[0].store.latest(RUN).total_bytes  # type: ignore[union-attr]
+    for src, kind in zip(sources, kinds, strict=True):
+        inject(src, kind, rng, total)
+    net = FakeNet(sources, unknown(sources, work_stealing=bool(seed % 2)))
+    net.run(until=900.0)
+    if net.completed is not None:
+        assert_bit_exact(net.result(), state)
+    else:
+        assert net.failed is not None and isinstance(net.failed.error, TransferError)
+    if "honest" in kinds:
+        assert net.completed is not None, (kinds, net.failed)  # one honest source is enough
+    settle(net)
+    assert sum(s.session.statistics().leases_active for s in sources if not (s.dead or s.stalled)) == 0

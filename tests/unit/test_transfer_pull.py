@@ -802,6 +802,29 @@ def test_leases_are_renewed_while_the_driver_prepares_staging() -> None:
     assert not net.of(SourceDropped)
 
 
+def inject(src: FakeSource, kind: str, rng: np.random.Generator, total: int) -> None:
+    """Give ``src`` the fault named ``kind`` (at a random point of the transfer)."""
+    at = int(rng.integers(0, total))
+    if kind == "crash":
+        src.crash_after_bytes = at
+    elif kind == "stall":
+        src.stall_after_bytes = at
+    elif kind == "corrupt":
+        src.corrupt_chunks = {int(c) for c in rng.integers(0, total // CHUNK + 1, 5)}
+    elif kind == "extra":
+        src.extra_bytes = 1
+    elif kind == "short":
+        src.short_bytes = 1
+    elif kind == "garbage":
+        src.trailing_garbage_after_bytes = at
+    elif kind == "busy":
+        src.error_on_chunks = TransferErrorCode.BUSY
+    elif kind == "manifest":
+        src.corrupt_manifest = True
+    elif kind == "dead":
+        src.dead = True
+
+
 faults = st.sampled_from(
     ["honest", "crash", "stall", "corrupt", "extra", "short", "garbage", "busy", "manifest", "dead"]
 )
@@ -814,25 +837,7 @@ def test_random_faults_never_commit_wrong_bytes(kinds: list[str], seed: int) -> 
     sources = make_sources(len(kinds), rates=[float(r) for r in rng.uniform(2e5, 4e6, len(kinds))])
     total = sources[0].store.latest(RUN).total_bytes  # type: ignore[union-attr]
     for src, kind in zip(sources, kinds, strict=True):
-        at = int(rng.integers(0, total))
-        if kind == "crash":
-            src.crash_after_bytes = at
-        elif kind == "stall":
-            src.stall_after_bytes = at
-        elif kind == "corrupt":
-            src.corrupt_chunks = {int(c) for c in rng.integers(0, total // CHUNK + 1, 5)}
-        elif kind == "extra":
-            src.extra_bytes = 1
-        elif kind == "short":
-            src.short_bytes = 1
-        elif kind == "garbage":
-            src.trailing_garbage_after_bytes = at
-        elif kind == "busy":
-            src.error_on_chunks = TransferErrorCode.BUSY
-        elif kind == "manifest":
-            src.corrupt_manifest = True
-        elif kind == "dead":
-            src.dead = True
+        inject(src, kind, rng, total)
     net = FakeNet(sources, make_machine(sources, work_stealing=bool(seed % 2)))
     net.run(until=600.0)
     if net.completed is not None:
