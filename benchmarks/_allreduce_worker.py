@@ -49,23 +49,25 @@ class Inputs:
 async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
     import anyio
 
-    from chaosp2p.runtime.config import PeerConfig
-    from chaosp2p.runtime.node import open_node
+    from chaosp2p.clock import MonotonicClock
     from chaosp2p.training.average_messages import RoundTag
     from chaosp2p.training.averager import Averager
     from chaosp2p.training.averager_config import AveragerConfig
-    from chaosp2p.wire.identity import PeerID
+    from chaosp2p.transport.config import TransportConfig
+    from chaosp2p.transport.host import open_host
+    from chaosp2p.wire.identity import Identity, PeerID
     from chaosp2p.wire.multiaddr import Multiaddr
 
     workdir = Path(args.workdir)
-    # lan timing: a member busy filling 100 MB must not be declared dead by its peers' keepalives
-    config = PeerConfig.lan(listen=("/ip4/127.0.0.1/tcp/0",))
-    async with open_node(config) as node:
-        averager = Averager(node.host, node.clock, config=AveragerConfig.lan())
+    # A bare host: the encrypted transport and the averager, without the overlay's background
+    # protocols (membership, DHT), whose traffic is not what this benchmark measures.
+    clock = MonotonicClock()
+    async with open_host(Identity.generate(), TransportConfig.lan(), clock=clock) as host:
+        averager = Averager(host, clock, config=AveragerConfig.lan())
+        await host.listen("/ip4/127.0.0.1/tcp/0")
         ready = workdir / f"ready-{args.rank}.json"
-        ready.with_suffix(".tmp").write_text(
-            json.dumps({"peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
-        )
+        announcement = {"peer_id": str(host.peer_id), "addrs": [str(a) for a in host.addrs]}
+        ready.with_suffix(".tmp").write_text(json.dumps(announcement))
         ready.with_suffix(".tmp").rename(ready)
         members_file = workdir / "members.json"
         with anyio.fail_after(120):
@@ -74,11 +76,12 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
         listing = json.loads(members_file.read_text())
         book = {PeerID.parse(m["peer_id"]): [Multiaddr.parse(a).without_peer() for a in m["addrs"]] for m in listing}
         order = [PeerID.parse(m["peer_id"]) for m in listing]
-        mine = order.index(node.peer_id)
+        mine = order.index(host.peer_id)
         for peer in order[mine + 1 :]:
-            await node.host.connection_to(peer, book[peer])
-        with anyio.fail_after(60):
-            await node.wait_connected(len(order) - 1)
+            await host.connection_to(peer, book[peer])
+        with anyio.fail_after(120):
+            while len(host.connected_peers()) < len(order) - 1:  # noqa: ASYNC110 - the others dial us
+                await anyio.sleep(0.02)
         members = sorted(order)
         buffer = np.empty(args.elements, dtype=np.float32)
         inputs = Inputs(args.elements, args.world, args.rank)
@@ -130,12 +133,15 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             addrs=book.__getitem__,
             timeout_s=120,
         )
-        # Leave only once the others have read our last answers: closing a socket with unread
-        # input resets the connection, which can destroy bytes still in flight to a slower peer.
-        await anyio.sleep(1.0)
-        connections = node.host.connections()
+        connections = host.connections()
         in_place = sum(c.statistics().records_decrypted_in_place for c in connections)
         records = sum(c.statistics().records_received for c in connections)
+        # Leave only once every worker is done: closing a socket with unread input resets the
+        # connection, which can destroy bytes still in flight to a slower member.
+        (workdir / f"done-{args.rank}").write_text("")
+        with anyio.fail_after(300):
+            while not (workdir / "exit").exists():  # noqa: ASYNC110 - the parent writes the file
+                await anyio.sleep(0.05)
         return {"seconds": seconds, "stats": stats, "records_in_place": in_place, "records_received": records}
 
 
@@ -150,18 +156,21 @@ def run_gloo(args: argparse.Namespace) -> dict[str, Any]:
     inputs = Inputs(args.elements, args.world, args.rank)
     tensor = torch.from_numpy(buffer)
     seconds: list[float] = []
+    cpu_s: list[float] = []
     for index in range(args.rounds):
         inputs.fill(buffer, index)
         dist.barrier()
         started = time.perf_counter()
+        cpu = time.process_time()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         tensor.div_(args.world)
         seconds.append(time.perf_counter() - started)
+        cpu_s.append(time.process_time() - cpu)
         if args.check:
             inputs.check(buffer, index)
     dist.barrier()
     dist.destroy_process_group()
-    return {"seconds": seconds}
+    return {"seconds": seconds, "cpu_s": cpu_s}
 
 
 def main() -> None:

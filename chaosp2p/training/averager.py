@@ -205,6 +205,13 @@ class Averager:
                 await self._finish(round_)
         return self._outcome(round_)
 
+    def forget_run(self, run: str) -> None:
+        """Free what this averager keeps for ``run`` (its scratch memory, its latest round)."""
+        if run in self._active:
+            raise LocalProtocolError(f"run {run!r} has a round in progress")
+        self._scratch.pop(run, None)
+        self._latest.pop(run, None)
+
     def statistics(self) -> AveragerStatistics:
         """Counters: rounds, exclusions, early contributions."""
         return AveragerStatistics(
@@ -278,10 +285,14 @@ class Averager:
                 async with anyio.create_task_group() as tg:
                     if round_.me in revising:
                         tg.start_soon(owner.revise, excluded)
-                    if not round_.locally_failed:
-                        for peer in revising:
-                            if peer != round_.me:
-                                tg.start_soon(self._receive_revision, round_, peer)
+                    for peer in revising:
+                        if peer == round_.me:
+                            continue
+                        if round_.locally_failed:  # we fail anyway: refuse the revision (stream reset)
+                            round_.finished_streams.discard(peer)
+                            round_.awaiting.discard(peer)
+                        else:
+                            tg.start_soon(self._receive_revision, round_, peer)
                 owner.publish()
                 outer.cancel_scope.cancel()
 
