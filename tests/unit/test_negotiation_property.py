@@ -9,8 +9,11 @@ Invariants (``NegotiationSwarm.violations``):
 * each peer's epochs strictly increase; the configuration in force for its next step never goes
   back in (epoch, activation step);
 * every completed step k was completed under the configuration that the final chain says governs
-  k -- so all members of C_e switched at its activation step and no decision came too late;
-* no ResyncNeeded (with the all-reduce oracle a late member cannot exist).
+  k -- so all members of C_e switched at its activation step -- unless the decision that changed it
+  came too late for that peer and it was told so (ResyncNeeded), or it was removed or crashed
+  afterwards: a late decision is never silently dropped. (With the all-reduce oracle that takes a
+  false failure: the "failed" member completes the step with the others while newcomers, who do
+  not take part in it, accept the value that redoes it.)
 """
 
 from __future__ import annotations

@@ -298,6 +298,17 @@ class MachineCore:
         for peer in self._ranked(rec, self.config.announce_fanout, skip_self=True):
             self._send(peer, message)
 
+    def _heard_from(self, rec: RunRecord, peer: PeerID) -> None:
+        """``peer`` just took part in this run's protocol: it is alive. Failures of it we hold
+        pending are stale (raised during a partition, or a false suspicion): drop them, so that
+        after a partition heals the two sides do not fail each other."""
+        raw = peer.raw
+        self._failed.pop(raw, None)
+        if rec.pending_fails.get(raw):
+            for ident in [i for i, op in rec.pending.items() if op.kind is OpKind.FAIL and op.subject.raw == raw]:
+                self._remove_pending(rec, ident)
+                self._count("stale_fails_dropped")
+
     def _note_progress(self, rec: RunRecord, entered: int, completed: int) -> None:
         if entered > rec.peer_entered:
             rec.peer_entered = entered

@@ -242,6 +242,8 @@ class Learning(MachineCore):
         config = rec.config
         if config is None or rec.state is RunState.JOINING:
             return
+        if rec.state in MEMBER_STATES and config.has_member(sender):
+            self._heard_from(rec, sender)
         if msg.epoch > config.epoch:
             if self._learner(rec):
                 self._request_sync(rec, sender)

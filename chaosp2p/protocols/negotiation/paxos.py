@@ -8,15 +8,16 @@ after phase 1 (:func:`choose_value`) and from which step a fresh value applies
 (:func:`activation_step`). The machine (``machine.py``) moves messages; the reasoning is here.
 
 Safety of skipping an accepted value ("dead" values). Paxos obliges a proposer to re-propose the
-highest-ballot value reported in its quorum of promises. An acceptor accepts a value with
-activation step S only if it has not completed S, and once it accepted it does not complete S
-until it learns the decision (the training layer checks ``config_for_step`` before finishing a
-step). Hence if a value with step S was ever chosen by a quorum Q, every promise from a member of Q
-reports ``completed < S``, so at most n - q promises for one ballot can report ``completed >= S``.
-Conversely, when n - q + 1 promises for our ballot report ``completed >= S`` for the highest
-accepted value v, v was never chosen (and no lower-ballot value was either, since v was safe at its
-ballot): any value is safe, and the proposer proposes a fresh one with S past those steps. This is
-how "a member already past S refuses, and S is raised" stays compatible with Paxos.
+highest-ballot value reported in its quorum of promises. An acceptor refuses a value (forever) if
+it completed its activation step S, or if the value FAILs the acceptor itself (:func:`refuses`);
+once it accepted a value it does not complete S until it learns the decision (the training layer
+checks ``config_for_step`` before finishing a step). Hence if a value v was ever chosen by a quorum
+Q, no member of Q would refuse v when it promises a later ballot, so at most n - q promises for one
+ballot can come from acceptors that refuse v. Conversely, when n - q + 1 promises for our ballot
+come from acceptors that refuse the highest accepted value v, v was never chosen (and no lower
+ballot's value was either, since v was safe at its ballot): any value is safe, and the proposer
+proposes a fresh one (with S past those steps, without those failures). This is how "a member
+already past S refuses, and S is raised" stays compatible with Paxos.
 """
 
 from __future__ import annotations
@@ -152,11 +153,18 @@ class RunRecord:
         self.wake_at = None
 
 
-def is_dead(value: Value, promises: Iterable[PromiseInfo], config: Configuration) -> bool:
-    """True if enough promises (n - q + 1) report having completed the value's activation step."""
-    step = value.activation_step
-    past = sum(1 for p in promises if p.completed >= step)
-    return past >= len(config.peers) - quorum(config) + 1
+def refuses(value: Value, acceptor: bytes, completed: int) -> bool:
+    """Would this acceptor refuse ``value`` (forever)? Yes if it completed the activation step, or
+    if the value fails the acceptor itself (it knows it is alive: a stale or false failure)."""
+    if completed >= value.activation_step:
+        return True
+    return any(op.kind is OpKind.FAIL and op.subject.raw == acceptor for op in value.ops)
+
+
+def is_dead(value: Value, promises: dict[bytes, PromiseInfo], config: Configuration) -> bool:
+    """True if enough promises (n - q + 1) come from acceptors that would refuse ``value``."""
+    refusing = sum(1 for raw, p in promises.items() if refuses(value, raw, p.completed))
+    return refusing >= len(config.peers) - quorum(config) + 1
 
 
 def choose_value(promises: dict[bytes, PromiseInfo], config: Configuration) -> tuple[Ballot | None, Value | None, bool]:
@@ -172,7 +180,7 @@ def choose_value(promises: dict[bytes, PromiseInfo], config: Configuration) -> t
                 best = (key, info.accepted_ballot, info.accepted_value)
     if best is None:
         return None, None, False
-    if is_dead(best[2], promises.values(), config):
+    if is_dead(best[2], promises, config):
         return None, None, True
     return best[1], best[2], False
 

@@ -45,6 +45,7 @@ from chaosp2p.protocols.negotiation.paxos import (
     choose_value,
     coordinator,
     is_urgent,
+    refuses,
 )
 from chaosp2p.protocols.negotiation.state import (
     MEMBER_STATES,
@@ -145,7 +146,10 @@ class PaxosRoles(MachineCore):
         assert config is not None
         chosen: dict[tuple[int, bytes], tuple[bytes, Operation]] = {}
         others: list[tuple[bytes, Operation]] = []
+        me = self.local_peer
         for ident, op in rec.pending.items():
+            if op.kind is OpKind.FAIL and op.subject == me:
+                continue  # we know better
             if op.kind in REMOVAL_KINDS or op.kind is OpKind.JOIN:
                 # Several FAILs of one subject (raised by different observers) or repeated JOINs
                 # of one newcomer do the same thing: propose one, keep the rest pending (they
@@ -309,6 +313,7 @@ class PaxosRoles(MachineCore):
         if not config.has_member(sender):
             self._reject(run, "not_member", sender)
             return None
+        self._heard_from(rec, sender)
         return rec
 
     def _ballot_ok(self, rec: RunRecord, sender: PeerID, ballot: Ballot, *, accept: bool) -> bool:
@@ -422,8 +427,9 @@ class PaxosRoles(MachineCore):
     def _local_accept(
         self, now: float, rec: RunRecord, ballot: Ballot, value: Value, ids: tuple[bytes, ...]
     ) -> int | None:
-        """Accept ``value`` (and gate at its step) unless already past it; returns the completed step if refused."""
-        if rec.completed >= value.activation_step:
+        """Accept ``value`` (and gate at its step) unless it refuses it (see ``paxos.refuses``);
+        returns the completed step if refused."""
+        if refuses(value, self.local_peer.raw, rec.completed):
             self._count("refused_past")
             return rec.completed
         old_gate = rec.gate_step
@@ -446,6 +452,7 @@ class PaxosRoles(MachineCore):
         if not rec.config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
+        self._heard_from(rec, sender)
         self._note_progress(rec, msg.entered, msg.completed)
         if msg.ops:
             self._admit_ops(now, rec, msg.ops, sender)
@@ -486,6 +493,7 @@ class PaxosRoles(MachineCore):
         if not rec.config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
+        self._heard_from(rec, sender)
         self._note_progress(rec, msg.entered, msg.completed)
         prop.accepted_by.add(sender.raw)
         self._check_phase2(now, rec)
@@ -500,6 +508,7 @@ class PaxosRoles(MachineCore):
         if not rec.config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
+        self._heard_from(rec, sender)
         self._note_progress(rec, -1, msg.completed)
         prop.refused[sender.raw] = msg.completed
         prop.refusers.add(sender.raw)

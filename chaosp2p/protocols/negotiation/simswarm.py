@@ -210,7 +210,7 @@ class NegotiationSwarm:
         """epoch -> digest of the first commit seen anywhere."""
         self.configs: dict[int, Configuration] = {}
         self.completions: list[tuple[PeerID, int, bytes, float]] = []
-        self.resyncs: list[tuple[PeerID, ResyncNeeded]] = []
+        self.resyncs: list[tuple[float, PeerID, ResyncNeeded]] = []
         self.removals: list[tuple[float, PeerID, RemovedFromRun]] = []
         self.op_events: list[tuple[float, PeerID, OperationCommitted]] = []
         self.problems: list[str] = []
@@ -368,7 +368,7 @@ class NegotiationSwarm:
                 else:
                     trainer.active = True
             elif isinstance(event, ResyncNeeded):
-                self.resyncs.append((peer_id, event))
+                self.resyncs.append((self.net.now, peer_id, event))
                 peer.trainer.next_step = min(peer.trainer.next_step, event.step)
                 self._leave_group(peer)
             elif isinstance(event, RemovedFromRun):
@@ -558,15 +558,29 @@ class NegotiationSwarm:
         return best
 
     def violations(self) -> list[str]:
-        """Every broken invariant seen so far (empty if all hold)."""
+        """Every broken invariant seen so far (empty if all hold).
+
+        Besides what was recorded as it happened (two configurations for one epoch, an epoch or the
+        configuration in force going back at a peer): every step a peer completed was completed
+        under the configuration the final chain says governs it -- unless a decision that came too
+        late was reported to that peer (ResyncNeeded after the completion), or the peer was removed
+        or crashed afterwards (its work is not part of the run any more).
+        """
         problems = list(self.problems)
-        for peer, event in self.resyncs:
-            problems.append(f"{self.peers[peer].index}: ResyncNeeded at step {event.step} (epoch {event.epoch})")
-        for peer, k, digest, _ in self.completions:
+        for peer, k, digest, at in self.completions:
             config = self.governing(k)
-            if config is None or config.digest != digest:
-                problems.append(f"{self.peers[peer].index}: completed step {k} under a configuration not governing it")
+            if config is not None and config.digest == digest:
+                continue
+            if any(p == peer and t >= at and e.step <= k for t, p, e in self.resyncs):
+                continue
+            if any(p == peer and t >= at for t, p, _ in self.removals) or not self.peers[peer].running:
+                continue
+            problems.append(f"{self.peers[peer].index}: completed step {k} under a configuration not governing it")
         return problems
+
+    def resync_count(self) -> int:
+        """How many ResyncNeeded events the peers received (late decisions reported, not hidden)."""
+        return len(self.resyncs)
 
     def decision_latencies(self, kind: Any, since: float = 0.0) -> list[float]:
         """For each committed operation of ``kind``: seconds from detection to the last member committing it."""
