@@ -140,22 +140,28 @@ def join_line(peer: DemoPeer) -> str:
     if joined is None:
         return f"{peer.name} founded the run"
     sources = len(joined["bytes_by_source"])
+    members = "1 member" if sources == 1 else f"{sources} members in parallel"
     return (
-        f"{peer.name} loaded step {joined['snapshot_step']} ({joined['bytes'] / 1e6:.2f} MB) from {sources} "
-        f"members in parallel in {joined['load_s'] * 1e3:.0f} ms, replayed {joined['replayed_steps']} steps, "
+        f"{peer.name} loaded step {joined['snapshot_step']} ({joined['bytes'] / 1e6:.2f} MB) from {members} "
+        f"in {joined['load_s'] * 1e3:.0f} ms, replayed {joined['replayed_steps']} steps, "
         f"admitted at step {joined['admitted_step']}"
     )
 
 
-def timeline(founder: DemoPeer, names: dict[str, str], marks: dict[str, float]) -> Table:
+def timeline(founder: DemoPeer, names: dict[str, str], marks: dict[tuple[str, str], float]) -> Table:
+    """The founder's committed operations; joins, leaves and failures timed from the demo's action."""
     table = Table(title="the run's operations, as the founder committed them", title_justify="left")
     for column in ("operation", "subject", "epoch", "detected after", "decided in", "applied at step"):
         table.add_column(column)
+    rebalances = 0
     for record in founder.records():
         if record.get("event") != "operation":
             continue
+        if record["kind"] == "throughput":
+            rebalances += 1  # batch shares following measured speed: summarised below
+            continue
         subject = names.get(record["subject"], record["subject"][:12])
-        mark = marks.get(subject)
+        mark = marks.get((subject, record["kind"]))
         detected = "-" if mark is None else f"{(record['detected_at'] - mark) * 1e3:.0f} ms"
         table.add_row(
             record["kind"],
@@ -165,6 +171,7 @@ def timeline(founder: DemoPeer, names: dict[str, str], marks: dict[str, float]) 
             f"{record['decision_ms']:.1f} ms",
             str(record["activation_step"]),
         )
+    table.caption = f"plus {rebalances} throughput updates (batch shares following measured speed)"
     return table
 
 
@@ -173,28 +180,28 @@ def run_demo(console: Console) -> None:
     console.rule("[bold]chaosp2p demo: a local swarm trains together on 127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="chaosp2p-demo-") as tmp, peer_processes(Path(tmp)) as peers:
         workdir = Path(tmp)
-        marks: dict[str, float] = {}
+        marks: dict[tuple[str, str], float] = {}  # (peer, operation kind) -> when the demo caused it
         console.rule("1. peer a founds the run; b and c join it")
         a = start(peers, "a", workdir, [])
         console.print(f"  a: {a.peer_id} on {a.addr}")
         for name in ("b", "c"):
-            marks[name] = time.monotonic()
+            marks[(name, "join")] = time.monotonic()
             start(peers, name, workdir, [a.addr])
         wait_for(lambda: members_now(a) >= 3, "b and c to be admitted", peers)
         for name in ("a", "b", "c"):
             console.print("  " + join_line(peers[name]))
 
         console.rule("2. peer d joins while the others keep training")
-        marks["d"] = time.monotonic()
+        marks[("d", "join")] = time.monotonic()
         start(peers, "d", workdir, [a.addr])
         wait_for(lambda: members_now(a) >= 4, "d to be admitted", peers)
         console.print("  " + join_line(peers["d"]))
 
         console.rule("3. b leaves (SIGTERM); c is killed (SIGKILL)")
-        marks["b"] = time.monotonic()
+        marks[("b", "leave")] = time.monotonic()
         peers["b"].process.send_signal(signal.SIGTERM)
         wait_for(lambda: members_now(a) == 3, "the run to commit b's leave", peers)
-        marks["c"] = time.monotonic()
+        marks[("c", "fail")] = time.monotonic()
         peers["c"].process.send_signal(signal.SIGKILL)
         wait_for(lambda: members_now(a) == 2, "the survivors to remove c", peers)
         resumed = a.last_step()
@@ -216,7 +223,10 @@ def run_demo(console: Console) -> None:
         console.rule("4. what happened")
         names = {peer.peer_id: name for name, peer in peers.items()}
         console.print(timeline(a, names, marks))
-        console.print("  detected after: from the demo's action (start, SIGTERM, SIGKILL) to the detecting peer")
+        console.print(
+            "  detected after: from the demo's action (starting the process, SIGTERM, SIGKILL) until a peer\n"
+            "  raised the operation; decided in: from its proposal until the founder committed it"
+        )
         tables = [{r["step"]: r for r in peers[n].records() if "param_digest" in r and "step" in r} for n in ("a", "d")]
         common = sorted(set(tables[0]) & set(tables[1]))
         if not common:

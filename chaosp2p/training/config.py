@@ -53,7 +53,7 @@ class CollaborationConfig:
     """Give up joining after this long (snapshot download and catch-up included)."""
     snapshot_ahead_steps: int = 2
     """A newcomer asks the members to snapshot this many steps ahead of the newest it saw."""
-    rebalance_interval_steps: int = 20
+    rebalance_interval_steps: int = 50
     """Report measured throughput to the run every this many steps (straggler balancing)."""
     balance: bool = True
     """Follow the run's batch shares (``local_batch_size``) from measured throughput."""
