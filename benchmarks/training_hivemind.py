@@ -20,8 +20,8 @@ same way: ``target_batch_size`` samples processed by all peers together). Measur
 * **samples per second**: both peers' samples per second added up, over the epochs both trained
   after B's first averaged epoch (each peer's rate from its own per-epoch records).
 
-Each figure is reported for both backends with the ratio hivemind / chaosp2p, from the same run
-of this script (same machine, same load). Nothing here is in CI.
+Each figure is reported for both backends (medians over ``--repeats`` runs that alternate which
+backend goes first) with the ratios, from the same invocation of this script. Nothing here is in CI.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def rate(peer: Peer, start: float) -> tuple[float, int]:
 
 def run_backend(backend: str, python: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     workdir = root / backend
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True)  # root is per repeat
     real = backend == "hivemind"
     peers: list[Peer] = []
     try:
@@ -143,20 +143,41 @@ def run_backend(backend: str, python: str, args: argparse.Namespace, root: Path)
     }
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=5, help="both peers stop after this epoch")
     parser.add_argument("--target-batch-size", type=int, default=10000, help="the quickstart's value by default")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per backend, alternating; medians reported")
     parser.add_argument("--hivemind-python", default="/work/hm-venv/bin/python", help="an interpreter with hivemind")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up a backend after this many seconds")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="chaosp2p-bench-quickstart-"))
-    results = {
-        "chaosp2p": run_backend("chaosp2p", sys.executable, args, root),
-        "hivemind": run_backend("hivemind", args.hivemind_python, args, root),
+    pythons = {"chaosp2p": sys.executable, "hivemind": args.hivemind_python}
+    runs: dict[str, list[dict[str, Any]]] = {"chaosp2p": [], "hivemind": []}
+    for repeat in range(args.repeats):
+        # Alternate which backend goes first: the machine's load drifts during a run.
+        order = ["chaosp2p", "hivemind"] if repeat % 2 == 0 else ["hivemind", "chaosp2p"]
+        for backend in order:
+            result = run_backend(backend, pythons[backend], args, root / f"run{repeat}")
+            result["load_average"] = os.getloadavg()
+            runs[backend].append(result)
+            print(f"{backend} run {repeat}: first averaged epoch {result['first_averaged_epoch_s']:.1f} s, "
+                  f"{result['samples_per_s']:.0f} samples/s", flush=True)
+    summary = {
+        backend: {
+            "first_averaged_epoch_s": median([r["first_averaged_epoch_s"] for r in results]),
+            "samples_per_s": median([r["samples_per_s"] for r in results]),
+        }
+        for backend, results in runs.items()
     }
-    ours, theirs = results["chaosp2p"], results["hivemind"]
+    ours, theirs = summary["chaosp2p"], summary["hivemind"]
     slower_start = theirs["first_averaged_epoch_s"] / ours["first_averaged_epoch_s"]
     faster = ours["samples_per_s"] / max(theirs["samples_per_s"], 1e-9)
     ratios = {
@@ -164,15 +185,19 @@ def main() -> None:
         "samples_per_s_chaosp2p_over_hivemind": faster,
     }
     print_table(
-        f"hivemind quickstart, 2 peers, target_batch_size={args.target_batch_size}, {args.epochs} epochs",
+        f"hivemind quickstart, 2 peers, target_batch_size={args.target_batch_size}, {args.epochs} epochs, "
+        f"median of {args.repeats}",
         ["backend", "B launch -> first averaged epoch (s)", "samples/s (both peers)"],
-        [[r["backend"], r["first_averaged_epoch_s"], r["samples_per_s"]] for r in (ours, theirs)],
+        [[name, r["first_averaged_epoch_s"], r["samples_per_s"]] for name, r in summary.items()],
     )
     print(f"time to the first averaged epoch, hivemind / chaosp2p: {slower_start:.2f}x")
     print(f"samples per second, chaosp2p / hivemind: {faster:.2f}x")
     print(f"logs and metrics: {root}")
-    write_json(args.json, {"benchmark": "training (d): hivemind quickstart", "args": vars(args), "results": results,
-                           "ratios": ratios, "load_average": os.getloadavg()})
+    write_json(
+        args.json,
+        {"benchmark": "training (d): hivemind quickstart", "args": vars(args), "summary": summary, "runs": runs,
+         "ratios": ratios},
+    )
 
 
 if __name__ == "__main__":
