@@ -220,6 +220,9 @@ class Accept(Message):
     epoch: int
     ballot: Ballot
     value: Value
+    adopted: bool = False
+    """The proposer took the value from a promise (it may have been chosen): accept it even if
+    it would be refused as a fresh value (completed past S, or failing the acceptor itself)."""
 
     def validate(self) -> None:
         """Bounds."""

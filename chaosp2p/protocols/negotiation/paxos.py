@@ -8,16 +8,19 @@ after phase 1 (:func:`choose_value`) and from which step a fresh value applies
 (:func:`activation_step`). The machine (``machine.py``) moves messages; the reasoning is here.
 
 Safety of skipping an accepted value ("dead" values). Paxos obliges a proposer to re-propose the
-highest-ballot value reported in its quorum of promises. An acceptor refuses a value (forever) if
-it completed its activation step S, or if the value FAILs the acceptor itself (:func:`refuses`);
-once it accepted a value it does not complete S until it learns the decision (the training layer
-checks ``config_for_step`` before finishing a step). Hence if a value v was ever chosen by a quorum
-Q, no member of Q would refuse v when it promises a later ballot, so at most n - q promises for one
-ballot can come from acceptors that refuse v. Conversely, when n - q + 1 promises for our ballot
-come from acceptors that refuse the highest accepted value v, v was never chosen (and no lower
-ballot's value was either, since v was safe at its ballot): any value is safe, and the proposer
-proposes a fresh one (with S past those steps, without those failures). This is how "a member
-already past S refuses, and S is raised" stays compatible with Paxos.
+highest-ballot value reported in its quorum of promises. An acceptor refuses a *fresh* value if it
+completed its activation step S, or if the value FAILs the acceptor itself (:func:`refuses`); a
+value re-proposed as *adopted* (taken from a promise) it accepts regardless -- otherwise a few
+refusers and a crashed member could block an instance forever. Once it accepted a value it does
+not complete S until it learns the decision (the training layer checks ``config_for_step`` before
+finishing a step). If a value v was ever chosen by a quorum Q, every promise from a member of Q
+for a later ballot reports v (or, by induction, a later ballot's value, which is v) as accepted.
+So the promises for one ballot that come from acceptors that would refuse v *and* did not accept
+it number at most n - q. Conversely, when n - q + 1 such promises arrive for our ballot, v was
+never chosen (and no lower ballot's value was either, since v was safe at its ballot): any value is
+safe, and the proposer proposes a fresh one (with S past those steps, without those failures).
+This is how "a member already past S refuses, and S is raised" stays compatible with Paxos; a
+member past S that accepts an adopted value learns from the commit that it must resync.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class ProposerRecord:
     ballot: Ballot | None = None
     value: Value | None = None
     value_ids: tuple[bytes, ...] = ()
+    adopted: bool = False
+    """The value came from a promise (Paxos adoption), not from our pending operations."""
     promises: dict[bytes, PromiseInfo] = field(default_factory=dict)
     accepted_by: set[bytes] = field(default_factory=set)
     refused: dict[bytes, int] = field(default_factory=dict)
@@ -162,8 +167,9 @@ def refuses(value: Value, acceptor: bytes, completed: int) -> bool:
 
 
 def is_dead(value: Value, promises: dict[bytes, PromiseInfo], config: Configuration) -> bool:
-    """True if enough promises (n - q + 1) come from acceptors that would refuse ``value``."""
-    refusing = sum(1 for raw, p in promises.items() if refuses(value, raw, p.completed))
+    """True if enough promises (n - q + 1) come from acceptors that would refuse ``value`` and did
+    not accept it (an acceptor accepts a refused value only when it is re-proposed as adopted)."""
+    refusing = sum(1 for raw, p in promises.items() if refuses(value, raw, p.completed) and p.accepted_value != value)
     return refusing >= len(config.peers) - quorum(config) + 1
 
 

@@ -109,6 +109,7 @@ class PaxosRoles(MachineCore):
                 return
             prop.phase = proposer_transition(prop.phase, ProposerEvent.FAST_ACCEPT)
             prop.fast_used = True
+            prop.adopted = False
             prop.ballot = Ballot(round=0, proposer=self.local_peer)
             prop.value, prop.value_ids = value, ids
             self._count("proposals")
@@ -184,6 +185,7 @@ class PaxosRoles(MachineCore):
         prop = rec.proposer
         _, value, _ = choose_value(prop.promises, config)
         ids: tuple[bytes, ...] | None = None
+        adopted = value is not None
         if value is not None:
             if not force and prop.refusers - set(prop.promises):
                 return  # members that refused this instance may prove the value dead: wait a bit
@@ -191,6 +193,7 @@ class PaxosRoles(MachineCore):
             if ids is None:
                 value = None  # an invalid accepted value cannot have been chosen by correct acceptors
         if value is None or ids is None:
+            adopted = False
             if not force and not any(self._informed(rec, p.entered, p.completed) for p in prop.promises.values()):
                 # Only newcomers that have not trained answered so far: an S from stale knowledge
                 # could be accepted by them alone and rewrite steps the others completed. Wait for
@@ -202,6 +205,7 @@ class PaxosRoles(MachineCore):
                 prop.retry_at = None
                 return
         prop.phase = proposer_transition(prop.phase, ProposerEvent.PROMISED)
+        prop.adopted = adopted
         prop.value, prop.value_ids = value, ids
         self._send_accepts(now, rec)
 
@@ -210,14 +214,15 @@ class PaxosRoles(MachineCore):
         prop = rec.proposer
         assert config is not None and prop.ballot is not None and prop.value is not None
         prop.retry_at = now + self.config.phase_timeout_s * self._jitter()
-        refused = self._local_accept(now, rec, prop.ballot, prop.value, prop.value_ids)
+        refused = self._local_accept(now, rec, prop.ballot, prop.value, prop.value_ids, adopted=prop.adopted)
         me = self.local_peer.raw
         if refused is None:
             prop.accepted_by.add(me)
         else:
             prop.refused[me] = refused
             prop.refusers.add(me)
-        self._broadcast(config.peers, Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value))
+        accept = Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value, adopted=prop.adopted)
+        self._broadcast(config.peers, accept)
         self._check_phase2(now, rec)
 
     def _check_phase2(self, now: float, rec: RunRecord) -> None:
@@ -392,7 +397,7 @@ class PaxosRoles(MachineCore):
         if reason is not None:
             self._reject(msg.run, reason, sender)
             return
-        refused = self._local_accept(now, rec, msg.ballot, value, ids)
+        refused = self._local_accept(now, rec, msg.ballot, value, ids, adopted=msg.adopted)
         if refused is not None:
             self._send(sender, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
             return
@@ -425,11 +430,11 @@ class PaxosRoles(MachineCore):
         return None
 
     def _local_accept(
-        self, now: float, rec: RunRecord, ballot: Ballot, value: Value, ids: tuple[bytes, ...]
+        self, now: float, rec: RunRecord, ballot: Ballot, value: Value, ids: tuple[bytes, ...], *, adopted: bool
     ) -> int | None:
         """Accept ``value`` (and gate at its step) unless it refuses it (see ``paxos.refuses``);
         returns the completed step if refused."""
-        if refuses(value, self.local_peer.raw, rec.completed):
+        if not adopted and refuses(value, self.local_peer.raw, rec.completed):
             self._count("refused_past")
             return rec.completed
         old_gate = rec.gate_step
