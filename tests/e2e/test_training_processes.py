@@ -88,12 +88,12 @@ def _agree(survivors: list[Trainer], since: int) -> int:
 @pytest.mark.timeout(600)
 def test_a_join_completes_while_a_member_is_killed_and_survivors_agree(tmp_path: Path, trainers: list[Trainer]) -> None:
     steps = 2000
-    first = Trainer("a", tmp_path, [], steps, pace=0.02)
+    first = Trainer("a", tmp_path, [], steps, pace=0.05)
     trainers.append(first)
     for name in ("b", "c", "d"):
-        trainers.append(Trainer(name, tmp_path, [first.addr], steps, pace=0.02))
+        trainers.append(Trainer(name, tmp_path, [first.addr], steps, pace=0.05))
     wait_until(lambda: first.members() == 4, timeout_s=120, what="a 4-member run")
-    newcomer = Trainer("e", tmp_path, [first.addr], steps, pace=0.02)
+    newcomer = Trainer("e", tmp_path, [first.addr], steps, pace=0.05)
     trainers.append(newcomer)
     # Kill a member while the newcomer is still joining (it has not trained a step yet).
     victim = trainers[2]
