@@ -18,6 +18,7 @@ from chaosp2p.protocols.transfer import (
     Planned,
     PlanReason,
     PullMachine,
+    PullState,
     SourceDropped,
     SourceEstimate,
     SourceSession,
@@ -257,3 +258,23 @@ def test_random_faults_with_measured_rates_and_deep_pipelines_never_commit_wrong
         assert net.completed is not None, (kinds, net.failed)  # one honest source is enough
     settle(net)
     assert sum(s.session.statistics().leases_active for s in sources if not (s.dead or s.stalled)) == 0
+
+
+def test_a_newcomer_that_was_not_running_does_not_blame_its_sources() -> None:
+    """An overloaded newcomer wakes up long after its deadline: its sources did nothing wrong."""
+    state = big_state(chunks=64)
+    sources = make_sources(2, rates=[2e4, 2e4], states=[state] * 2, config=ADAPTIVE)
+    net = FakeNet(sources, unknown(sources))
+    handle_timeout = net.machine.handle_timeout
+    slept: list[float] = []
+
+    def late(now: float) -> None:
+        if not slept and net.machine.state is PullState.PULLING and now > 2.0:
+            net.now = now + 4 * ADAPTIVE.stall_timeout_s  # the process was not scheduled meanwhile
+            slept.append(net.now)
+        handle_timeout(net.now)
+
+    net.machine.handle_timeout = late  # type: ignore[method-assign]
+    net.run(until=600.0)
+    assert slept and not net.of(SourceDropped)
+    assert_bit_exact(net.result(), state)

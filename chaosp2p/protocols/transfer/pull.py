@@ -176,6 +176,7 @@ class PullMachine:
         self._next_check: float | None = None
         self._last_progress: float | None = None
         self._failure: TransferError | None = None
+        self._promised: float | None = None
 
     # ================================================================== public driver interface
     @property
@@ -345,12 +346,23 @@ class PullMachine:
                 times.append(src.last_sent + src.lease_ttl_s / 3)
         if self.state is PullState.PULLING and self._next_check is not None:
             times.append(self._next_check)
-        return min(times, default=None)
+        self._promised = min(times, default=None)
+        return self._promised
 
     def handle_timeout(self, now: float) -> None:
-        """Time out unanswered requests and stalled sources, renew leases, check measured rates."""
+        """Time out unanswered requests and stalled sources, renew leases, check measured rates.
+
+        If this call comes well after the deadline :meth:`next_deadline` promised, the newcomer
+        itself was not running (an overloaded machine): that time is not held against any source.
+        """
         if self.state in PULL_FINAL:
             return
+        late = 0.0 if self._promised is None else now - self._promised
+        if late > self.config.check_interval_s:
+            for pending in self._book.pending.values():
+                pending.deadline += late
+            if self._scheduler is not None:
+                self._scheduler.excuse(now, late)
         for request_id, pending in list(self._book.pending.items()):
             if pending.deadline <= now and request_id in self._book.pending:
                 del self._book.pending[request_id]

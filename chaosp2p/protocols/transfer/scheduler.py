@@ -379,6 +379,13 @@ class ChunkScheduler:
                     freed = True
         return freed
 
+    def excuse(self, now: float, delay: float) -> None:
+        """The newcomer was not running for ``delay`` s: no lane is judged stalled over that time."""
+        for lane in self.lanes.values():
+            lane.last_activity = min(now, lane.last_activity + delay)
+            if lane.quarantine_until is not None:
+                lane.quarantine_until += delay
+
     def quarantined(self) -> bool:
         """Some dropped lane may still write into staging."""
         return any(lane.quarantine_until is not None for lane in self.lanes.values())
