@@ -227,9 +227,11 @@ async def _pull(
                     digest=pins.digest,
                     trusted=pins.trusted,
                 )
+                # From the start of the peer to a verified state: discovery included, leaving the
+                # swarm and writing --out not (they do not depend on the links).
+                elapsed = time.perf_counter() - started
                 if bar is not None:
                     progress.update(bar, completed=loaded.completed.manifest.total_bytes)
-    elapsed = time.perf_counter() - started
     await anyio.to_thread.run_sync(write_checkpoint, out, loaded.state)
     total = loaded.completed.manifest.total_bytes
     conflicts = [d for d in loaded.result.dropped if d.reason is DropReason.CONFLICT]
