@@ -17,8 +17,8 @@ same way: ``target_batch_size`` samples processed by all peers together). Measur
   state download included) until B's parameters were first averaged with A's. The drop-in reports
   an epoch's members in its statistics; hivemind only in its log ("Averaged parameters with N
   peers"), which the script turns into records.
-* **samples per second**: both peers' samples per second added up, over the epochs both trained
-  after B's first averaged epoch (each peer's rate from its own per-epoch records).
+* **samples per second**: both peers' samples per second added up, from the end of B's first
+  averaged epoch to the end of the run (each peer's rate from its own per-epoch records).
 
 Each figure is reported for both backends (medians over ``--repeats`` runs that alternate which
 backend goes first) with the ratios, from the same invocation of this script. Nothing here is in CI.
@@ -89,19 +89,22 @@ def wait_for(condition: Any, timeout_s: float, what: str, peers: list[Peer]) -> 
         time.sleep(0.1)
 
 
-def first_averaged(peer: Peer) -> float | None:
-    """Wall time at which ``peer`` first finished an epoch averaged with another peer."""
+def first_averaged(peer: Peer) -> tuple[float, int] | None:
+    """When ``peer`` first finished an epoch averaged with another peer, and that epoch's index."""
+    last_epoch = -1
     for record in peer.records():
-        if record.get("event") == "averaged" and record["peers"] >= 2:  # hivemind's log line
-            return float(record["time"])
-        if "step" in record and "config_digest" in record and record["members"] >= 2:  # the drop-in
-            return float(record["time"])
+        if "step" in record:
+            last_epoch = int(record["step"])
+            if "config_digest" in record and record["members"] >= 2:  # the drop-in: members per epoch
+                return float(record["time"]), last_epoch
+        elif record.get("event") == "averaged" and record["peers"] >= 2:  # hivemind: its log line
+            return float(record["time"]), last_epoch
     return None
 
 
-def rate(peer: Peer, start: float) -> tuple[float, int]:
-    """Samples per second of ``peer`` between its first epoch record at or after ``start`` and its last."""
-    epochs = [r for r in peer.records() if "step" in r and r["time"] >= start]
+def rate(peer: Peer, first_epoch: int) -> tuple[float, int]:
+    """``peer``'s samples per second from the end of epoch ``first_epoch`` to its last epoch."""
+    epochs = [r for r in peer.records() if "step" in r and r["step"] >= first_epoch]
     if len(epochs) < 2:
         return 0.0, len(epochs)
     samples = epochs[-1]["local_samples"] - epochs[0]["local_samples"]
@@ -127,14 +130,18 @@ def run_backend(backend: str, python: str, args: argparse.Namespace, root: Path)
             if peer.process.poll() is None:
                 peer.process.kill()
                 peer.process.wait()
-    averaged = first_averaged(b)
-    if averaged is None:
+    found = first_averaged(b)
+    if found is None:
         raise SystemExit(f"{backend}: B never averaged with A; see {workdir}")
-    rate_a, epochs_a = rate(a, averaged)
-    rate_b, epochs_b = rate(b, averaged)
+    averaged, first_epoch = found
+    rate_a, epochs_a = rate(a, first_epoch)
+    rate_b, epochs_b = rate(b, first_epoch)
+    if min(epochs_a, epochs_b) < 2:
+        raise SystemExit(f"{backend}: too few epochs after B's first averaged one to measure; raise --epochs")
     return {
         "backend": backend,
         "first_averaged_epoch_s": averaged - b.launched,
+        "first_averaged_epoch": first_epoch,
         "samples_per_s": rate_a + rate_b,
         "samples_per_s_by_peer": [rate_a, rate_b],
         "epochs_measured": [epochs_a, epochs_b],
