@@ -588,12 +588,14 @@ class AsyncCollaboration:
     async def _find_run(self) -> tuple[PeerID, Configuration]:
         """A member of the run that answers, and its view of the configuration."""
         negotiation = self.peer.negotiation
-        candidates = [
-            m.peer_id
-            for m in self.peer.members()
-            if m.peer_id != self.peer.peer_id and m.state.value in ("alive", "suspect")
-        ]
-        candidates.extend(p for p in self.peer.connected_peers() if p not in candidates)
+        # Anyone may know the run: members in our view first, then peers we are connected to, then
+        # the DHT's contacts (a newcomer's membership view may still be nearly empty).
+        candidates: list[PeerID] = []
+        known = [m.peer_id for m in self.peer.members() if m.state.value in ("alive", "suspect")]
+        contacts = [entry.peer_id for entry in self.peer.dht.machine.routing_table]
+        for peer in (*known, *self.peer.connected_peers(), *contacts):
+            if peer != self.peer.peer_id and peer not in candidates:
+                candidates.append(peer)
         if not candidates:
             raise TransferError("no peer to ask about the run yet")
         for candidate in candidates:
