@@ -13,6 +13,7 @@ Either way it prints one JSON line: {"seconds": [...], "stats": [...]} (the firs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -62,7 +63,10 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
     # A bare host: the encrypted transport and the averager, without the overlay's background
     # protocols (membership, DHT), whose traffic is not what this benchmark measures.
     clock = MonotonicClock()
-    async with open_host(Identity.generate(), TransportConfig.lan(), clock=clock) as host:
+    transport = TransportConfig.lan()
+    if args.record_mib:
+        transport = dataclasses.replace(transport, max_record_bytes=args.record_mib << 20)
+    async with open_host(Identity.generate(), transport, clock=clock) as host:
         averager = Averager(host, clock, config=AveragerConfig.lan())
         await host.listen("/ip4/127.0.0.1/tcp/0")
         ready = workdir / f"ready-{args.rank}.json"
@@ -185,6 +189,7 @@ def main() -> None:
     parser.add_argument("--backend", default="trio", choices=["trio", "asyncio"])
     parser.add_argument("--wire", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--check", action="store_true", help="verify every average")
+    parser.add_argument("--record-mib", type=int, default=0, help="transport record size (default: the profile's)")
     parser.add_argument("--trace", action="store_true", help="log the averager's steps with timestamps")
     parser.add_argument("--profile", default=None, help="write a cProfile dump here (chaosp2p only)")
     args = parser.parse_args()

@@ -81,6 +81,8 @@ def run_chaosp2p(world: int, elements: int, rounds: int, args: argparse.Namespac
         ]
         if args.trace:
             command.append("--trace")
+        if args.record_mib:
+            command += ["--record-mib", str(args.record_mib)]
         if args.profile_dir and rank == 0:
             command += ["--profile", str(Path(args.profile_dir) / f"chaosp2p-{world}-rank0.prof")]
         processes.append(spawn(command, log))
@@ -227,6 +229,7 @@ def main() -> None:
     parser.add_argument("--hivemind-worlds", default="2,4,8", help="process counts for hivemind")
     parser.add_argument("--hivemind-rounds", type=int, default=3)
     parser.add_argument("--profile-dir", default=None, help="cProfile rank 0 of each chaosp2p run into this directory")
+    parser.add_argument("--record-mib", type=int, default=0, help="chaosp2p transport record size in MiB (experiment)")
     parser.add_argument("--trace", action="store_true", help="chaosp2p workers log each step (see --keep)")
     parser.add_argument("--keep", default=None, help="keep worker logs under this directory")
     parser.add_argument("--json", default=None)

@@ -40,12 +40,14 @@ def as_bytes(array: np.ndarray) -> memoryview:
 
 async def send_array(stream: Stream, values: np.ndarray, wire: WireDtype, chunk_elements: int, *, eof: bool) -> None:
     """Send float32 ``values`` in ``wire`` format, chunk by chunk (float32 straight from memory)."""
-    scratch = None if wire is WireDtype.FLOAT32 else np.empty(min(chunk_elements, len(values)), storage_dtype(wire))
+    size = min(chunk_elements, len(values))
+    scratch = None if wire is WireDtype.FLOAT32 else np.empty(size, storage_dtype(wire))
+    bits = np.empty(size, np.uint32) if wire is WireDtype.BFLOAT16 else None
     for start in range(0, len(values), chunk_elements):
         chunk = values[start : start + chunk_elements]
         if scratch is not None:
             encoded = scratch[: len(chunk)]
-            encode(chunk, encoded, wire)
+            encode(chunk, encoded, wire, bits)
             chunk = encoded
         await stream.send(as_bytes(chunk), eof=eof and start + chunk_elements >= len(values))
 
@@ -184,7 +186,10 @@ class OwnerRole:
             self._wire_result = self.result
         else:
             self._wire_result = np.empty(len(self.result), dtype=storage_dtype(round_.wire))
-            encode(self.result, self._wire_result, round_.wire)
+            bits = np.empty(min(len(self.result), round_.chunk_elements), np.uint32)
+            for start in range(0, len(self.result), round_.chunk_elements):
+                stop = start + round_.chunk_elements
+                encode(self.result[start:stop], self._wire_result[start:stop], round_.wire, bits)
         return self._wire_result
 
     async def _send_to_all(self, answer: Result) -> None:
