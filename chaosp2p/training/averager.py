@@ -23,7 +23,14 @@ transport's flow control (at most one initial stream window each, a bounded numb
 
 Faults. A bad contribution (wrong length or dtype: ``REFUSED`` before its payload is read;
 NaN/Inf: excluded after) is left out with a log line naming the peer; the round goes on and
-every member learns the exclusions from the results (:attr:`RoundStats.excluded`). A member that
+every member learns the exclusions from the results (:attr:`RoundStats.excluded`). A contribution
+excluded by one owner is excluded from the whole round: each answer lists the peers whose values
+it holds, so every member knows, identically, which owners must send their shard again without
+the excluded peers (a second answer on the same stream; nothing extra when nobody was excluded).
+The culprit itself ends the round with the same buffer as everyone and finds itself in
+``excluded``. :class:`ContributionRefused` is raised only on a member whose contribution most
+owners refused outright (wrong length, dtype or weight); a minority of refusing owners are
+named in :class:`RoundAborted` instead, since they are the odd ones. A member that
 is unreachable, whose connection closes or that resets a stream makes the round fail at once with
 :class:`RoundAborted` naming it; an owner that fails tells its contributors why (``ABORTED`` with
 the missing members), so members do not blame each other for a third member's fault. On timeout
