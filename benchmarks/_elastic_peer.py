@@ -25,6 +25,7 @@ snapshot load went: sources, bytes, seconds), ``operation``, ``checkpoint_saved`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -135,6 +136,10 @@ def run_member(args: argparse.Namespace) -> int:
     # detection would declare a busy peer failed, so membership keeps LAN timings (as the
     # transformer example does).
     config = PeerConfig.profile_named(args.profile).replace(membership=MembershipConfig.lan())
+    if args.upload_cap_mbs > 0:  # stands in for each peer's own uplink (every upload: averaging and snapshots)
+        config = config.replace(
+            transport=dataclasses.replace(config.transport, max_upload_bytes_per_s=args.upload_cap_mbs * 1e6)
+        )
     collab_config = CollaborationConfig.profile_named(config.profile).replace(
         global_batch=args.batch,
         balance=args.balance,
@@ -246,6 +251,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--balance", action=argparse.BooleanOptionalAction, default=True, help="straggler balancing")
     parser.add_argument("--rebalance-steps", type=int, default=20, help="report throughput every this many steps")
     parser.add_argument("--max-snapshot-sources", type=int, default=0, help="newcomer: load from at most this many")
+    parser.add_argument("--upload-cap-mbs", type=float, default=0.0, help="cap this peer's upload, MB/s (0: none)")
     parser.add_argument("--round-timeout-s", type=float, default=10.0, help="CollaborationConfig.round_timeout_min_s")
     parser.add_argument("--digest-every", type=int, default=10, help="param_digest every this many steps (0: never)")
     parser.add_argument("--stop-file", type=Path, help="holds the step at which every member stops")

@@ -1,8 +1,12 @@
 """Training benchmarks (b) and (c): a join while the members train, and a member slowed 2x.
 
-    python benchmarks/training_elastic.py [--parts b,c] [--repeats 2] [--json out.json]
-        [--members 3] [--state-mb 50] [--batch 24] [--compute-s 0.3]
+    python benchmarks/training_elastic.py [--parts b,c] [--repeats 2] [--json out.json] [--workdir DIR]
+        [--members 3] [--state-mb 50] [--batch 24] [--compute-s 0.3] [--upload-cap-mbs 0]
         [--balance-state-mb 10] [--balance-steps 30] [--slowdown 2]
+
+``--upload-cap-mbs`` caps every peer's total upload (averaging included), standing in for each
+peer's own uplink: on loopback without it, the host's CPU (encryption, hashing), not any link, limits
+a download, so several sources cannot beat one. ``--workdir`` keeps the peers' logs and metrics.
 
 Every peer is a separate process (``benchmarks/_elastic_peer.py``: an MLP whose parameters plus
 Adam's two moments come to ``--state-mb`` MB, synthetic data, and a sleep of ``--compute-s`` per
@@ -18,8 +22,8 @@ within each repeat (same run, same load) and their median is shown.
     single source   the same, but the newcomer loads the snapshot from one member only
                     (``CollaborationConfig.max_snapshot_sources=1``).
 
-    Each newcomer trains a few steps and leaves gracefully; the members train on until they are
-    steady again. Then, as the last trial of the repeat:
+    Each newcomer trains a few steps and is SIGKILLed (``--newcomer-exit leave``: SIGTERM, a
+    graceful leave); the members train on until they are steady again. Then, as the last trial of the repeat:
 
     checkpoint-restart  the newcomer "arrives" (the harness writes the stop step), every member
                     stops at that step, the founder saves model + Adam with ``torch.save``, all
@@ -237,6 +241,7 @@ def join_trial(
     it starts its peer and begins to join: before that it only competes for this host's cores.
     """
     count = len(members)
+    load_avg = os.getloadavg()[0]
     arrived = time.time()
     newcomer = cluster.launch(name, ["--join", members[0].addr, "--max-snapshot-sources", str(sources)])
 
@@ -247,7 +252,9 @@ def join_trial(
     wait_for(contributed, f"{name} to contribute a step", SLOW_TIMEOUT_S)
     first = newcomer.steps()[0]
     wait_for(lambda: members[0].steps()[-1]["step"] >= first["step"] + args.after_steps, "steps after the join", 300)
-    newcomer.process.send_signal(signal.SIGTERM)  # a graceful leave
+    # By default the newcomer is SIGKILLed (the run removes it with a FAIL): a graceful leave right
+    # after admission has crashed members here ("step N is gated at N" in report_step).
+    newcomer.process.send_signal(signal.SIGTERM if args.newcomer_exit == "leave" else signal.SIGKILL)
     try:
         newcomer.process.wait(120)
     except subprocess.TimeoutExpired:
@@ -280,14 +287,17 @@ def join_trial(
         "load_s": joined.get("load_s"),
         "sources": joined.get("sources"),
         "bytes": joined.get("bytes"),
+        "bytes_by_source": sorted((joined.get("bytes_by_source") or {}).values(), reverse=True),
         "replayed_steps": joined.get("replayed_steps"),
         "first_step": first["step"],
+        "load_avg": load_avg,
     }
 
 
 def restart_trial(cluster: Cluster, members: list[Proc], args: argparse.Namespace) -> dict[str, Any]:
     """Everyone stops at a step, the founder saves, all restart (one more) and reload from disk."""
     count = len(members)
+    load_avg = os.getloadavg()[0]
     stop_at = max(p.steps()[-1]["step"] for p in members) + 3
     temporary = args.stop_file.with_suffix(".tmp")
     temporary.write_text(str(stop_at))
@@ -347,6 +357,7 @@ def restart_trial(cluster: Cluster, members: list[Proc], args: argparse.Namespac
         "join_to_contribute_s": first_after - max(e["model_built"] for e in events),
         "checkpoint_bytes": args.checkpoint.stat().st_size,
         "stop_step": stop_at,
+        "load_avg": load_avg,
     }
 
 
@@ -369,6 +380,8 @@ def part_b(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "--steps",
             "1000000",
             "--no-balance",
+            "--upload-cap-mbs",
+            str(args.upload_cap_mbs),
         ]
         began = time.monotonic()
         with Cluster(workdir, common) as cluster:
@@ -483,9 +496,9 @@ def show_b(report: dict[str, Any], args: argparse.Namespace) -> None:
 
     rows = []
     for kind, label in (
-        ("chaosp2p", "chaosp2p: parallel snapshot, members train on"),
-        ("single", "single-source snapshot, members train on"),
-        ("restart", "checkpoint-restart (torch.save, restart, torch.load, gloo)"),
+        ("chaosp2p", "chaosp2p join (all sources)"),
+        ("single", "chaosp2p join, 1 source"),
+        ("restart", "checkpoint-restart (gloo)"),
     ):
         join = kind != "restart"
         rows.append(
@@ -501,6 +514,8 @@ def show_b(report: dict[str, Any], args: argparse.Namespace) -> None:
                 m(kind, "load_s") if join else "-",
                 m(kind, "sources") if join else "disk",
                 m(kind, "bytes") / 1e6 if join else m(kind, "checkpoint_bytes") / 1e6,
+                " / ".join(f"{b / 1e6:.0f}" for b in trials[-1][kind]["bytes_by_source"]) if join else "-",
+                m(kind, "load_avg"),
             ]
         )
     print_table(
@@ -518,6 +533,8 @@ def show_b(report: dict[str, Any], args: argparse.Namespace) -> None:
             "snapshot load s",
             "sources",
             "MB loaded",
+            "MB per source (last repeat)",
+            "load avg",
         ],
         rows,
     )
@@ -599,20 +616,29 @@ def main() -> None:
     parser.add_argument("--compute-s", type=float, default=0.3, help="stand-in compute per step at an equal share")
     parser.add_argument("--steady-steps", type=int, default=8, help="(b) steady steps before each trial")
     parser.add_argument("--after-steps", type=int, default=3, help="(b) steps a newcomer trains before leaving")
+    parser.add_argument("--upload-cap-mbs", type=float, default=0.0, help="(b) cap every peer's upload, MB/s")
+    parser.add_argument(
+        "--newcomer-exit", choices=("kill", "leave"), default="kill", help="(b) how a newcomer goes after its trial"
+    )
     parser.add_argument("--balance-state-mb", type=float, default=10.0, help="(c) parameters + Adam moments, MB")
     parser.add_argument("--slowdown", type=float, default=2.0, help="(c) the slowed member's factor")
     parser.add_argument("--balance-warmup", type=int, default=15, help="(c) steps with everyone before measuring")
     parser.add_argument("--balance-steps", type=int, default=30, help="(c) steps measured")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--workdir", type=Path, help="keep the peers' logs and metrics here (default: a temporary dir)")
     args = parser.parse_args()
     os.environ.setdefault("COLUMNS", "220")  # rich: the tables are wide; do not wrap them at 80 columns
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     report: dict[str, Any] = {"load_avg_start": os.getloadavg(), "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="chaosp2p-elastic-") as tmp:
+        root = Path(tmp)
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True)  # a fresh directory: trials make their own below it
+            root = args.workdir
         if "b" in parts:
-            report["b"] = part_b(args, Path(tmp))
+            report["b"] = part_b(args, root)
         if "c" in parts:
-            report["c"] = part_c(args, Path(tmp))
+            report["c"] = part_c(args, root)
     report["load_avg_end"] = os.getloadavg()
     if "b" in report:
         show_b(report["b"], args)
@@ -624,11 +650,12 @@ def main() -> None:
         for k in ("on", "off")
         for m in t[k]["members"]
     ]
+    cap_note = f"capped at {args.upload_cap_mbs:g} MB/s" if args.upload_cap_mbs > 0 else "not capped (loopback)"
     gloo_note = " (the restart baseline's gloo is unencrypted)" if "b" in report else ""
     print(
         f"conditions: {os.cpu_count()} cores shared with other work (load average {report['load_avg_start'][0]:.1f} "
         f"at start, {report['load_avg_end'][0]:.1f} at end); every process on 127.0.0.1, Noise-encrypted transport"
-        f"{gloo_note}; link bandwidths in the agreed configuration: "
+        f"{gloo_note}; (b) upload per peer {cap_note}; link bandwidths in the agreed configuration: "
         f"{'known on some members' if any(links) else 'unknown (equal shards)'}"
     )
     stored = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
