@@ -297,7 +297,8 @@ class AsyncCollaboration:
                 return
             try:
                 await self._averaged_step(0, apply=_discard)
-            except (RunRemoved, TrainingError):
+            except ChaosError as exc:  # leaving is best effort: the run removes us anyway
+                log.info("run %r: stopped serving rounds while leaving: %s", self.run, exc)
                 return
 
     # ------------------------------------------------------------------ stepping
@@ -366,7 +367,7 @@ class AsyncCollaboration:
         step = self.step_index
         buffer = np.empty_like(self._local)
         attempts = 0
-        failed_rounds = self._failed_rounds
+        failed_rounds = self._failed_rounds  # (step, configuration digest) -> rounds started
         for stale in [key for key in failed_rounds if key[0] != step]:
             del failed_rounds[stale]
         round_started = self.peer.clock.now()
@@ -382,13 +383,17 @@ class AsyncCollaboration:
             attempts += 1
             np.copyto(buffer, self._local)
             phase = RoundPhase.OUTER if self.diloco else RoundPhase.GRADIENTS
+            # Every round started counts, so a retry -- after a failure or a cancelled call -- is a
+            # new round (a round that ran is final in the averager, whatever its outcome).
+            attempt = failed_rounds.get((step, config.digest), 0)
+            failed_rounds[(step, config.digest)] = attempt + 1
             tag = RoundTag(
                 run=self.run,
                 epoch=config.epoch,
                 config_digest=config.digest,
                 step=step,
                 phase=phase,
-                attempt=failed_rounds.get((step, config.digest), 0),
+                attempt=attempt,
             )
             try:
                 outcome = await self.peer.training.averager.all_reduce(
@@ -402,20 +407,24 @@ class AsyncCollaboration:
                     timeout_s=self._round_timeout(),
                 )
             except ContributionRefused as exc:
-                # The others completed the step without us: our gradients were not acceptable (NaN, Inf).
+                # Most owners refused our contribution's header (length, dtype or weight): we are the odd one
+                # out (a different model?). NaN/Inf values are not refused: they are excluded from the round.
                 raise TrainingError(f"step {step}: the members refused this peer's contribution: {exc}") from exc
             except (RoundAborted, RoundMismatch) as exc:
                 log.info("run %r step %d: round under epoch %d failed: %s", self.run, step, config.epoch, exc)
                 if attempts >= self.config.max_round_attempts:
                     raise TrainingError(f"step {step} of run {self.run!r} failed {attempts} times: {exc}") from exc
-                failed_rounds[(step, config.digest)] = failed_rounds.get((step, config.digest), 0) + 1
                 if await self._wait_for_new_configuration(step, config):
                     continue
                 # No change: either some members completed the round before it failed here (fetch
                 # their result; redoing it is impossible) or nobody did (retry as a new round).
                 if await self._fetch_update(config, step, buffer):
                     outcome = None
-                    break
+                    governing_now = negotiation.machine.config_for_step(self.run, step)
+                    if governing_now is not None and governing_now.digest == config.digest:
+                        negotiation.report_step(self.run, completed=step)
+                        break
+                    continue  # a change now governs this step: redo it under the new configuration
                 continue
             # A change agreed while the round ran may govern this very step (a failure found mid-round
             # is redone at the stuck step): then this round's result is discarded, never applied.
@@ -427,11 +436,13 @@ class AsyncCollaboration:
                 await self._rejoin("removed from the run")
                 return await self._averaged_step(weight, apply=apply)
             if governing.digest == config.digest:
+                # Completed now, before any await: a gate raised later (a change decided while we
+                # apply the update) must find this step already completed, not in progress.
+                negotiation.report_step(self.run, completed=step)
                 break
             log.info("run %r step %d: redoing the round under epoch %d", self.run, step, governing.epoch)
         communication_s = self.peer.clock.now() - round_started
         await anyio.to_thread.run_sync(apply, buffer)
-        negotiation.report_step(self.run, completed=step)
         self._history.append((step, config.digest, config.epoch, buffer))
         self.feed.publish(step=step, epoch=config.epoch, config_digest=config.digest, update=buffer)
         if self.snapshots.wanted(step):

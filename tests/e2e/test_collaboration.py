@@ -184,3 +184,43 @@ async def test_a_slow_member_gets_a_smaller_share_of_the_global_batch() -> None:
         assert shares[slow.peer.peer_id] < shares[fast.peer.peer_id], shares
         assert sum(shares.values()) == GLOBAL_BATCH
         _agree([fast, slow], range(min(slow.digests), 40))
+
+
+class PoisonedMember(Member):
+    """A member whose gradients are NaN: its contributions fail the checks every round."""
+
+    async def train_until(self, steps: int) -> None:
+        while self.collab.step_index < steps:
+            self.collab.optimizer.zero_grad()
+            for p in self.collab.model.parameters():
+                p.grad = torch.full_like(p, float("nan"))
+            await anyio.sleep(self.compute_s)
+            result = await self.collab.step(samples=GLOBAL_BATCH // 3)
+            self.excluded_in.append(result.excluded)
+            self.digests[result.step] = self.collab.parameter_digest()
+
+
+async def test_nan_contributions_are_excluded_and_the_members_stay_identical_and_finite() -> None:
+    async with swarm(3) as peers:
+        good = [Member(peers[0], 0), Member(peers[1], 1)]
+        bad = PoisonedMember(peers[2], 2)
+        bad.excluded_in = []
+        await good[0].collab.start(found=True)
+
+        async def join_and_train(member: Member, until: int) -> None:
+            await member.collab.start(found=False)
+            await member.train_until(until)
+
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(good[0].train_until, 15)
+                tg.start_soon(join_and_train, good[1], 15)
+                tg.start_soon(join_and_train, bad, 15)
+        joined = max(min(m.digests) for m in (*good, bad))
+        # The poisoned member is left out of every round it contributed to, and every member --
+        # itself included -- applies the same clean average: parameters stay identical and finite.
+        assert bad.excluded_in and all(str(bad.peer.peer_id) in excluded for excluded in bad.excluded_in)
+        _agree([*good, bad], range(joined, 15))
+        for member in good:
+            for p in member.collab.model.parameters():
+                assert torch.isfinite(p).all()
