@@ -31,7 +31,7 @@ hivemind                                  chaosp2p
 ``Optimizer(matchmaking_time=)``          ``retry_wait_s``: how long a member waits for the group
                                           to re-form (a new configuration) after a failed round
 ``Optimizer(load_state_timeout=)``        ``join_timeout_s`` (download + catch-up)
-``Optimizer(shutdown_timeout=)``          the bound on a graceful leave
+``Optimizer(shutdown_timeout=)``          bound on a graceful leave (raised to 3 epochs' time)
 ``Optimizer(grad_compression=)``          ``wire_dtype``: NoCompression float32,
 ``Optimizer(state_averaging_compression=)``   Float16Compression float16
 ``Optimizer(verbose=True)``               progress lines on the ``chaosp2p.hivemind`` logger

@@ -282,6 +282,7 @@ class Optimizer(torch.optim.Optimizer):
         self._calls = 0
         self._epoch_started = time.perf_counter()
         self._samples_per_second = 0.0
+        self._epoch_s = 0.0
         self._left = False
         self._collab = self._start_collaboration(dht)
         dht.on_shutdown(self.shutdown)
@@ -454,6 +455,7 @@ class Optimizer(torch.optim.Optimizer):
         self._epoch_started = now
         if elapsed > 0:
             self._samples_per_second = samples / elapsed
+            self._epoch_s = elapsed
         what = "gradients" if self.use_gradient_averaging else "parameters"
         log.log(
             self.status_loglevel,
@@ -526,13 +528,20 @@ class Optimizer(torch.optim.Optimizer):
         raise ConfigError("hivemind.Optimizer takes all parameter groups at creation")
 
     def shutdown(self) -> None:
-        """Leave the run gracefully: the other members go on without this peer. Idempotent."""
+        """Leave the run gracefully: the other members go on without this peer. Idempotent.
+
+        Waits until the leave takes effect (a step or two after it is announced), for at most the
+        larger of ``shutdown_timeout`` and 3 epochs' time.
+        """
         if self._left:
             return
         self._left = True
         if self.dht.is_alive():
+            # The run commits a leave a step or two ahead and the leaver serves those rounds with
+            # zero weight; epochs can be long, so the bound follows the measured epoch time.
+            timeout = max(self.settings.leave_timeout_s, 3.0 * self._epoch_s)
             log.log(self.status_loglevel, "Leaving run %r at epoch %d", self.run_id, self.local_epoch)
-            self._collab.leave(timeout=self.settings.leave_timeout_s)
+            self._collab.leave(timeout=timeout)
 
     # ------------------------------------------------------------------ chaosp2p extras
     @property
