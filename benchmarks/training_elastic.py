@@ -37,8 +37,11 @@ within each repeat (same run, same load) and their median is shown.
     the restart - last step before the stop) - one steady period. The members' excess idle time is
     the same sum over ``idle_s`` (time in ``step()`` not computing) -- for chaosp2p joins only, the
     stopped members have none. The newcomer's time from its arrival (process launch; for
-    checkpoint-restart, the stop request) until it completed its first step, and its snapshot load
-    (seconds, sources, bytes).
+    checkpoint-restart, the stop request) until it completed its first step; "of it: joining" is the
+    part after its process had imported torch and built its model (chaosp2p: peer start, snapshot,
+    replay, admission, first step; checkpoint-restart: torch.load, gloo rendezvous, first step); and
+    its snapshot load (seconds, bytes per source). The members' window for chaosp2p joins starts at
+    that point too: before it the newcomer only competes for the host's cores.
 
 (c) A member slowed ``--slowdown`` times (its whole compute, stand-in sleep and real forward/
     backward, takes that much longer). ``--members`` members train with straggler balancing on
@@ -501,20 +504,24 @@ def show_b(report: dict[str, Any], args: argparse.Namespace) -> None:
         ("restart", "checkpoint-restart (gloo)"),
     ):
         join = kind != "restart"
+
+        def vs(key: str, kind: str = kind) -> str:
+            return "1" if kind == "chaosp2p" else ratio_median(trials, key, kind)
+
         rows.append(
             [
                 label,
                 m(kind, "lost_s"),
-                "1" if kind == "chaosp2p" else ratio_median(trials, "lost_s", kind),
+                vs("lost_s"),
                 m(kind, "excess_idle_s") if join else "-",
                 m(kind, "max_stall_s") if join else "-",
                 m(kind, "to_contribute_s"),
-                "1" if kind == "chaosp2p" else ratio_median(trials, "to_contribute_s", kind),
+                vs("to_contribute_s"),
                 m(kind, "join_to_contribute_s"),
+                vs("join_to_contribute_s"),
                 m(kind, "load_s") if join else "-",
-                m(kind, "sources") if join else "disk",
-                m(kind, "bytes") / 1e6 if join else m(kind, "checkpoint_bytes") / 1e6,
-                " / ".join(f"{b / 1e6:.0f}" for b in trials[-1][kind]["bytes_by_source"]) if join else "-",
+                vs("load_s") if join else "-",
+                " / ".join(f"{b / 1e6:.0f}" for b in trials[-1][kind]["bytes_by_source"]) if join else "disk",
                 m(kind, "load_avg"),
             ]
         )
@@ -524,15 +531,15 @@ def show_b(report: dict[str, Any], args: argparse.Namespace) -> None:
         [
             "scenario",
             "members' lost s",
-            "vs chaosp2p",
+            "vs",
             "members' excess idle s",
             "worst step +s",
-            "newcomer to 1st step s",
-            "vs chaosp2p",
+            "newcomer: launch to 1st step s",
+            "vs",
             "of it: joining s",
+            "vs",
             "snapshot load s",
-            "sources",
-            "MB loaded",
+            "vs",
             "MB per source (last repeat)",
             "load avg",
         ],
