@@ -115,22 +115,37 @@ def wait_ready(process: subprocess.Popen[bytes], ready: Path, timeout_s: float =
 
 
 def start_sources(total: int, caps: Sequence[float | None], workdir: Path) -> list[SourceProcess]:
-    processes = []
+    """Source processes that know each other (the later ones bootstrap from the first), as a run's
+    holders do; the newcomer then arrives in a swarm that has settled (its links probed)."""
+    sources: list[SourceProcess] = []
+    pending = []
     for index, cap in enumerate(caps):
         ready = workdir / f"source-{index}-{time.monotonic_ns()}.json"
         args = [sys.executable, str(HERE / "_state_source.py"), "--bytes", str(total), "--ready-file", str(ready)]
         if cap:
             args += ["--cap", str(cap)]
+        if sources:
+            args += ["--bootstrap", str(sources[0].addr)]
         with (workdir / f"source-{index}.log").open("ab") as log:
             process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
-        processes.append((process, ready, cap))
-    sources = []
-    for process, ready, cap in processes:
-        info = wait_ready(process, ready)
-        addr = Multiaddr.parse(info["addrs"][0])
-        assert addr.peer_id is not None
-        sources.append(SourceProcess(process, addr.peer_id, addr, cap))
+        if not sources:  # the others need the first one's address
+            sources.append(_ready_source(process, ready, cap))
+        else:
+            pending.append((process, ready, cap))
+    sources += [_ready_source(process, ready, cap) for process, ready, cap in pending]
+    time.sleep(SETTLE_S if len(sources) > 1 else 0)
     return sources
+
+
+SETTLE_S = 3.0
+"""Let the sources' membership finish probing the links between them before a pull is timed."""
+
+
+def _ready_source(process: subprocess.Popen[bytes], ready: Path, cap: float | None) -> SourceProcess:
+    info = wait_ready(process, ready)
+    addr = Multiaddr.parse(info["addrs"][0])
+    assert addr.peer_id is not None
+    return SourceProcess(process, addr.peer_id, addr, cap)
 
 
 def start_tcp_sender(total: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -389,6 +404,7 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
                 processes.append(process)
                 first_addr = first_addr or addr
             await wait_for_providers(first_addr, len(caps))
+            await anyio.sleep(SETTLE_S)
             out = workdir / "pulled.npz"
             command = ("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", first_addr, "--json")
             for _ in range(repeats):
