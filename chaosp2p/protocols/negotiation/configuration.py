@@ -11,7 +11,7 @@ function: every member computes it locally from the decided value and checks the
 :func:`ring_order` (the all-reduce ring), :func:`quorum` and :func:`compute_shares`.
 
 Performance: configurations of 1024 members are rebuilt on every commit, so members are stored
-column-wise (sorted PeerIDs, incarnations, throughputs, shares), lookups bisect the sorted raw ids,
+column-wise (sorted PeerIDs, incarnations, throughputs, since steps), lookups bisect the sorted raw ids,
 and :attr:`Configuration.members` (one :class:`MemberEntry` per member) is built lazily.
 """
 
@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaosp2p.protocols.negotiation.config import MAX_STEP
 from chaosp2p.protocols.negotiation.operations import (
     DIGEST_BYTES,
     WIRE_MAX_LINKS,
@@ -125,7 +124,6 @@ class Configuration:
     """Members, sorted by PeerID bytes."""
     incarnations: tuple[int, ...]
     throughputs: tuple[float, ...]
-    shares: tuple[int, ...]
     since_steps: tuple[int, ...]
     """Per member, the first step it takes part in. Usually <= activation_step; larger only after
     an urgent configuration activated earlier than a pending one that admitted the member."""
@@ -136,17 +134,39 @@ class Configuration:
     digest: bytes
     departed: tuple[DepartedEntry, ...] = ()
     """Recently removed members, sorted by PeerID: a JOIN must use a higher incarnation."""
-    _raws: tuple[bytes, ...] = field(default=(), init=False, repr=False, compare=False)
-    _link_keys: tuple[bytes, ...] = field(default=(), init=False, repr=False, compare=False)
-    _departed_raws: tuple[bytes, ...] = field(default=(), init=False, repr=False, compare=False)
+    _raws: tuple[bytes, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _links_by_key: dict[bytes, LinkEntry] | None = field(default=None, init=False, repr=False, compare=False)
+    _departed_raws: tuple[bytes, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _members: tuple[MemberEntry, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _shares: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_raws", tuple(p.raw for p in self.peers))
-        object.__setattr__(self, "_link_keys", tuple(link.a.raw + link.b.raw for link in self.links))
-        object.__setattr__(self, "_departed_raws", tuple(d.peer_id.raw for d in self.departed))
+    # Lookup tables are built on first use (next_configuration hands over the member ids it has).
+    def ids(self) -> tuple[bytes, ...]:
+        """The members' raw PeerIDs, sorted (what lookups bisect)."""
+        raws = self._raws
+        if raws is None:
+            raws = tuple(p.raw for p in self.peers)
+            object.__setattr__(self, "_raws", raws)
+        return raws
+
+    def _link_table(self) -> dict[bytes, LinkEntry]:
+        table = self._links_by_key
+        if table is None:
+            table = {lk.a.raw + lk.b.raw: lk for lk in self.links}
+            object.__setattr__(self, "_links_by_key", table)
+        return table
 
     # ------------------------------------------------------------------ lookups
+    @property
+    def shares(self) -> tuple[int, ...]:
+        """Per member, its samples of the global batch (a pure function of throughputs and the
+        global batch, so it is not part of the encoding; computed on first use)."""
+        shares = self._shares
+        if shares is None:
+            shares = compute_shares(self.throughputs, self.params.global_batch)
+            object.__setattr__(self, "_shares", shares)
+        return shares
+
     @property
     def members(self) -> tuple[MemberEntry, ...]:
         """One entry per member, sorted by PeerID (built on first use)."""
@@ -166,7 +186,7 @@ class Configuration:
 
     def index_of(self, peer: PeerID) -> int:
         """Position of ``peer`` among the members, or -1."""
-        raws = self._raws
+        raws = self._raws if self._raws is not None else self.ids()
         i = bisect.bisect_left(raws, peer.raw)
         return i if i < len(raws) and raws[i] == peer.raw else -1
 
@@ -198,9 +218,7 @@ class Configuration:
     def link(self, a: PeerID, b: PeerID) -> LinkEntry | None:
         """The agreed link between ``a`` and ``b`` (either order), or None."""
         key = a.raw + b.raw if a.raw < b.raw else b.raw + a.raw
-        keys = self._link_keys
-        i = bisect.bisect_left(keys, key)
-        return self.links[i] if i < len(keys) and keys[i] == key else None
+        return self._link_table().get(key)
 
     def departed_incarnation(self, peer: PeerID) -> int | None:
         """The incarnation ``peer`` had when it was removed (if within MAX_OP_AGE_EPOCHS), or None."""
@@ -210,6 +228,9 @@ class Configuration:
     def departed_entry(self, peer: PeerID) -> DepartedEntry | None:
         """The record of ``peer``'s removal (if within MAX_OP_AGE_EPOCHS), or None."""
         raws = self._departed_raws
+        if raws is None:
+            raws = tuple(d.peer_id.raw for d in self.departed)
+            object.__setattr__(self, "_departed_raws", raws)
         i = bisect.bisect_left(raws, peer.raw)
         return self.departed[i] if i < len(raws) and raws[i] == peer.raw else None
 
@@ -225,10 +246,9 @@ class Configuration:
             self.run,
             self.epoch,
             self.activation_step,
-            list(self._raws),
+            list(self.ids()),
             list(self.incarnations),
-            [float(t) for t in self.throughputs],
-            list(self.shares),
+            list(self.throughputs),
             list(self.since_steps),
             [[lk.a.raw, lk.b.raw, lk.up, float(lk.bandwidth_bytes_per_s), float(lk.rtt_s)] for lk in self.links],
             [self.params.global_batch, self.params.mode, self.params.local_steps],
@@ -297,17 +317,17 @@ def make_configuration(
     shares: Sequence[int] | None = None,
     since_steps: Sequence[int] | None = None,
     departed: Sequence[DepartedEntry] = (),
+    ids: Sequence[bytes] | None = None,
 ) -> Configuration:
-    """Build a configuration (peers already sorted), computing shares if not given, and the digest."""
-    shares_t = tuple(shares) if shares is not None else compute_shares(throughputs, params.global_batch)
+    """Build a configuration (peers already sorted) and its digest; ``shares``, if given, seeds the
+    cache of the (derived) batch shares."""
     config = Configuration(
         run=run,
         epoch=epoch,
         activation_step=activation_step,
         peers=tuple(peers),
         incarnations=tuple(incarnations),
-        throughputs=tuple(float(t) for t in throughputs),
-        shares=shares_t,
+        throughputs=tuple(throughputs),
         since_steps=tuple(since_steps) if since_steps is not None else (activation_step,) * len(peers),
         links=tuple(links),
         params=params,
@@ -315,6 +335,10 @@ def make_configuration(
         digest=b"",
         departed=tuple(departed),
     )
+    if shares is not None:
+        object.__setattr__(config, "_shares", tuple(shares))
+    if ids is not None:
+        object.__setattr__(config, "_raws", tuple(ids))
     object.__setattr__(config, "digest", _digest(config.body()))
     return config
 
@@ -406,7 +430,7 @@ def next_configuration(
     same batch, a second FAIL of one subject, a link to a removed member are skipped).
     """
     ordered, dropped = apply_order(ops)
-    raws = list(prev._raws)
+    raws = list(prev.ids())
     peers = list(prev.peers)
     incs = list(prev.incarnations)
     thrs = list(prev.throughputs)
@@ -465,7 +489,7 @@ def next_configuration(
             j = bisect.bisect_left(raws, other.raw)
             if present and j < len(raws) and raws[j] == other.raw:
                 if links is None:
-                    links = {k: lk for k, lk in zip(prev._link_keys, prev.links, strict=True)}
+                    links = dict(prev._link_table())
                 up = kind is OpKind.LINK_UP
                 old = links.get(raw + other.raw)
                 if up or old is None:
@@ -479,7 +503,7 @@ def next_configuration(
         results.append(AppliedOp(op_id=ident, op=op, applied=applied))
     if removed:
         if links is None:
-            links = {k: lk for k, lk in zip(prev._link_keys, prev.links, strict=True)}
+            links = dict(prev._link_table())
         links = {k: lk for k, lk in links.items() if lk.a.raw not in removed and lk.b.raw not in removed}
     link_tuple = prev.links if links is None else tuple(links[k] for k in sorted(links))
     epoch = prev.epoch + 1
@@ -493,8 +517,9 @@ def next_configuration(
         links=link_tuple,
         params=prev.params,
         seed=derive_seed(prev.seed, epoch, prev.digest),
-        shares=None if members_changed else prev.shares,
+        shares=None if members_changed else prev._shares,
         since_steps=since,
+        ids=raws,
         departed=tuple(departed[k] for k in sorted(departed)) if departed_changed else prev.departed,
     )
     return config, tuple(results)
@@ -583,9 +608,9 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
     whose digest does not match its content is refused.
     """
     obj = unpack(raw, max_bytes=len(raw))
-    if not isinstance(obj, list) or len(obj) != 13:
-        raise reject("configuration must be an array of 13 items")
-    run, epoch, step, raws, incs, thrs, shares, since, links, params, seed, gone, digest = obj
+    if not isinstance(obj, list) or len(obj) != 12:
+        raise reject("configuration must be an array of 12 items")
+    run, epoch, step, raws, incs, thrs, since, links, params, seed, gone, digest = obj
     if type(run) is not str or type(epoch) is not int or type(step) is not int or type(seed) is not int:
         raise reject("configuration header has wrong types")
     check_run(run)
@@ -595,14 +620,14 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
         raise reject("seed out of range")
     if type(digest) is not bytes or len(digest) != DIGEST_BYTES:
         raise reject("digest must be 32 bytes")
-    for column in (raws, incs, thrs, shares, since, links, params, gone):
+    for column in (raws, incs, thrs, since, links, params, gone):
         if not isinstance(column, list):
             raise reject("configuration columns must be arrays")
     check_count(len(raws), min(max_members, WIRE_MAX_MEMBERS), "members")
     check_count(len(links), min(max_links, WIRE_MAX_LINKS), "links")
     check_count(len(gone), WIRE_MAX_MEMBERS, "departed members")
     n = len(raws)
-    if not (len(incs) == len(thrs) == len(shares) == len(since) == n):
+    if not (len(incs) == len(thrs) == len(since) == n):
         raise reject("configuration columns differ in length")
     try:
         peers = tuple(PeerID(r) if type(r) is bytes else _bad_peer() for r in raws)
@@ -618,9 +643,6 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
         if type(value) is not float:
             raise reject("throughput must be a float")
         check_number(value, WIRE_MAX_RATE, "throughput")
-    for value in shares:
-        if type(value) is not int or not 1 <= value <= MAX_STEP:
-            raise reject("share must be a positive int")
     for value in since:
         if type(value) is not int:
             raise reject("since step must be an int")
@@ -674,7 +696,6 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
         links=link_entries,
         params=run_params,
         seed=seed,
-        shares=shares,
         since_steps=since,
         departed=departed,
     )

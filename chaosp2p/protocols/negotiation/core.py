@@ -60,7 +60,15 @@ class MachineCore:
 
     protocols: Sequence[str] = (PROTOCOL,)
 
-    def __init__(self, *, identity: Identity, config: NegotiationConfig, rng: random.Random, now: float) -> None:
+    def __init__(
+        self,
+        *,
+        identity: Identity,
+        config: NegotiationConfig,
+        rng: random.Random,
+        now: float,
+        signature_cache: SignatureCache | None = None,
+    ) -> None:
         self.identity = identity
         self.local_peer = identity.peer_id
         self.config = config
@@ -68,7 +76,9 @@ class MachineCore:
         self._runs: dict[str, RunRecord] = {}
         self._outgoing: list[Outgoing] = []
         self._events: list[NegotiationEvent] = []
-        self._sigs = SignatureCache(config.verified_cache_size)
+        # A simulation of many peers in one process may share one cache (all its peers verify the
+        # same signatures); a real peer has its own.
+        self._sigs = signature_cache or SignatureCache(config.verified_cache_size)
         self._limiter = RateLimiter(
             rate_per_s=config.rate_limit_msgs_per_s,
             burst=config.rate_limit_burst,
@@ -76,6 +86,7 @@ class MachineCore:
         )
         self._down: dict[bytes, float] = {}
         self._failed: dict[bytes, tuple[PeerID, int]] = {}
+        self._failed_version = 0
         """Peers membership reported FAILED/LEFT (and not alive since), with that incarnation."""
         """Peers membership reported failed/left or the driver could not reach (proposer ranking)."""
         self._alive_inc: dict[bytes, int] = {}
@@ -139,6 +150,10 @@ class MachineCore:
         governing = self._config_for(rec, step)
         if governing is None:
             return
+        key = (governing.epoch, step, self._failed_version)
+        if rec.stuck_checked == key:
+            return  # nothing changed since the last look (this runs on every step)
+        rec.stuck_checked = key
         for raw, (peer, observed) in list(self._failed.items()):
             if rec.pending_fails.get(raw) or not governing.takes_part(peer, step):
                 continue
@@ -259,6 +274,8 @@ class MachineCore:
             if op.kind is OpKind.FAIL:
                 if rec.pending_fails.get(op.subject.raw):
                     continue  # one FAIL per subject is enough; others would only cost verifications
+                if not self._fail_matters(rec, op):
+                    continue  # about a member already gone for the steps we are at
                 if self._alive_inc.get(op.subject.raw, -1) > op.observed_incarnation:
                     self._reject(rec.run, "stale_fail", sender)
                     continue
@@ -298,12 +315,27 @@ class MachineCore:
         for peer in self._ranked(rec, self.config.announce_fanout, skip_self=True):
             self._send(peer, message)
 
+    def _fail_matters(self, rec: RunRecord, op: Operation) -> bool:
+        """A FAIL about a member, or about a departed one that still takes part in our next steps
+        (others that observed the same failure late must not make an epoch each)."""
+        config = rec.config
+        assert config is not None
+        if config.has_member(op.subject):
+            return True
+        gone = config.departed_entry(op.subject)
+        if gone is None:
+            return False
+        me = config.index_of(self.local_peer)
+        since = config.since_steps[me] if me >= 0 else 0  # a newcomer starts at its since step
+        return gone.activation_step > max(rec.entered, rec.completed + 1, since)
+
     def _heard_from(self, rec: RunRecord, peer: PeerID) -> None:
         """``peer`` just took part in this run's protocol: it is alive. Failures of it we hold
         pending are stale (raised during a partition, or a false suspicion): drop them, so that
         after a partition heals the two sides do not fail each other."""
         raw = peer.raw
-        self._failed.pop(raw, None)
+        if self._failed.pop(raw, None) is not None:
+            self._failed_version += 1
         if rec.pending_fails.get(raw):
             for ident in [i for i, op in rec.pending.items() if op.kind is OpKind.FAIL and op.subject.raw == raw]:
                 self._remove_pending(rec, ident)

@@ -188,10 +188,8 @@ class Learning(MachineCore):
         for ident, op in list(rec.pending.items()):
             if ident in rec.applied or check_operation(op, config) is not None:
                 self._remove_pending(rec, ident)
-            elif op.kind is OpKind.FAIL and not config.has_member(op.subject):
-                gone = config.departed_entry(op.subject)
-                if gone is None or gone.activation_step <= rec.entered:
-                    self._remove_pending(rec, ident)  # its removal already took effect here
+            elif op.kind is OpKind.FAIL and not self._fail_matters(rec, op):
+                self._remove_pending(rec, ident)  # its removal already took effect here
         self._check_stuck(now, rec)
         if rec.pending:
             # The new epoch ranks proposers differently: hand our pending operations to its best.

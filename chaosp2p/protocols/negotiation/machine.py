@@ -76,6 +76,7 @@ from chaosp2p.protocols.negotiation.messages import JoinRefused as JoinRefusedMe
 from chaosp2p.protocols.negotiation.operations import (
     PROTOCOL,
     OpKind,
+    SignatureCache,
 )
 from chaosp2p.protocols.negotiation.paxos import (
     JoinRecord,
@@ -99,8 +100,16 @@ class NegotiationMachine(PaxosRoles, Learning):
 
     protocols: Sequence[str] = (PROTOCOL,)
 
-    def __init__(self, *, identity: Identity, config: NegotiationConfig, rng: random.Random, now: float) -> None:
-        super().__init__(identity=identity, config=config, rng=rng, now=now)
+    def __init__(
+        self,
+        *,
+        identity: Identity,
+        config: NegotiationConfig,
+        rng: random.Random,
+        now: float,
+        signature_cache: SignatureCache | None = None,
+    ) -> None:
+        super().__init__(identity=identity, config=config, rng=rng, now=now, signature_cache=signature_cache)
         self._handlers: dict[type[Message], Callable[[float, PeerID, Any], None]] = {
             OpsAnnounce: self._on_announce,
             Prepare: self._on_prepare,
@@ -275,7 +284,8 @@ class NegotiationMachine(PaxosRoles, Learning):
             return  # news older than what we already know (it refuted since)
         if state in (MemberState.ALIVE, MemberState.SUSPECT):
             self._down.pop(raw, None)
-            self._failed.pop(raw, None)
+            if self._failed.pop(raw, None) is not None:
+                self._failed_version += 1
             if state is MemberState.ALIVE and incarnation > self._alive_inc.get(raw, -1):
                 if len(self._alive_inc) >= self.config.max_tracked_senders:
                     self._alive_inc.pop(next(iter(self._alive_inc)))
@@ -287,6 +297,7 @@ class NegotiationMachine(PaxosRoles, Learning):
         if len(self._failed) >= self.config.max_tracked_senders:
             self._failed.pop(next(iter(self._failed)))
         self._failed[raw] = (peer, incarnation)
+        self._failed_version += 1
         for rec in list(self._runs.values()):
             config = rec.config
             if rec.state not in MEMBER_STATES or config is None:
@@ -401,6 +412,11 @@ class NegotiationMachine(PaxosRoles, Learning):
         """
         rec = self._runs.get(run)
         return None if rec is None else self._config_for(rec, step)
+
+    def state_of(self, run: str) -> RunState | None:
+        """This peer's state in ``run`` (None for an unknown run): cheaper than run_status."""
+        rec = self._runs.get(run)
+        return None if rec is None else rec.state
 
     def configuration(self, run: str) -> Configuration | None:
         """The newest configuration this peer holds for ``run`` (None while joining)."""

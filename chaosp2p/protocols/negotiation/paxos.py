@@ -60,6 +60,10 @@ class ProposerRecord:
     adopted: bool = False
     """The value came from a promise (Paxos adoption), not from our pending operations."""
     promises: dict[bytes, PromiseInfo] = field(default_factory=dict)
+    promised_entered: int = -1
+    """Highest ``entered`` among the promises of the current ballot."""
+    promised_completed: int = -1
+    """Highest ``completed`` among the promises of the current ballot."""
     accepted_by: set[bytes] = field(default_factory=set)
     refused: dict[bytes, int] = field(default_factory=dict)
     """Acceptors that refused our current value (completed >= S), with their completed step."""
@@ -133,6 +137,8 @@ class RunRecord:
     sync_at: float | None = None
     join: JoinRecord | None = None
     removed_reason: str = ""
+    stuck_checked: tuple[int, int, int] | None = None
+    """(epoch, step, failure-report version) of the last stuck check (skip it if unchanged)."""
     encoded: bytes | None = None
     """Cached wire form of ``config`` (RUN_INFO replies and snapshots)."""
 

@@ -91,9 +91,9 @@ class PaxosRoles(MachineCore):
         return bool(rec.pending_fails)
 
     def _informed(self, rec: RunRecord, entered: int, completed: int) -> bool:
-        """Does this progress report pin S down? An urgent S is the first uncompleted step, so it
-        needs a member that completed one; otherwise one that began training."""
-        return completed >= 0 if self._urgent_pending(rec) else entered >= 0
+        """Does this progress report pin S down? Only a member that completed a step knows where
+        the run is: a newcomer enters its admission step at once, which may be far behind."""
+        return completed >= 0
 
     def _start_proposal(self, now: float, rec: RunRecord, *, fast: bool) -> None:
         config = rec.config
@@ -135,6 +135,7 @@ class PaxosRoles(MachineCore):
             completed=rec.completed,
             step_time_s=rec.step_time_s,
         )
+        prop.promised_entered, prop.promised_completed = rec.entered, rec.completed
         self._broadcast(config.peers, Prepare(run=rec.run, epoch=config.epoch + 1, ballot=ballot))
         if len(prop.promises) >= quorum(config):
             self._phase1_done(now, rec, force=True)
@@ -151,6 +152,8 @@ class PaxosRoles(MachineCore):
         for ident, op in rec.pending.items():
             if op.kind is OpKind.FAIL and op.subject == me:
                 continue  # we know better
+            if op.kind is OpKind.JOIN and op.subject.raw in self._failed:
+                continue  # membership says the newcomer died: admitting it would only cost a quorum
             if op.kind in REMOVAL_KINDS or op.kind is OpKind.JOIN:
                 # Several FAILs of one subject (raised by different observers) or repeated JOINs
                 # of one newcomer do the same thing: propose one, keep the rest pending (they
@@ -162,7 +165,17 @@ class PaxosRoles(MachineCore):
             else:
                 others.append((ident, op))
         entries = sorted([*chosen.values(), *others], key=lambda e: apply_key(e[0], e[1]))
-        entries = entries[: self.config.max_ops_per_batch]
+        # At most n - 1 newcomers per value: if they all die right after admission, the old members
+        # alone still form a quorum of the new configuration and can fail them.
+        joins_left = max(1, len(config.peers) - 1)
+        kept = []
+        for entry in entries:
+            if entry[1].kind is OpKind.JOIN:
+                if joins_left == 0:
+                    continue
+                joins_left -= 1
+            kept.append(entry)
+        entries = kept[: self.config.max_ops_per_batch]
         if not entries:
             return None, ()
         ops = [op for _, op in entries]
@@ -194,7 +207,7 @@ class PaxosRoles(MachineCore):
                 value = None  # an invalid accepted value cannot have been chosen by correct acceptors
         if value is None or ids is None:
             adopted = False
-            if not force and not any(self._informed(rec, p.entered, p.completed) for p in prop.promises.values()):
+            if not force and not self._informed(rec, prop.promised_entered, prop.promised_completed):
                 # Only newcomers that have not trained answered so far: an S from stale knowledge
                 # could be accepted by them alone and rewrite steps the others completed. Wait for
                 # a member with progress (until the phase times out).
@@ -468,6 +481,8 @@ class PaxosRoles(MachineCore):
             completed=msg.completed,
             step_time_s=msg.step_time_s,
         )
+        prop.promised_entered = max(prop.promised_entered, msg.entered)
+        prop.promised_completed = max(prop.promised_completed, msg.completed)
         if len(prop.promises) >= quorum(rec.config):
             self._phase1_done(now, rec, force=len(prop.promises) >= len(rec.config.peers))
 

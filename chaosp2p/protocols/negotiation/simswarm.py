@@ -45,7 +45,7 @@ from chaosp2p.protocols.negotiation.events import (
 )
 from chaosp2p.protocols.negotiation.machine import NegotiationMachine
 from chaosp2p.protocols.negotiation.messages import codec
-from chaosp2p.protocols.negotiation.operations import PROTOCOL
+from chaosp2p.protocols.negotiation.operations import PROTOCOL, SignatureCache
 from chaosp2p.protocols.negotiation.state import MEMBER_STATES, ProposerPhase, RunState
 from chaosp2p.sim.network import LinkProfile, SimNetwork
 from chaosp2p.wire.identity import Identity, PeerID
@@ -115,8 +115,9 @@ class _Node:
     def take_outgoing(self) -> list[Outgoing]:
         # Events first: the trainer's reactions may queue messages of their own.
         events = self.machine.take_events()
-        self._events.extend(events)
-        self._swarm._react(self._peer, events)
+        if events:
+            self._events.extend(events)
+            self._swarm._react(self._peer, events)
         out = self.machine.take_outgoing()
         dup = self._swarm.duplicate
         if dup > 0.0:
@@ -197,6 +198,9 @@ class NegotiationSwarm:
         self.auto_rejoin = auto_rejoin
         self.check_invariants = check_invariants
         self.peers: dict[PeerID, SwarmPeer] = {}
+        # All simulated peers are honest and verify the same signatures: one cache saves the CPU
+        # of verifying every operation once per peer (a real peer verifies each once itself).
+        self._signatures = SignatureCache(config.verified_cache_size)
         self._oracle = _Oracle()
         self._oracle_id = sim_identity(0xFFFFFF, namespace=seed & 0xFFFF).peer_id
         self.net.add(self._oracle_id, self._oracle)
@@ -220,7 +224,11 @@ class NegotiationSwarm:
         index = len(self.peers)
         identity = sim_identity(index, namespace=self._namespace)
         machine = NegotiationMachine(
-            identity=identity, config=self.config, rng=random.Random(self.random.getrandbits(64)), now=self.net.now
+            identity=identity,
+            config=self.config,
+            rng=random.Random(self.random.getrandbits(64)),
+            now=self.net.now,
+            signature_cache=self._signatures,
         )
         node = _Node(self, identity.peer_id, machine)
         peer = SwarmPeer(index=index, identity=identity, machine=machine, node=node)
@@ -390,7 +398,7 @@ class NegotiationSwarm:
             self._schedule_observe(other, peer, MemberState.LEFT, inc)
 
     def _retry_join(self, peer: SwarmPeer, now: float) -> None:
-        if not peer.running or peer.machine.run_status(self.run).state is not RunState.JOINING:
+        if not peer.running or peer.machine.state_of(self.run) is not RunState.JOINING:
             return
         members = self.members()
         if members:
@@ -402,7 +410,7 @@ class NegotiationSwarm:
             )
 
     def _rejoin(self, peer: SwarmPeer, now: float) -> None:
-        if peer.running and peer.machine.run_status(self.run).state is RunState.REMOVED:
+        if peer.running and peer.machine.state_of(self.run) is RunState.REMOVED:
             self._join(peer, None)
 
     def _record_commit(self, peer: SwarmPeer, event: ConfigurationCommitted) -> None:
@@ -437,7 +445,7 @@ class NegotiationSwarm:
         k = trainer.next_step
         config = machine.config_for_step(run, k)
         if config is None:
-            if machine.run_status(run).state is RunState.REMOVED:
+            if machine.state_of(run) is RunState.REMOVED:
                 trainer.active = False
                 if peer.leaving:
                     peer.running = False
@@ -513,7 +521,7 @@ class NegotiationSwarm:
         """Running peers that consider themselves members of the run."""
         out = []
         for p, r in self.peers.items():
-            if r.running and self.run in r.machine.runs() and r.machine.run_status(self.run).state in MEMBER_STATES:
+            if r.running and r.machine.state_of(self.run) in MEMBER_STATES:
                 out.append(p)
         return out
 
@@ -550,12 +558,11 @@ class NegotiationSwarm:
 
     def governing(self, step: int) -> Configuration | None:
         """From the global commit record: the newest configuration activating at or before ``step``."""
-        best = None
-        for epoch in sorted(self.configs):
+        for epoch in sorted(self.configs, reverse=True):
             config = self.configs[epoch]
             if config.activation_step <= step:
-                best = config
-        return best
+                return config
+        return None
 
     def violations(self) -> list[str]:
         """Every broken invariant seen so far (empty if all hold).
@@ -567,8 +574,11 @@ class NegotiationSwarm:
         or crashed afterwards (its work is not part of the run any more).
         """
         problems = list(self.problems)
+        governing: dict[int, Configuration | None] = {}
         for peer, k, digest, at in self.completions:
-            config = self.governing(k)
+            if k not in governing:
+                governing[k] = self.governing(k)
+            config = governing[k]
             if config is not None and config.digest == digest:
                 continue
             if any(p == peer and t >= at and e.step <= k for t, p, e in self.resyncs):

@@ -1,0 +1,66 @@
+"""256 simulated peers train one run while 10 % of them churn per simulated minute (crashes, leaves,
+joins); once churn stops every running peer agrees on one configuration made of exactly the
+running peers, and no safety invariant was broken on the way (see ``NegotiationSwarm.violations``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from chaosp2p.protocols.negotiation import NegotiationConfig, OpKind, RunParams
+from chaosp2p.protocols.negotiation.simswarm import NegotiationSwarm
+from chaosp2p.sim.network import LinkProfile
+
+PEERS = 256
+CHURN_PER_MINUTE = 0.10
+CHURN_MINUTES = 2.0
+
+
+@pytest.mark.timeout(300)
+def test_256_peers_with_10_percent_churn_per_minute_converge() -> None:
+    config = dataclasses.replace(NegotiationConfig.lan(), sync_interval_s=2.0)
+    swarm = NegotiationSwarm(
+        config=config,
+        seed=7,
+        params=RunParams(global_batch=4096),
+        link=LinkProfile(latency_s=0.001, jitter_s=0.001),
+        step_time_s=0.5,
+        detect_delay_s=(0.5, 2.0),
+    )
+    swarm.found()
+    swarm.grow(PEERS - 1, spacing_s=0.002)
+    assert swarm.run_until(swarm.converged, timeout_s=60.0, step_s=0.5) is not None
+    formed = swarm.agreed()
+    assert formed is not None and len(formed) == PEERS
+
+    events = int(PEERS * CHURN_PER_MINUTE * CHURN_MINUTES)
+    gap_s = CHURN_MINUTES * 60.0 / events
+    start = swarm.net.now
+    crashed = left = 0
+    for i in range(events):
+        members = [p for p in swarm.members() if not swarm.peers[p].leaving]
+        victim = swarm.random.choice(members)
+        if i % 3 == 2:
+            swarm.leave(victim)
+            left += 1
+        else:
+            swarm.crash(victim)
+            crashed += 1
+        swarm.spawn()  # a newcomer replaces it
+        swarm.run_for(gap_s)
+
+    took = swarm.run_until(swarm.converged, timeout_s=60.0, step_s=0.5)
+    assert took is not None
+    final = swarm.agreed()
+    assert final is not None
+    running = set(swarm.running())
+    assert set(final.peers) == running and len(running) == PEERS
+    assert swarm.violations() == []
+    # Every crash and leave was committed, and training kept going through the churn.
+    fails = {e.subject for _, _, e in swarm.op_events if e.kind is OpKind.FAIL and e.applied}
+    leaves = {e.subject for _, _, e in swarm.op_events if e.kind is OpKind.LEAVE and e.applied}
+    assert len(fails) >= crashed and len(leaves) == left
+    steps = [c for c in swarm.completions if c[3] > start]
+    assert max(k for _, k, _, _ in steps) > CHURN_MINUTES * 60.0 / swarm.step_time_s / 4
