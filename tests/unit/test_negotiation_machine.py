@@ -3,6 +3,7 @@ and the scenarios the issue names (leave, failure mid-step, late members, takeov
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterator
 
@@ -398,3 +399,30 @@ def test_status_and_statistics_describe_the_run() -> None:
     stats = net.machines[peers[0]].statistics()
     assert stats.commits + net.machines[peers[1]].statistics().commits >= 2 and stats.rejected == 0
     assert net.machines[peers[0]].runs() == (RUN,)
+
+
+def test_large_runs_disseminate_through_relays_and_survive_a_dead_relay() -> None:
+    config = dataclasses.replace(CFG, relay_threshold=2)
+    net, peers = make_net(7, config=config)
+    coord, others = roles(net, peers)
+    report_all(net, peers, entered=3, completed=2)
+    leaver = others[0]
+    net.call(leaver, lambda m, now: m.leave(now, RUN))
+    net.deliver()
+    relayed = [(s, m) for s, _, m in net.delivered if isinstance(m, Accept | Commit) and m.relay_to]
+    forwarded = [(s, m) for s, _, m in net.delivered if isinstance(m, Accept) and s != m.ballot.proposer]
+    assert relayed and forwarded  # the coordinator sent few copies; members passed them on
+    assert all(len(m.relay_to) <= 2 for _, m in relayed)
+    final = conf(net, coord)
+    assert not final.has_member(leaver)
+    assert {conf(net, p).digest for p in peers if p != leaver} == {final.digest}
+    # A relay that died: its group misses the COMMIT at first, and catches up through SYNC.
+    coord, others = roles(net, [p for p in peers if p != leaver])
+    net.call(others[0], lambda m, now: m.set_throughput(now, RUN, 7.0))
+    dead = next(s for s, m in relayed if s != coord)
+    net.crashed.add(dead)
+    net.advance(2.0)
+    final = conf(net, coord)
+    assert final.throughputs[final.index_of(others[0])] == 7.0
+    alive = [p for p in peers if p not in (leaver, dead)]
+    assert {conf(net, p).digest for p in alive} == {final.digest}

@@ -36,6 +36,10 @@ class NegotiationConfig:
     decision_timeout_s: float = 0.5
     """A member that accepted a value (or saw a proposal) and learned no decision after this long
     runs phase 1 itself to finish the instance (the proposer may have died)."""
+    relay_threshold: int = 64
+    """ACCEPT and COMMIT go to every member directly up to this many members; beyond, to about
+    sqrt(n) relays that forward to about sqrt(n) members each (one more hop, O(sqrt n) work per
+    call instead of O(n) at the proposer)."""
     retry_jitter: float = 0.5
     """Retries wait their base time x (1 + uniform(0, retry_jitter)) so duelling proposers drift apart."""
 
@@ -89,6 +93,7 @@ class NegotiationConfig:
             self,
             "proposer_backoff_s",
             "announce_fanout",
+            "relay_threshold",
             "phase_timeout_s",
             "decision_timeout_s",
             "default_rtt_s",
@@ -114,6 +119,7 @@ class NegotiationConfig:
         require_non_negative(self, "retry_jitter", "decision_floor_s")
         for name in (
             "announce_fanout",
+            "relay_threshold",
             "default_margin_steps",
             "max_margin_steps",
             "max_step_ahead",

@@ -8,6 +8,8 @@ decisions, catch-up and joins (``learning.py``) build on it; ``machine.py`` puts
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -25,6 +27,8 @@ from chaosp2p.protocols.negotiation.events import (
     OperationRejected,
 )
 from chaosp2p.protocols.negotiation.messages import (
+    Accept,
+    Commit,
     CommitRecord,
     OpsAnnounce,
     Value,
@@ -193,8 +197,7 @@ class MachineCore:
             **extra,
         )
         self._count("ops_raised")
-        ident = self._sigs.check(op)
-        assert ident is not None
+        ident = self._sigs.remember(op)
         reason = check_operation(op, config)
         if reason is not None:
             raise LocalProtocolError(f"negotiation: cannot raise {kind.name}: {reason}")
@@ -436,6 +439,28 @@ class MachineCore:
                 out.append(Outgoing(to=peer, protocol=PROTOCOL, message=message))
                 sent += 1
         self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + sent
+
+    def _disseminate(self, peers: Sequence[PeerID], message: Accept | Commit) -> None:
+        """Send ``message`` to every peer but us: directly in small runs, else through relays."""
+        me = self.local_peer
+        targets = [p for p in peers if p != me]
+        if len(targets) <= self.config.relay_threshold:
+            self._broadcast(targets, message)
+            return
+        size = math.isqrt(len(targets) - 1) + 1
+        down = self._down
+        for start in range(0, len(targets), size):
+            group = targets[start : start + size]
+            relay = next((p for p in group if p.raw not in down), group[0])
+            self._send(relay, dataclasses.replace(message, relay_to=tuple(p for p in group if p != relay)))
+
+    def _forward(self, rec: RunRecord, sender: PeerID, message: Accept | Commit) -> None:
+        """Pass on a relayed ACCEPT/COMMIT to the members it names (only for members of C_e)."""
+        config = rec.config
+        if not message.relay_to or config is None or not config.has_member(sender):
+            return
+        targets = [p for p in message.relay_to if p != self.local_peer and config.has_member(p)]
+        self._broadcast(targets, dataclasses.replace(message, relay_to=()))
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1

@@ -80,6 +80,7 @@ class Learning(MachineCore):
         config = rec.config
         if config is None or not self._learner(rec):
             return
+        self._forward(rec, sender, msg)  # a relay passes it on even if it knew the decision
         if msg.epoch <= config.epoch:
             return  # a duplicate
         if msg.epoch > config.epoch + 1:

@@ -36,6 +36,8 @@ from chaosp2p.wire.messages import Message, MessageCodec
 WIRE_MAX_STEP_TIME_S = 86400.0
 WIRE_MAX_CONFIGURATION_BYTES = 16 << 20
 MAX_REQUEST_ID = (1 << 64) - 1
+WIRE_MAX_RELAY = 1024
+"""Relay targets in one ACCEPT/COMMIT (groups are about sqrt(members) large)."""
 
 
 class NegotiationMessageType(enum.IntEnum):
@@ -223,11 +225,14 @@ class Accept(Message):
     adopted: bool = False
     """The proposer took the value from a promise (it may have been chosen): accept it even if
     it would be refused as a fresh value (completed past S, or failing the acceptor itself)."""
+    relay_to: tuple[PeerID, ...] = ()
+    """Members the receiver forwards this ACCEPT to (large runs disseminate through relays)."""
 
     def validate(self) -> None:
         """Bounds."""
         check_run(self.run)
         check_uint(self.epoch, "epoch")
+        check_count(len(self.relay_to), WIRE_MAX_RELAY, "relay targets")
 
 
 @codec.register(NegotiationMessageType.ACCEPTED)
@@ -280,6 +285,8 @@ class Commit(Message):
     value: Value
     digest: bytes
     configuration: bytes = b""
+    relay_to: tuple[PeerID, ...] = ()
+    """Members the receiver forwards this COMMIT to (large runs disseminate through relays)."""
 
     def validate(self) -> None:
         """Bounds."""
@@ -287,6 +294,7 @@ class Commit(Message):
         check_uint(self.epoch, "epoch")
         _check_digest(self.digest)
         _check_configuration(self.configuration)
+        check_count(len(self.relay_to), WIRE_MAX_RELAY, "relay targets")
 
 
 @codec.register(NegotiationMessageType.SYNC)

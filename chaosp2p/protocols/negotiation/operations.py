@@ -248,6 +248,14 @@ class SignatureCache:
         self.hits = 0
         self.verifications = 0
 
+    def remember(self, op: Operation) -> bytes:
+        """Record an operation we signed ourselves (no need to verify it); returns its id."""
+        ident = op_id(op)
+        if len(self._verified) >= self._max:
+            self._verified.pop(next(iter(self._verified)))
+        self._verified[op.signature] = (op, ident)
+        return ident
+
     def check(self, op: Operation) -> bytes | None:
         """The op id if ``op`` carries its origin's valid signature, else ``None``."""
         cached = self._verified.get(op.signature)

@@ -235,7 +235,7 @@ class PaxosRoles(MachineCore):
             prop.refused[me] = refused
             prop.refusers.add(me)
         accept = Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value, adopted=prop.adopted)
-        self._broadcast(config.peers, accept)
+        self._disseminate(config.peers, accept)
         self._check_phase2(now, rec)
 
     def _check_phase2(self, now: float, rec: RunRecord) -> None:
@@ -276,7 +276,7 @@ class PaxosRoles(MachineCore):
         self._count("commits")
         record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest)
         plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest)
-        self._broadcast(config.peers, plain)
+        self._disseminate(config.peers, plain)
         # Members that left but still train steps this value now governs must learn it too.
         lame = [d.peer_id for d in config.departed if d.activation_step > value.activation_step]
         if lame:
@@ -337,10 +337,12 @@ class PaxosRoles(MachineCore):
     def _ballot_ok(self, rec: RunRecord, sender: PeerID, ballot: Ballot, *, accept: bool) -> bool:
         config = rec.config
         assert config is not None
-        if ballot.proposer != sender:
+        # A PREPARE comes from its proposer; an ACCEPT may be relayed by another member (the
+        # answer goes to the ballot's proposer either way).
+        if ballot.proposer != sender and not (accept and config.has_member(ballot.proposer)):
             self._reject(rec.run, "forged_ballot", sender)
             return False
-        if ballot.round == 0 and not (accept and coordinator(config) == sender):
+        if ballot.round == 0 and not (accept and coordinator(config) == ballot.proposer):
             # Round 0 skips phase 1: only the epoch's coordinator may use it, and only to ACCEPT.
             self._reject(rec.run, "forged_ballot", sender)
             return False
@@ -394,13 +396,15 @@ class PaxosRoles(MachineCore):
         rec = self._instance(now, sender, msg.run, msg.epoch)
         if rec is None or not self._ballot_ok(rec, sender, msg.ballot, accept=True):
             return
+        self._forward(rec, sender, msg)
+        proposer = msg.ballot.proposer
         promised = rec.promised
         if promised is not None and msg.ballot.key() < promised.key():
-            self._nack(rec, sender, msg.epoch, msg.ballot)
+            self._nack(rec, proposer, msg.epoch, msg.ballot)
             return
         value = msg.value
         if rec.accepted_ballot == msg.ballot and rec.accepted_value == value:
-            self._reply_accepted(rec, sender, msg)  # a duplicate: answer again
+            self._reply_accepted(rec, proposer, msg)  # a duplicate: answer again
             return
         ids = self._value_ids(rec, value)
         if ids is None:
@@ -412,10 +416,10 @@ class PaxosRoles(MachineCore):
             return
         refused = self._local_accept(now, rec, msg.ballot, value, ids, adopted=msg.adopted)
         if refused is not None:
-            self._send(sender, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
+            self._send(proposer, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
             return
         self._saw_other_proposer(now, rec, msg.ballot)
-        self._reply_accepted(rec, sender, msg)
+        self._reply_accepted(rec, proposer, msg)
 
     def _reply_accepted(self, rec: RunRecord, sender: PeerID, msg: Accept) -> None:
         self._send(

@@ -33,7 +33,13 @@ from typing import Any
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.negotiation.configuration import Configuration, RunParams
+from chaosp2p.protocols.negotiation.configuration import (
+    Configuration,
+    RunParams,
+    derive_seed,
+    genesis_configuration,
+    make_configuration,
+)
 from chaosp2p.protocols.negotiation.events import (
     Admitted,
     ConfigurationCommitted,
@@ -46,10 +52,27 @@ from chaosp2p.protocols.negotiation.events import (
 from chaosp2p.protocols.negotiation.machine import NegotiationMachine
 from chaosp2p.protocols.negotiation.messages import codec
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, SignatureCache
+from chaosp2p.protocols.negotiation.paxos import JoinRecord
 from chaosp2p.protocols.negotiation.state import MEMBER_STATES, ProposerPhase, RunState
 from chaosp2p.sim.network import LinkProfile, SimNetwork
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
+
+
+def install_configuration(machine: NegotiationMachine, config: Configuration, now: float) -> None:
+    """Make ``machine`` a member holding ``config``, as if a COMMIT had just admitted it.
+
+    For benchmarks and large simulations that start from a formed run instead of joining a
+    thousand peers one by one; ``machine``'s peer must be a member of ``config``.
+    """
+    if not config.has_member(machine.local_peer):
+        raise ValueError("the machine's peer is not a member of the configuration")
+    rec = machine._new_run(config.run)
+    rec.state = RunState.JOINING
+    rec.join = JoinRecord(incarnation=config.incarnation_of(machine.local_peer) or 0, throughput=1.0, sponsors=[])
+    machine._admit(now, rec, config)
+    machine.take_events()
+    machine.take_outgoing()
 
 
 def sim_identity(index: int, *, namespace: int = 0) -> Identity:
@@ -243,6 +266,36 @@ class NegotiationSwarm:
         peer.trainer.active = True
         self._train(peer)
         return peer.peer_id
+
+    def preform(self, count: int, *, train: bool = True) -> Configuration:
+        """Start ``count`` peers that already form the run (one configuration, epoch 1, all taking
+        part from step 0) instead of joining them one by one."""
+        new = [self._make() for _ in range(count)]
+        founder = new[0]
+        genesis = genesis_configuration(self.run, founder.peer_id, incarnation=0, throughput=1.0, params=self.params)
+        peers = sorted((p.peer_id for p in new), key=lambda p: p.raw)
+        config = make_configuration(
+            run=self.run,
+            epoch=1,
+            activation_step=0,
+            peers=peers,
+            incarnations=[0] * count,
+            throughputs=[1.0] * count,
+            links=(),
+            params=self.params,
+            seed=derive_seed(genesis.seed, 1, genesis.digest),
+            since_steps=[0] * count,
+        )
+        for peer in new:
+            install_configuration(peer.machine, config, self.net.now)
+            peer.trainer.active = train
+            self.net.poke(peer.peer_id)
+        self.committed.setdefault(config.epoch, config.digest)
+        self.configs.setdefault(config.epoch, config)
+        for peer in new:
+            peer.last_epoch = config.epoch
+            self._train(peer)
+        return config
 
     def spawn(self, *, sponsor: PeerID | None = None, throughput: float = 1.0) -> PeerID:
         """Start a newcomer that asks ``sponsor`` (default: a random running member) to admit it."""
