@@ -431,28 +431,30 @@ class MachineCore:
         self._outgoing.append(Outgoing(to=peer, protocol=PROTOCOL, message=message))
 
     def _broadcast(self, peers: Iterable[PeerID], message: Message) -> None:
-        me = self.local_peer
+        # Raw ids compare fast: PeerID equality goes through the dataclass machinery.
+        me = self.local_peer.raw
         out = self._outgoing
         sent = 0
         for peer in peers:
-            if peer != me:
+            if peer.raw != me:
                 out.append(Outgoing(to=peer, protocol=PROTOCOL, message=message))
                 sent += 1
         self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + sent
 
     def _disseminate(self, peers: Sequence[PeerID], message: Accept | Commit) -> None:
         """Send ``message`` to every peer but us: directly in small runs, else through relays."""
-        me = self.local_peer
-        targets = [p for p in peers if p != me]
-        if len(targets) <= self.config.relay_threshold:
-            self._broadcast(targets, message)
+        me = self.local_peer.raw
+        if len(peers) <= self.config.relay_threshold + 1:
+            self._broadcast(peers, message)
             return
+        targets = [p for p in peers if p.raw != me]
         size = math.isqrt(len(targets) - 1) + 1
         down = self._down
         for start in range(0, len(targets), size):
             group = targets[start : start + size]
             relay = next((p for p in group if p.raw not in down), group[0])
-            self._send(relay, dataclasses.replace(message, relay_to=tuple(p for p in group if p != relay)))
+            rest = group[1:] if relay is group[0] else [p for p in group if p is not relay]
+            self._send(relay, dataclasses.replace(message, relay_to=tuple(rest)))
 
     def _forward(self, rec: RunRecord, sender: PeerID, message: Accept | Commit) -> None:
         """Pass on a relayed ACCEPT/COMMIT to the members it names (only for members of C_e)."""

@@ -281,7 +281,14 @@ class PaxosRoles(MachineCore):
         lame = [d.peer_id for d in config.departed if d.activation_step > value.activation_step]
         if lame:
             self._broadcast(lame, plain)
-        newcomers = [p for p in new_config.peers if not config.has_member(p)]
+        newcomers = [
+            r.op.subject
+            for r in results
+            if r.applied
+            and r.op.kind is OpKind.JOIN
+            and new_config.has_member(r.op.subject)
+            and not config.has_member(r.op.subject)
+        ]
         if newcomers:
             full = Commit(
                 run=rec.run, epoch=record.epoch, value=value, digest=record.digest, configuration=new_config.encode()
