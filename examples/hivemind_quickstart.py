@@ -119,7 +119,7 @@ class Harness:
 
     def _record(self, opt: Any, loss: torch.Tensor) -> dict[str, Any]:
         record: dict[str, Any] = {"step": opt.local_epoch - 1, "loss": round(loss.item(), 6)}
-        record.update(time=time.time(), local_samples=self.samples)
+        record.update(time=time.time(), local_samples=self.samples, cpu_s=round(time.process_time(), 3))
         if self.args.real_hivemind:
             record.update(members=opt.tracker.global_progress.num_peers, param_digest=parameter_digest(opt))
             return record
