@@ -282,6 +282,8 @@ class MachineCore:
                 if self._alive_inc.get(op.subject.raw, -1) > op.observed_incarnation:
                     self._reject(rec.run, "stale_fail", sender)
                     continue
+            if op.kind is OpKind.JOIN and op.subject.raw in self._failed:
+                continue  # membership says this newcomer died since it asked
             if len(rec.pending) >= self.config.max_pending_ops:
                 self._reject(rec.run, "pending_full", sender)
                 continue

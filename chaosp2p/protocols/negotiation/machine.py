@@ -302,6 +302,9 @@ class NegotiationMachine(PaxosRoles, Learning):
             config = rec.config
             if rec.state not in MEMBER_STATES or config is None:
                 continue
+            join = rec.pending_joins.get(raw)
+            if join is not None:
+                self._remove_pending(rec, join)  # a newcomer that died before its admission
             held = config.incarnation_of(peer)
             if held is not None and not rec.pending_fails.get(raw):
                 self._raise(
