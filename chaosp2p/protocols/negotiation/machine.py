@@ -24,8 +24,8 @@ fail, link up/down, throughput) and the activation step S from which C_{e+1} gov
   for gated steps. A member that already completed S refuses (REFUSE_PAST); when enough refuse, the
   value is provably unchoosable and a fresh one with a later S is proposed (see ``paxos.py``). A
   commit that activates at a step this member already completed raises ``ResyncNeeded``.
-* **Decisions** go to every member of C_e and C_{e+1} (COMMIT); newcomers get the full
-  configuration. Lost commits are repaired by SYNC beacons between ring neighbours (SYNC_REQUEST /
+* **Decisions** go to every member of C_e and C_{e+1} (COMMIT; ACCEPT and COMMIT travel through
+  about sqrt(n) relays above ``relay_threshold`` members); newcomers get the full configuration. Lost commits are repaired by SYNC beacons between ring neighbours (SYNC_REQUEST /
   SYNC_REPLY with the missing values, or a snapshot when the gap exceeds ``max_history``). A member
   that learns it is no longer in the configuration emits ``RemovedFromRun`` and stops.
 
