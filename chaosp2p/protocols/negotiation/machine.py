@@ -25,9 +25,14 @@ fail, link up/down, throughput) and the activation step S from which C_{e+1} gov
   value is provably unchoosable and a fresh one with a later S is proposed (see ``paxos.py``). A
   commit that activates at a step this member already completed raises ``ResyncNeeded``.
 * **Decisions** go to every member of C_e and C_{e+1} (COMMIT; ACCEPT and COMMIT travel through
-  about sqrt(n) relays above ``relay_threshold`` members); newcomers get the full configuration. Lost commits are repaired by SYNC beacons between ring neighbours (SYNC_REQUEST /
-  SYNC_REPLY with the missing values, or a snapshot when the gap exceeds ``max_history``). A member
-  that learns it is no longer in the configuration emits ``RemovedFromRun`` and stops.
+  about sqrt(n) relays above ``relay_threshold`` members); newcomers get the full configuration.
+  Lost commits are repaired by SYNC beacons between ring neighbours (SYNC_REQUEST / SYNC_REPLY with
+  the missing values, or a snapshot when the gap exceeds ``max_history``). A member that learns it
+  is no longer in the configuration emits ``RemovedFromRun`` and stops.
+* **Steps.** The refusal and "dead value" rules above concern *fresh* values only; a value
+  re-proposed after phase 1 (adopted) is accepted by everyone, so a few refusers and a crashed
+  member cannot block an instance. S is computed only from members that completed a step, since
+  a newcomer enters its admission step at once.
 
 Everything a peer sends is rate-limited and checked; a rejected input changes nothing, is counted
 by reason and reported as an ``OperationRejected`` event. The machine never reads a clock.
