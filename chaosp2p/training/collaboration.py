@@ -76,6 +76,12 @@ log = logging.getLogger("chaosp2p.training")
 _STEP_TIME_WINDOW = 16
 
 
+def _mean_throughput(config: Configuration) -> float:
+    """The mean measured speed of a configuration's members (1.0 if none is known)."""
+    known = [m.throughput_samples_per_s for m in config.members if m.throughput_samples_per_s > 0]
+    return sum(known) / len(known) if known else 1.0
+
+
 def _discard(update: np.ndarray) -> None:
     """What a leaving member does with the rounds' results: nothing (it takes no further steps)."""
 
@@ -673,7 +679,8 @@ class AsyncCollaboration:
                         self.run,
                         sponsor,
                         incarnation=me.incarnation,
-                        throughput=self._throughput or 1.0,  # unmeasured yet: an equal share
+                        # Unmeasured yet: the members' mean, so the newcomer starts with an average share.
+                        throughput=self._throughput or _mean_throughput(config),
                         timeout_s=math.inf,
                     )
                 )
