@@ -96,9 +96,8 @@ class LocalBench:
         assert proposer_id is not None
         others = [p for p in config.peers if p != proposer_id]
         self.rng.shuffle(others)
-        origin_id, acceptor_id, subject_id = others[0], others[1], others[2 % len(others)]
+        origin_id, subject_id = others[0], others[2 % len(others)]
         proposer = self.machine(proposer_id)
-        acceptor = self.machine(acceptor_id)
         times: dict[str, Any] = {}
         self.now += 1.0
 
@@ -141,14 +140,22 @@ class LocalBench:
             assert isinstance(announce, OpsAnnounce)
             timed("proposer_op", lambda: proposer.receive(self.now, origin_id, PROTOCOL, announce))
         sent = proposer.take_outgoing()
-        accept = next((o.message for o in sent if o.to == acceptor_id and isinstance(o.message, Accept)), None)
-        assert isinstance(accept, Accept), "the proposer did not take the fast path"
+        # The acceptor measured is one the proposer sent the ACCEPT to: in a large run that is a
+        # relay, which also forwards it to its group (the busiest acceptor role).
+        accepts = [o for o in sent if isinstance(o.message, Accept)]
+        assert accepts, "the proposer did not take the fast path"
+        named = {op.subject for op in accepts[0].message.value.ops}  # type: ignore[attr-defined]
+        chosen = next(o for o in accepts if o.to not in named and o.to != origin_id)
+        accept, acceptor_id = chosen.message, chosen.to
+        assert isinstance(accept, Accept)
+        acceptor = self.machine(acceptor_id)
+        times["relayed_to"] = len(accept.relay_to)
         times["accepts_sent"] = sum(1 for o in sent if isinstance(o.message, Accept))
         timed("acceptor_accept", lambda: acceptor.receive(self.now, proposer_id, PROTOCOL, accept))
         reply = _only(acceptor.take_outgoing(), proposer_id)
-        assert isinstance(reply, Accepted)
+        assert isinstance(reply, Accepted), reply
         quorum = len(config) // 2 + 1
-        voters = [acceptor_id, *[p for p in others if p != acceptor_id][: quorum - 2]]
+        voters = [acceptor_id, *[p for p in others if p not in (acceptor_id, subject_id)][: quorum - 2]]
         replies: list[float] = []
         for voter in voters:
             message = reply if voter == acceptor_id else dataclasses.replace(reply)
@@ -163,8 +170,8 @@ class LocalBench:
         timed("acceptor_commit", lambda: acceptor.receive(self.now, proposer_id, PROTOCOL, commit))
         new = proposer.configuration(RUN)
         assert new is not None and new.epoch == config.epoch + 1
-        assert acceptor.configuration(RUN) == new or (kind is OpKind.FAIL and subject_id == acceptor_id)
-        self.config = new
+        assert acceptor.configuration(RUN) == new
+        # Every trial starts from the same formed run (fresh machines), so removals do not shrink it.
         return times
 
 

@@ -174,7 +174,7 @@ def _describe(swarm: NegotiationSwarm) -> str:
 
 
 NegotiationProperties.TestCase.settings = settings(
-    max_examples=int(os.environ.get("NEGOTIATION_EXAMPLES", "12")),
+    max_examples=int(os.environ.get("NEGOTIATION_EXAMPLES", "30")),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
