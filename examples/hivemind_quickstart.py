@@ -83,16 +83,22 @@ class CifarShapedData(torch.utils.data.TensorDataset):
 class Harness:
     """The shared example flags around the quickstart's loop: ready file, metrics, --steps, SIGTERM."""
 
-    def __init__(self, args: argparse.Namespace, dht: Any) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.stop = StopSignal()
         self.metrics = MetricsWriter(args.metrics_file)
         self.samples = 0
         self.epoch: int | None = None
-        write_ready_file(args.ready_file, str(dht.peer_id), [str(a) for a in dht.get_visible_maddrs()])
-        self.metrics.write({"event": "started", "time": time.time(), "backend": backend()})
         if args.real_hivemind:
             self._watch_hivemind_averaging()
+
+    def listening(self, dht: Any) -> None:
+        """The DHT is up: write the ready file."""
+        write_ready_file(self.args.ready_file, str(dht.peer_id), [str(a) for a in dht.get_visible_maddrs()])
+
+    def training(self) -> None:
+        """The optimizer is ready (joined, for a newcomer): training starts now."""
+        self.metrics.write({"event": "started", "time": time.time(), "backend": backend()})
 
     def _watch_hivemind_averaging(self) -> None:
         """hivemind reports parameter averaging only in its log: turn those lines into records."""
@@ -168,6 +174,8 @@ def main() -> None:
         parser.error("the quickstart's DHT listens on loopback: only --profile local applies")
     torch.set_num_threads(1)  # two peers share this machine's cores
 
+    harness = Harness(args)
+
     # The quickstart's data set, model and optimizer (data: the local CIFAR-shaped set, see above).
     trainset = CifarShapedData(args.dataset_size)
 
@@ -179,6 +187,7 @@ def main() -> None:
     # The first peer starts a DHT of its own; every other peer names a running one.
     dht = hivemind.DHT(initial_peers=args.join or None, start=True)
     print("To join the training, use initial_peers =", [str(addr) for addr in dht.get_visible_maddrs()], flush=True)
+    harness.listening(dht)
 
     # The quickstart's settings; only target_batch_size and use_local_updates are flags (for tests).
     opt = hivemind.Optimizer(
@@ -196,7 +205,7 @@ def main() -> None:
     if args.join:
         opt.load_state_from_peers()
 
-    harness = Harness(args, dht)
+    harness.training()
     done = False
     with tqdm() as progressbar:
         while not done:
