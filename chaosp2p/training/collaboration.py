@@ -456,8 +456,11 @@ class AsyncCollaboration:
         self.snapshots.give_up_before(step + 1)
         self.step_index = step + 1
         rebalance = step % self.config.rebalance_interval_steps == 0 and len(config.members) > 1
-        if rebalance and self._throughput and self.config.balance:
-            negotiation.set_throughput(self.run, self._throughput)
+        if rebalance and self._throughput and self.config.balance and not self._left:
+            try:
+                negotiation.set_throughput(self.run, self._throughput)
+            except LocalProtocolError:  # removed meanwhile: the next step finds out and rejoins
+                log.debug("run %r: not reporting throughput (no longer a member)", self.run)
         return StepStatistics(
             step=step,
             epoch=config.epoch,
