@@ -11,9 +11,8 @@ request in flight. It never waits for anything: inputs are headers, payloads, ab
   queue of contiguous chunks. Rates come from what the lane measured, else from the cluster
   monitor's estimate, else from the mean of the others (or a flat guess): a newcomer that knows
   nothing starts on an even split.
-* **Measure and re-plan.** Each finished request is a rate sample: its bytes over the time from the
-  later of its header's arrival and the previous payload's end to its own end (so the first
-  request's round trip does not count, and gaps between pipelined payloads do). Once a lane's
+* **Measure and re-plan.** Each lane's rate is what it delivered over the time it had work
+  (:class:`RateMeter`: recent payloads, the first round trip left out). Once a lane's
   measured rate differs from the rate its plan assumed by ``replan_factor``, the queued chunks are
   re-planned (at most every ``check_interval_s``, ``max_replans`` times). A lane that is dropped
   or that joins mid-pull always triggers a re-plan.
@@ -58,38 +57,52 @@ UNKNOWN_RATE_GUESS = 100e6
 """Rate assumed for a lane when no lane has a measurement or an estimate (only its ratio matters)."""
 MIN_RATE = 1.0
 """Floor for any rate handed to the planner (bytes/s)."""
-RATE_SMOOTHING = 0.3
-"""Weight of a new sample in a lane's moving average (the first samples weigh more)."""
+RATE_WINDOW = 8
+"""Payloads a lane's rate is measured over (the most recent ones)."""
 
 
 class RateMeter:
-    """Measured throughput of one lane, from the requests it completed."""
+    """Delivered throughput of one lane: bytes over the time the lane had work, recent payloads first.
 
-    __slots__ = ("_last_done", "rate", "samples")
+    The clock runs from the first header after an idle spell until the lane has nothing
+    outstanding again, so the first round trip and the time the newcomer had asked nothing do not
+    count (a pipeline kept too shallow must not shrink the rate it is sized from), while gaps
+    between payloads of a busy lane do (they are what the lane really delivers). The rate is taken
+    over the last :data:`RATE_WINDOW` payloads, leaving out the very first once there are more:
+    its header is often late and a shaped link starts it with a burst.
+    """
+
+    __slots__ = ("_busy_s", "_bytes", "_marks", "_since", "rate", "samples")
 
     def __init__(self) -> None:
         self.rate: float | None = None
         self.samples = 0
-        self._last_done: float | None = None
+        self._busy_s = 0.0
+        self._bytes = 0
+        self._since: float | None = None
+        self._marks: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW + 1)
 
-    def record(self, header_at: float, now: float, nbytes: int) -> None:
-        """A payload of ``nbytes`` whose header arrived at ``header_at`` ended at ``now``.
+    def header(self, now: float) -> None:
+        """A payload starts arriving (starts the clock if the lane was idle)."""
+        if self._since is None:
+            self._since = now
 
-        The sample is the payload's own time: from its header (or the previous payload's end, if
-        later) to its last byte. Gaps before a header are left out on purpose: they are round
-        trips and our own scheduling delays, not the link -- counting them would shrink the rate,
-        then the pipeline sized from it, then the rate again.
-        """
-        last = self._last_done
-        start = header_at if last is None else max(header_at, last)
-        self._last_done = now
-        elapsed = now - start
-        if nbytes <= 0 or elapsed <= 0:
-            return
-        sample = nbytes / elapsed
-        weight = max(RATE_SMOOTHING, 1.0 / (self.samples + 1))
-        self.rate = sample if self.rate is None else self.rate + weight * (sample - self.rate)
+    def completed(self, now: float, nbytes: int, *, still_busy: bool) -> None:
+        """A payload of ``nbytes`` ended at ``now``; ``still_busy``: more requests are outstanding."""
+        if self._since is None:
+            self._since = now
+        self._busy_s += max(0.0, now - self._since)
+        self._bytes += nbytes
+        self._since = now if still_busy else None
+        self._marks.append((self._busy_s, self._bytes))
         self.samples += 1
+        if len(self._marks) >= 2:
+            busy0, bytes0 = self._marks[0]
+            elapsed, delivered = self._busy_s - busy0, self._bytes - bytes0
+        else:
+            elapsed, delivered = self._busy_s, self._bytes
+        if elapsed > 0 and delivered > 0:
+            self.rate = delivered / elapsed
 
 
 @dataclass(slots=True)
@@ -267,6 +280,7 @@ class ChunkScheduler:
             return f"announced bytes {msg.offset}+{msg.length}, asked {request.offset}+{request.length}{more}"
         request.header_at = now
         lane.last_activity = now
+        lane.meter.header(now)
         twin = self._requests.get(request.twin) if request.twin is not None else None
         if request.cancelled or (twin is not None and twin.started and not twin.discard):
             # Lost the race (or cancelled too late): read the bytes and drop them.
@@ -288,8 +302,7 @@ class ChunkScheduler:
         if lane is None or request is None or not request.started:
             return PayloadOutcome(verified=0, corrupt=())
         self._finish(lane, request)
-        assert request.header_at is not None
-        lane.meter.record(request.header_at, now, request.length)
+        lane.meter.completed(now, request.length, still_busy=bool(lane.requests))
         lane.last_activity = now
         if request.discard or slot.kind is not PayloadKind.DATA:
             return PayloadOutcome(verified=0, corrupt=())
