@@ -225,9 +225,11 @@ class Learning(MachineCore):
         # Our ring neighbours; a lame duck (no longer a member) uses the place it would sit at.
         i = config.index_of(self.local_peer) if member else bisect.bisect_left(config.peers, self.local_peer)
         message = Sync(run=rec.run, epoch=config.epoch, digest=config.digest)
-        neighbours = {config.peers[(i + 1) % n], config.peers[(i - 1) % n]}
+        # Plus one random member: both neighbours may be gone (crashed, left) without our knowing.
+        neighbours = {config.peers[(i + 1) % n], config.peers[(i - 1) % n], config.peers[self._rng.randrange(n)]}
         for peer in neighbours:
-            self._send(peer, message)
+            if peer != self.local_peer:
+                self._send(peer, message)
 
     def _request_sync(self, rec: RunRecord, peer: PeerID) -> None:
         self._count("syncs_requested")

@@ -330,6 +330,9 @@ class PaxosRoles(MachineCore):
             if record is not None:
                 # The sender missed this decision: give it the commit instead of an answer.
                 self._send(sender, Commit(run=run, epoch=epoch, value=record.value, digest=record.digest))
+            else:  # too old for our history: tell it where we are, it will ask for a snapshot
+                ballot = Ballot(round=0, proposer=sender)
+                self._send(sender, Nack(run=run, epoch=epoch, ballot=ballot, known_epoch=config.epoch))
             self._reject(run, "old_epoch", sender)
             return None
         if epoch > config.epoch + 1:
