@@ -165,9 +165,17 @@ class PaxosRoles(MachineCore):
             else:
                 others.append((ident, op))
         entries = sorted([*chosen.values(), *others], key=lambda e: apply_key(e[0], e[1]))
-        # At most n - 1 newcomers per value: if they all die right after admission, the old members
-        # alone still form a quorum of the new configuration and can fail them.
-        joins_left = max(1, len(config.peers) - 1)
+        # Admit only as many newcomers as keep the members we believe alive a quorum of the new
+        # configuration even if every newcomer dies at once (they could not be failed otherwise).
+        # A run of one member still admits one (a two-member run tolerates no crash anyway).
+        removed = {op.subject.raw for _, op in entries if op.kind in REMOVAL_KINDS and config.has_member(op.subject)}
+        size = len(config.peers) - len(removed)
+        live = sum(1 for p in config.peers if p.raw not in removed and p.raw not in self._failed)
+        joins_left = 0
+        while live >= (size + joins_left + 1) // 2 + 1:
+            joins_left += 1
+        if len(config.peers) == 1:
+            joins_left = max(joins_left, 1)
         kept = []
         for entry in entries:
             if entry[1].kind is OpKind.JOIN:
