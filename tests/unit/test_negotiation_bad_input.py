@@ -192,10 +192,6 @@ def test_invalid_values_and_oversized_batches(net3: tuple[ManualNet, list[PeerID
         run=RUN, epoch=config.epoch + 1, ballot=Ballot(round=2, proposer=c), value=Value(ops=(bad,), activation_step=9)
     )
     rejected(net, a, c, accept, "bad_value")
-    empty = Accept(
-        run=RUN, epoch=config.epoch + 1, ballot=Ballot(round=2, proposer=c), value=Value(ops=(), activation_step=9)
-    )
-    rejected(net, a, c, empty, "bad_value")
     many = tuple(signed(b, OpKind.THROUGHPUT, b, epoch=config.epoch, detected_at=float(i)) for i in range(257))
     rejected(net, a, b, OpsAnnounce(run=RUN, epoch=config.epoch, ops=many), "too_many_ops")
 

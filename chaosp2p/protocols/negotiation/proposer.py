@@ -141,9 +141,14 @@ class PaxosRoles(MachineCore):
             self._phase1_done(now, rec, force=True)
 
     def _fresh_value(
-        self, now: float, rec: RunRecord, promises: Iterable[PromiseInfo]
+        self, now: float, rec: RunRecord, promises: Iterable[PromiseInfo], *, allow_empty: bool = False
     ) -> tuple[Value | None, tuple[bytes, ...]]:
-        """A new value from the pending operations (one removal/join per subject), or None."""
+        """A new value from the pending operations (one removal/join per subject), or None.
+
+        ``allow_empty``: an instance that has a value accepted somewhere must be closed even if
+        that value turned out dead and nothing is pending -- its acceptors stay gated until a
+        decision -- so then an empty value (a configuration with nothing changed) is proposed.
+        """
         config = rec.config
         assert config is not None
         chosen: dict[tuple[int, bytes], tuple[bytes, Operation]] = {}
@@ -184,7 +189,7 @@ class PaxosRoles(MachineCore):
                 joins_left -= 1
             kept.append(entry)
         entries = kept[: self.config.max_ops_per_batch]
-        if not entries:
+        if not entries and not allow_empty:
             return None, ()
         ops = [op for _, op in entries]
         infos = list(promises)
@@ -204,7 +209,7 @@ class PaxosRoles(MachineCore):
         config = rec.config
         assert config is not None
         prop = rec.proposer
-        _, value, _ = choose_value(prop.promises, config)
+        _, value, skipped = choose_value(prop.promises, config)
         ids: tuple[bytes, ...] | None = None
         adopted = value is not None
         if value is not None:
@@ -220,7 +225,9 @@ class PaxosRoles(MachineCore):
                 # could be accepted by them alone and rewrite steps the others completed. Wait for
                 # a member with progress (until the phase times out).
                 return
-            value, ids = self._fresh_value(now, rec, prop.promises.values())
+            value, ids = self._fresh_value(
+                now, rec, prop.promises.values(), allow_empty=skipped or rec.accepted_value is not None
+            )
             if value is None:
                 prop.phase = proposer_transition(prop.phase, ProposerEvent.ABANDON)
                 prop.retry_at = None
@@ -309,7 +316,7 @@ class PaxosRoles(MachineCore):
         """Op ids of a value whose operations are all correctly signed and valid against C_e."""
         config = rec.config
         assert config is not None
-        if not value.ops or len(value.ops) > self.config.max_ops_per_batch:
+        if len(value.ops) > self.config.max_ops_per_batch:
             return None
         ids = []
         for op in value.ops:
