@@ -229,7 +229,7 @@ STATIC_PLANS: dict[str, Callable[[int, list[Source]], ShardPlan]] = {
 class Pull:
     seconds: float
     bytes: int
-    dropped: int
+    dropped: list[str]
     exact: bool
     shares: list[float]
 
@@ -259,7 +259,8 @@ async def pull(
     exact = await anyio.to_thread.run_sync(state_hash, loaded.state.arrays) == expected
     by_source = dict(loaded.completed.bytes_by_source)
     loaded.result.staging.close()
-    return Pull(elapsed, total, len(loaded.result.dropped), exact, [by_source.get(s.peer, 0) / total for s in sources])
+    dropped = [f"{d.reason.value}: {d.detail}" for d in loaded.result.dropped]
+    return Pull(elapsed, total, dropped, exact, [by_source.get(s.peer, 0) / total for s in sources])
 
 
 def new_peer() -> PeerConfig:
@@ -377,6 +378,7 @@ async def scenario_kill(total: int, expected: str, repeats: int, workdir: Path) 
         report["seconds"].append(result.seconds)
         report["exact"].append(result.exact)
         report.setdefault("killed_at", []).append(killed[0])
+        report.setdefault("dropped", []).append(result.dropped)
     return report
 
 
