@@ -18,8 +18,9 @@ request in flight. It never waits for anything: inputs are headers, payloads, ab
   or that joins mid-pull always triggers a re-plan.
 * **Batches and pipelining.** A request asks for a run of consecutive queued chunks sized to
   about ``request_target_s`` of the lane's rate (one chunk until it is measured, at most
-  ``max_chunks_per_request``). Each lane keeps about ``pipeline_target_s`` of its rate outstanding
-  (at least two chunks, at most ``max_inflight_chunks_per_source``, in at most
+  ``max_chunks_per_request``). Each lane keeps about ``pipeline_target_s`` of its capacity (the
+  fastest it was seen to stream) outstanding (at least :data:`MIN_DEPTH_CHUNKS`, at most
+  ``max_inflight_chunks_per_source``, in at most
   ``max_requests_per_source`` requests), so the source always has the next batch queued -- even
   when the newcomer is slow to answer (a loaded machine) -- and the tail a slow lane holds at the
   end stays short.
@@ -59,6 +60,10 @@ MIN_RATE = 1.0
 """Floor for any rate handed to the planner (bytes/s)."""
 RATE_WINDOW = 8
 """Payloads a lane's rate is measured over (the most recent ones)."""
+CAPACITY_SMOOTHING = 0.3
+"""Weight of a new payload in a lane's capacity average (the first ones weigh more)."""
+MIN_DEPTH_CHUNKS = 4
+"""Chunks kept outstanding on any lane at least (while its rate is unknown, exactly this)."""
 
 
 class RateMeter:
@@ -72,10 +77,14 @@ class RateMeter:
     its header is often late and a shaped link starts it with a burst.
     """
 
-    __slots__ = ("_busy_s", "_bytes", "_marks", "_since", "rate", "samples")
+    __slots__ = ("_busy_s", "_bytes", "_last_done", "_marks", "_since", "capacity", "rate", "samples")
 
     def __init__(self) -> None:
         self.rate: float | None = None
+        self.capacity: float | None = None
+        """How fast payloads stream once they flow (each one's bytes over its own time, averaged):
+        what the link can do if it is never left waiting -- the pipeline is sized from it."""
+        self._last_done: float | None = None
         self.samples = 0
         self._busy_s = 0.0
         self._bytes = 0
@@ -91,6 +100,12 @@ class RateMeter:
         """A payload of ``nbytes`` ended at ``now``; ``still_busy``: more requests are outstanding."""
         if self._since is None:
             self._since = now
+        start = self._since if self._last_done is None else max(self._since, self._last_done)
+        if now > start and nbytes > 0:
+            sample = nbytes / (now - start)
+            weight = max(CAPACITY_SMOOTHING, 1.0 / (self.samples + 1))
+            self.capacity = sample if self.capacity is None else self.capacity + weight * (sample - self.capacity)
+        self._last_done = now
         self._busy_s += max(0.0, now - self._since)
         self._bytes += nbytes
         self._since = now if still_busy else None
@@ -159,6 +174,16 @@ class Lane:
     def rate(self) -> float | None:
         """The best rate known: measured, else the cluster monitor's estimate."""
         return self.meter.rate if self.meter.rate is not None else self.prior_rate
+
+    @property
+    def depth_rate(self) -> float | None:
+        """The rate the pipeline is sized for: the most this lane was seen (or said) to do.
+
+        Sizing it from the delivered rate would be a trap: a pipeline a little too shallow leaves
+        the source waiting, which lowers the delivered rate, which makes the pipeline shallower.
+        """
+        known = [r for r in (self.meter.capacity, self.meter.rate, self.prior_rate) if r is not None]
+        return max(known) if known else None
 
     def outstanding(self) -> Iterator[Request]:
         """Requests still answered by the source (cancelled ones included)."""
@@ -551,15 +576,15 @@ class ChunkScheduler:
             self._chunk_to(chunk, ChunkInput.ASSIGN)
 
     def _depth_chunks(self, lane: Lane) -> int:
-        """Chunks to keep outstanding on ``lane``: ``pipeline_target_s`` of its rate (two while unknown)."""
+        """Chunks to keep outstanding on ``lane``: ``pipeline_target_s`` of its rate, at least a few."""
         config = self.config
-        rate = lane.rate
-        wanted = 2 if rate is None else math.ceil(rate * config.pipeline_target_s / self.manifest.chunk_bytes)
-        return max(2, min(wanted, config.max_inflight_chunks_per_source))
+        rate = lane.depth_rate
+        wanted = 0 if rate is None else math.ceil(rate * config.pipeline_target_s / self.manifest.chunk_bytes)
+        return min(max(MIN_DEPTH_CHUNKS, wanted), config.max_inflight_chunks_per_source)
 
     def _batch_chunks(self, lane: Lane) -> int:
         config, chunk_bytes = self.config, self.manifest.chunk_bytes
-        rate = lane.rate
+        rate = lane.depth_rate
         wanted = 1 if rate is None else math.ceil(rate * config.request_target_s / chunk_bytes)
         room = self._depth_chunks(lane) - lane.outstanding_chunks()
         return max(0, min(wanted, config.max_chunks_per_request, config.max_request_bytes // chunk_bytes, room))
