@@ -1,6 +1,7 @@
 """A state source for benchmarks/state.py: builds a deterministic model + Adam state and serves it.
 
     python benchmarks/_state_source.py --bytes N --seed S --run R --ready-file F [--cap BYTES_PER_S] [--bootstrap A]
+                                       [--profile local|lan]
 
 Every source started with the same --bytes/--seed serves byte-identical state.
 """
@@ -21,10 +22,13 @@ from chaosp2p.transport.config import TransportConfig
 
 async def main(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    transport = TransportConfig.local()
+    base = PeerConfig.profile_named(args.profile)
+    transport = base.transport
     if args.cap:
         transport = TransportConfig(**{**_fields(transport), "max_upload_bytes_per_s": args.cap})
-    config = PeerConfig.local(bootstrap=tuple(args.bootstrap), transport=transport)
+    config = PeerConfig.profile_named(
+        args.profile, listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=tuple(args.bootstrap), transport=transport
+    )
     store = SnapshotStore(config.transfer)
     store.publish(args.run, args.step, model_and_adam_state(args.bytes, args.seed))
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -47,5 +51,6 @@ if __name__ == "__main__":
     parser.add_argument("--step", type=int, default=1000)
     parser.add_argument("--cap", type=float, default=None, help="upload cap in bytes/s")
     parser.add_argument("--bootstrap", action="append", default=[])
+    parser.add_argument("--profile", choices=["local", "lan"], default="local", help="timing of the source peer")
     parser.add_argument("--ready-file", required=True)
     anyio.run(main, parser.parse_args(), backend="trio")

@@ -126,6 +126,7 @@ def start_sources(total: int, caps: Sequence[float | None], workdir: Path) -> li
             args += ["--cap", str(cap)]
         if sources:
             args += ["--bootstrap", str(sources[0].addr)]
+        args += ["--profile", PROFILE]
         with (workdir / f"source-{index}.log").open("ab") as log:
             process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
         if not sources:  # the others need the first one's address
@@ -160,7 +161,8 @@ def start_cli_source(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``chaosp2p state serve CHECKPOINT`` with an upload cap in its profile; returns it and its address."""
     profile = workdir / f"cap-{index}.toml"
-    profile.write_text(f'profile = "local"\n[transport]\nmax_upload_bytes_per_s = {cap}\n')
+    lines = [f'profile = "{PROFILE}"', "[peer]", 'listen = ["/ip4/127.0.0.1/tcp/0"]', "[transport]"]
+    profile.write_text("\n".join([*lines, f"max_upload_bytes_per_s = {cap}", ""]))
     ready = workdir / f"cli-source-{index}-{time.monotonic_ns()}.json"
     args = ["state", "serve", str(checkpoint), "--run", RUN, "--step", "1000", "--profile", str(profile)]
     args += ["--ready-file", str(ready)] + (["--bootstrap", bootstrap] if bootstrap else [])
@@ -263,8 +265,19 @@ async def pull(
     return Pull(elapsed, total, dropped, exact, [by_source.get(s.peer, 0) / total for s in sources])
 
 
+PROFILE = "lan"
+"""Timing of every peer here (sources and newcomers, API and CLI): the CLI's default. The ``local``
+profile's fast membership timers cost each idle peer about 10 % of a core once four of them know
+each other -- on two shared cores, that is CPU the transfer needs (a real swarm has a machine per
+peer)."""
+
+
 def new_peer() -> PeerConfig:
-    return PeerConfig.local(listen=("/ip4/127.0.0.1/tcp/0",))
+    return PeerConfig.profile_named(PROFILE, listen=("/ip4/127.0.0.1/tcp/0",))
+
+
+def transfer_config() -> TransferConfig:
+    return new_peer().transfer
 
 
 async def scenario_single(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
@@ -272,7 +285,7 @@ async def scenario_single(total: int, expected: str, repeats: int, workdir: Path
     report: dict[str, Any] = {"first": [], "second": [], "tcp": [], "exact": [], "sources": {}}
     tcp, port = start_tcp_sender(total, workdir)
     try:
-        config = TransferConfig.local()
+        config = transfer_config()
         for _ in range(repeats):
             sources = start_sources(total, [None], workdir)
             try:
@@ -301,7 +314,7 @@ async def scenario_single(total: int, expected: str, repeats: int, workdir: Path
 
 async def scenario_capped(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    config = TransferConfig.local()
+    config = transfer_config()
     for name, caps in CAP_SETS.items():
         sources = start_sources(total, caps, workdir)
         entry: dict[str, Any] = {"bound_s": total / sum(caps), "measured": [], "known": [], "shares": [], "exact": []}
@@ -322,7 +335,7 @@ async def scenario_capped(total: int, expected: str, repeats: int, workdir: Path
 
 async def scenario_static(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
     caps = CAP_SETS["4 x 25/50/100/200 MB/s"]
-    static = replace(TransferConfig.local(), max_replans=0)
+    static = replace(transfer_config(), max_replans=0)
     report: dict[str, Any] = {"bound_s": total / sum(caps)}
     sources = start_sources(total, caps, workdir)
     try:
@@ -369,9 +382,7 @@ async def scenario_kill(total: int, expected: str, repeats: int, workdir: Path) 
 
         try:
             async with open_peer(new_peer()) as newcomer:
-                result = await pull(
-                    newcomer, sources, expected, known=False, config=TransferConfig.local(), progress=kill
-                )
+                result = await pull(newcomer, sources, expected, known=False, config=transfer_config(), progress=kill)
         finally:
             stop(sources)
         assert killed, "the pull ended before the kill"
@@ -430,7 +441,7 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
 
 async def wait_for_providers(bootstrap: str, count: int, timeout_s: float = 60) -> None:
     """Until the DHT lists ``count`` providers of the run (they announce in the background)."""
-    async with open_peer(PeerConfig.local(bootstrap=(bootstrap,))) as observer:
+    async with open_peer(new_peer().replace(bootstrap=(bootstrap,))) as observer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if len(await observer.state.find_sources(RUN, limit=64)) >= count:
