@@ -124,10 +124,15 @@ async def test_source_killed_halfway_the_load_still_completes_bit_exact(
     killed: list[str] = []
 
     def kill_one_at_half(report: TransferProgress) -> None:
-        if killed or report.fraction < 0.5:
+        if killed or report.fraction < 0.4:
             return
+        # The source with the most work still assigned, so the pull cannot finish without others
+        # taking that work over.
         active = [s for s in report.sources if s.active and s.bytes_done > 0]
-        victim = by_id[str(active[0].peer)]
+        busiest = max(active, key=lambda s: s.inflight_chunks + s.queued_chunks)
+        if busiest.inflight_chunks + busiest.queued_chunks == 0:
+            return
+        victim = by_id[str(busiest.peer)]
         victim.signal(signal.SIGKILL)
         killed.append(victim.peer_id)
 
@@ -136,7 +141,13 @@ async def test_source_killed_halfway_the_load_still_completes_bit_exact(
         with anyio.fail_after(60):
             loaded = await newcomer.load_state(RUN, progress=kill_one_at_half)
     assert killed, "the transfer finished before any source could be killed"
-    assert killed[0] in {str(d.source) for d in loaded.result.dropped}
+    # Either the pull saw the victim's stream fail and dropped it, or end-game duplication had
+    # already re-requested the victim's outstanding chunks from the others and finished first (then
+    # the victim delivered less than an equal share). Which one wins is a race; both are correct.
+    dropped = {str(d.source) for d in loaded.result.dropped}
+    delivered = {str(peer): n for peer, n in loaded.result.completed.bytes_by_source}
+    total = sum(delivered.values())
+    assert killed[0] in dropped or delivered.get(killed[0], 0) < total / 4, (dropped, delivered)
     assert loaded.step == STEP
     with np.load(checkpoint) as original:
         for name in original.files:
