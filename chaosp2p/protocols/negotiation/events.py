@@ -81,7 +81,8 @@ class RemovedFromRun:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResyncNeeded:
     """A commit activates at ``step``, which this peer already completed under an older
-    configuration: its training state for steps >= ``step`` is wrong and must be reloaded."""
+    configuration: its training state for steps >= ``step`` is wrong and must be reloaded. The
+    machine's record of this peer's progress goes back to ``step - 1`` with it."""
 
     run: str
     step: int

@@ -163,8 +163,7 @@ class Learning(MachineCore):
             return
         rec.state = transition(rec.state, RunEvent.COMMIT)
         if rec.completed >= new_config.activation_step:
-            self._count("resyncs_needed")
-            self._events.append(ResyncNeeded(run=rec.run, step=new_config.activation_step, epoch=new_config.epoch))
+            self._resync(rec, new_config)
         self._revalidate_pending(now, rec)
 
     def _install(self, rec: RunRecord, config: Configuration) -> None:
@@ -196,6 +195,17 @@ class Learning(MachineCore):
             # The new epoch ranks proposers differently: hand our pending operations to its best.
             self._announce(rec, tuple(rec.pending.values()))
             self._ops_became_pending(now, rec)
+
+    def _resync(self, rec: RunRecord, config: Configuration) -> None:
+        """Tell training its steps from ``config``'s activation step on are void; our record of its
+        progress goes back with it (so a step it must redo is seen as the one it is at)."""
+        step = config.activation_step
+        self._count("resyncs_needed")
+        self._events.append(ResyncNeeded(run=rec.run, step=step, epoch=config.epoch))
+        rec.completed = min(rec.completed, step - 1)
+        rec.entered = min(rec.entered, step - 1)
+        rec.last_completed_at = None
+        rec.stuck_checked = None
 
     def _remove(self, now: float, rec: RunRecord, reason: str) -> None:
         rec.state = transition(rec.state, RunEvent.REMOVE)
@@ -351,8 +361,7 @@ class Learning(MachineCore):
             return
         rec.state = transition(rec.state, RunEvent.COMMIT)
         if rec.completed >= config.activation_step:
-            self._count("resyncs_needed")
-            self._events.append(ResyncNeeded(run=rec.run, step=config.activation_step, epoch=config.epoch))
+            self._resync(rec, config)
         # Operations older than the snapshot may have been applied in the epochs we skipped.
         for ident, op in list(rec.pending.items()):
             if op.epoch < config.epoch:
