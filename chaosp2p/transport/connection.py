@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +57,7 @@ from chaosp2p.protocols.records import (
 from chaosp2p.transport.budget import ReceiveBudget
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.groups import unwrap_single_error
-from chaosp2p.transport.shaper import TokenBucket
+from chaosp2p.transport.shaper import LinkShaper, TokenBucket
 from chaosp2p.transport.sockets import close_socket, receive_into, send_all
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.framing import pack, unpack
@@ -120,6 +121,7 @@ class Connection:
         shaper: TokenBucket | None = None,
         budget: ReceiveBudget | None = None,
         handler_idle_timeout: Callable[[ProtocolId], float | None] | None = None,
+        links: LinkShaper | None = None,
     ) -> None:
         self.remote_peer = remote_peer
         self._budget = budget
@@ -131,6 +133,10 @@ class Connection:
         self._sock = sock
         self._clock = clock
         self._shaper = shaper
+        self._links = links
+        # Records held by the link shaper's delay line (release time, bytes); only used with ``links``.
+        self._delayed: deque[tuple[float, bytes]] = deque()
+        self._delayed_event = anyio.Event()
         self._sealer = RecordSealer(send_key)
         self._opener = RecordOpener(receive_key)
         self._mux = muxp.Mux(is_dialer=is_dialer, limits=config.mux_limits)
@@ -176,6 +182,8 @@ class Connection:
                     self._task_group = tg
                     tg.start_soon(self._read_loop)
                     tg.start_soon(self._control_loop)
+                    if self._links is not None:
+                        tg.start_soon(self._delay_loop)
                     await self._send_record(FrameType.HELLO, Flag.NONE, 0, 0, HELLO_CODEC.encode(self._local_hello))
                     with anyio.fail_after(self.config.handshake_timeout_s):
                         await self._ready.wait()
@@ -446,9 +454,20 @@ class Connection:
         length = len(payload)
         if self._shaper is not None and length:
             await self._shaper.acquire(HEADER_BYTES + length + TAG_BYTES)
+        delay = None
+        if self._links is not None:
+            if length:
+                await self._links.pace(self.remote_peer, HEADER_BYTES + length + TAG_BYTES)
+            delay = self._links.delay_for(self.remote_peer)
+            if delay is None and self._delayed:
+                delay = 0.0  # never overtake held records: the receiver's nonces must arrive in order
         header = RecordHeader(length, kind, flags, stream_id, value).pack()
         sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
         self._sealer.seal_into(header, payload, sealed)
+        if delay is not None:
+            self._hold(header, sealed, delay)
+            self._count_sent(kind, length)
+            return
         # A record is all or nothing: cancelling the writer halfway would leave a torn record that
         # desynchronizes the stream for every other user of the connection. So the write is
         # shielded from cancellation, bounded instead by the dead-connection timeout.
@@ -464,12 +483,49 @@ class Connection:
         if stalled.cancelled_caught:
             self._mark_closed("the remote stopped reading")
             raise ConnectionClosed(f"connection to {self.remote_peer.short()}: the remote stopped reading")
+        self._count_sent(kind, length)
+
+    def _count_sent(self, kind: FrameType, length: int) -> None:
         now = self._clock.now()
         self.last_sent = now
         if kind in (FrameType.DATA, FrameType.MESSAGE):
             self.last_activity = now
         self._bytes_sent += HEADER_BYTES + length + TAG_BYTES
         self._records_sent += 1
+
+    def _hold(self, header: bytes, sealed: memoryview, delay: float) -> None:
+        """Put a sealed record in the delay line (FIFO: a late record holds up those behind it)."""
+        release = self._clock.now() + delay
+        if self._delayed:
+            release = max(release, self._delayed[-1][0])
+        self._delayed.append((release, header + bytes(sealed)))
+        self._delayed_event.set()
+
+    async def _delay_loop(self) -> None:
+        """Send held records when due and while their link is not cut (link shaping only)."""
+        assert self._links is not None
+        try:
+            while True:
+                if not self._delayed:
+                    self._delayed_event = anyio.Event()
+                    await self._delayed_event.wait()
+                    continue
+                release, data = self._delayed[0]
+                wait = release - self._clock.now()
+                if wait > 0 or self._links.is_cut(self.remote_peer):
+                    await anyio.sleep(wait if wait > 0 else 0.05)
+                    continue
+                with anyio.move_on_after(self.config.dead_connection_timeout_s) as stalled:
+                    await send_all(self._sock, (data,))
+                # Popped only once sent: while the line is not empty no record bypasses it.
+                self._delayed.popleft()
+                if stalled.cancelled_caught:
+                    self._mark_closed("the remote stopped reading")
+                    return
+        except ConnectionClosed as exc:
+            self._mark_closed(str(exc))
+        except anyio.ClosedResourceError:
+            self._mark_closed(self._close_reason or "socket closed")
 
     async def _control_loop(self) -> None:
         """Send window grants, pongs and resets queued by tasks that must not block on the socket."""

@@ -48,7 +48,7 @@ from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
 from chaosp2p.transport.interfaces import interface_addresses
-from chaosp2p.transport.shaper import TokenBucket
+from chaosp2p.transport.shaper import LinkShaper, TokenBucket
 from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity, PeerID
@@ -172,6 +172,8 @@ class Host:
                 clock=self.clock,
             )
         )
+        self.links = LinkShaper.from_environment(self.clock)
+        """Per-link shaping, only when the cluster harness asked for it (``CHAOSP2P_LINK_RULES``)."""
 
     # ------------------------------------------------------------------ identity and addresses
     @property
@@ -280,6 +282,8 @@ class Host:
         """
         if not self._accepting:
             self._accepting = True
+            if self.links is not None:
+                self._task_group.start_soon(self.links.watch, name="chaosp2p link rules")
             for listener in self._listeners:
                 self._start_accepting(listener)
 
@@ -357,6 +361,9 @@ class Host:
             close_socket(sock)
             raise
         self._handshakes_completed += 1
+        if self.links is not None and self.links.is_cut(keys.remote_peer_id):
+            close_socket(sock)  # the harness cut this link: the dialer sees its connection fail
+            return
         connection = self._make_connection(sock, keys, leftover, is_dialer=False, address=address)
         try:
             await self._run_connection(connection)
@@ -390,6 +397,10 @@ class Host:
             done.set()
 
     async def _dial(self, address: Multiaddr) -> Connection:
+        if self.links is not None and address.peer_id is not None and self.links.is_cut(address.peer_id):
+            # A cut link (cluster harness): the SYN goes nowhere, so the dial times out.
+            await anyio.sleep(self.config.connect_timeout_s)
+            raise PeerUnreachable(f"connecting to {address} timed out after {self.config.connect_timeout_s:g} s")
         with anyio.move_on_after(self.config.connect_timeout_s) as scope:
             sock = await connect_tcp(address.host, address.port, buffer_bytes=self.config.socket_buffer_bytes)
         if scope.cancelled_caught:
@@ -406,6 +417,9 @@ class Host:
         if keys.remote_peer_id == self.peer_id:
             close_socket(sock)
             raise ConfigError(f"{address} is this peer itself")
+        if self.links is not None and self.links.is_cut(keys.remote_peer_id):
+            close_socket(sock)
+            raise PeerUnreachable(f"{address}: the link to {keys.remote_peer_id} is cut")
         try:
             peer_host, peer_port = sock.getpeername()[:2]
         except OSError as exc:  # the remote hung up right after the handshake
@@ -496,6 +510,7 @@ class Host:
             remote_address=address,
             initial_bytes=leftover,
             shaper=self._shaper,
+            links=self.links,
             budget=self.receive_budget,
             handler_idle_timeout=self._handler_idle_timeout,
         )
