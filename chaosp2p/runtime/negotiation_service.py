@@ -148,6 +148,19 @@ class NegotiationService:
         """Report measured training speed (the run rebalances batch shares when it moved enough)."""
         self.driver.call(self.machine.set_throughput, run, samples_per_s)
 
+    def evict(self, run: str, peer: PeerID) -> bool:
+        """Sign an eviction of ``peer`` from ``run`` (its contributions kept failing our checks).
+
+        It takes effect only when a quorum of the run's members signed one. False if nothing was
+        signed: ``peer`` is no member, or this peer already signed for its current incarnation.
+        """
+        if self.machine.configuration(run) is None or run in self._removed:
+            return False
+        try:
+            return self.driver.call(lambda now: self.machine.evict(now, run, peer))
+        except LocalProtocolError:  # no longer a member ourselves
+            return False
+
     def link_changed(self, a: PeerID, b: PeerID, up: bool) -> None:
         """Explicit connect-link / disconnect-link between two members (one of them is this peer)."""
         self.driver.call(lambda now: self.machine.link_changed(now, a, b, up=up))

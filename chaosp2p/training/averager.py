@@ -120,6 +120,9 @@ class RoundStats:
     """Contributions some owner left out, sorted by peer."""
     total_weight: float
     """Sum of the weights included in this member's own shard."""
+    invalid: tuple[PeerID, ...] = ()
+    """Contributions this member, as the owner of a shard, found invalid itself (header refused, or
+    NaN/Inf values), sorted: first-hand evidence, unlike ``excluded`` (what any owner reported)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -554,6 +557,7 @@ class Averager:
             reduce_s=round_.reduce_s,
             excluded=tuple(Exclusion(peer=p, reason=r) for p, r in sorted(round_.excluded.items())),
             total_weight=round_.total_weight,
+            invalid=tuple(sorted(round_.invalid_here, key=lambda p: p.raw)),
         )
 
     # ------------------------------------------------------------------ inbound streams

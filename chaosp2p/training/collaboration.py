@@ -62,6 +62,7 @@ from chaosp2p.runtime.negotiation_service import RunRemoved
 from chaosp2p.training.average_messages import RoundPhase, RoundTag
 from chaosp2p.training.catchup import UpdateReceiver
 from chaosp2p.training.config import CollaborationConfig
+from chaosp2p.training.contributions import InvalidStreaks
 from chaosp2p.training.feed import SnapshotWaiters, UpdateFeed
 from chaosp2p.training.flat import FlatParameters, layout_digest, parameter_digest
 from chaosp2p.training.messages import PROTOCOL, FetchUpdate, SnapshotReply, SnapshotRequest, UpdateHeader, codec
@@ -152,6 +153,7 @@ class AsyncCollaboration:
         self._records: list[dict[str, Any]] = []
         self._started = False
         self._left = False
+        self._invalid = InvalidStreaks(config.evict_after_invalid_rounds)
 
     @property
     def diloco(self) -> bool:
@@ -383,6 +385,7 @@ class AsyncCollaboration:
             except RunRemoved:
                 if self._left:
                     raise
+                self._refuse_rejoin_if_evicted()
                 await self._rejoin("removed from the run")
                 return await self._averaged_step(weight, apply=apply)
             negotiation.report_step(self.run, entered=step)
@@ -439,6 +442,7 @@ class AsyncCollaboration:
             except RunRemoved:
                 if self._left:
                     raise
+                self._refuse_rejoin_if_evicted()
                 await self._rejoin("removed from the run")
                 return await self._averaged_step(weight, apply=apply)
             if governing.digest == config.digest:
@@ -448,6 +452,8 @@ class AsyncCollaboration:
                 break
             log.info("run %r step %d: redoing the round under epoch %d", self.run, step, governing.epoch)
         communication_s = self.peer.clock.now() - round_started
+        if outcome is not None:
+            self._judge_contributions(config, step, outcome.invalid)
         await anyio.to_thread.run_sync(apply, buffer)
         self._history.append((step, config.digest, config.epoch, buffer))
         self.feed.publish(step=step, epoch=config.epoch, config_digest=config.digest, update=buffer)
@@ -474,6 +480,30 @@ class AsyncCollaboration:
             bytes_received=buffer.nbytes if outcome is None else outcome.bytes_received,
             excluded=() if outcome is None else tuple(str(e.peer) for e in outcome.excluded),
         )
+
+    def _judge_contributions(self, config: Configuration, step: int, invalid: tuple[PeerID, ...]) -> None:
+        """Sign an EVICT of each member whose contributions failed our own checks (as a shard owner)
+        ``evict_after_invalid_rounds`` rounds in a row (see :mod:`chaosp2p.training.contributions`)."""
+        if self._left:
+            return
+        for peer in self._invalid.observe(self._participants(config, step), invalid):
+            if self.peer.negotiation.evict(self.run, peer):
+                log.warning(
+                    "run %r step %d: %s sent invalid contributions %d rounds in a row; signed its eviction",
+                    self.run,
+                    step,
+                    peer,
+                    self._invalid.streak(peer),
+                )
+
+    def _refuse_rejoin_if_evicted(self) -> None:
+        """A member the run evicted does not rejoin on its own: its contributions failed the others'
+        checks round after round, and rejoining would only repeat that."""
+        if self.peer.negotiation.removed_reason(self.run) == "evicted":
+            raise TrainingError(
+                f"run {self.run!r} evicted this peer: a quorum of members found its contributions invalid "
+                f"{self.config.evict_after_invalid_rounds}+ rounds in a row (different model? NaN/Inf gradients?)"
+            )
 
     async def _wait_for_new_configuration(self, step: int, failed: Configuration) -> bool:
         """After an aborted round: wait (bounded) until the configuration governing ``step`` changes."""

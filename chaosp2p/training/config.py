@@ -57,6 +57,10 @@ class CollaborationConfig:
     """Report measured throughput to the run every this many steps (straggler balancing)."""
     balance: bool = True
     """Follow the run's batch shares (``local_batch_size``) from measured throughput."""
+    evict_after_invalid_rounds: int = 3
+    """A member whose contribution this peer, as the owner of a shard, found invalid (wrong shape,
+    dtype or weight, NaN/Inf) in this many consecutive rounds gets an EVICT signed by this peer; it
+    is removed from the run once a quorum of members signed one. 0 = never sign."""
     max_snapshot_sources: int = 0
     """A newcomer loads its snapshot from at most this many of the members that prepared it (0 =
     all of them). 1 is a single-source download: the baseline of ``benchmarks/training_elastic.py``."""
@@ -82,6 +86,7 @@ class CollaborationConfig:
         require(0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)")
         require(self.join_lag_steps >= 1, "join_lag_steps must be >= 1")
         require(self.max_snapshot_sources >= 0, "max_snapshot_sources must be >= 0 (0 = all members)")
+        require(self.evict_after_invalid_rounds >= 0, "evict_after_invalid_rounds must be >= 0 (0 = never)")
 
     def replace(self, **changes: Any) -> CollaborationConfig:
         """A copy with fields replaced."""

@@ -131,6 +131,7 @@ class OwnerRole:
                     await round_.progress.wait()
                 began = self._clock.now()
                 for peer in reducer.reduce_chunk(index):
+                    round_.invalid_here.add(peer)
                     round_.exclude_here(peer, reducer.excluded[peer])
                 round_.reduce_s += self._clock.now() - began
                 await anyio.lowlevel.checkpoint()  # other connections get served between chunks

@@ -122,6 +122,9 @@ class RoundState:
         """Exclusions anywhere in the round, with the first reason heard."""
         self.excluded_here: set[PeerID] = set()
         """Contributions this member, as owner, left out."""
+        self.invalid_here: set[PeerID] = set()
+        """Of those, the ones that failed a check here (header refused, or NaN/Inf values): what this
+        member saw itself, as opposed to a contributor that gave up or an exclusion heard of."""
         self.bytes_sent = 0
         self.bytes_received = 0
         self.shard_done_at: float | None = None
@@ -157,6 +160,7 @@ class RoundState:
             problem = self._check(inbound.header)
             self.inbound[peer] = inbound
             if problem is not None:
+                self.invalid_here.add(peer)
                 self.exclude_here(peer, problem)
                 inbound.reply = Result(status=ResultStatus.REFUSED, detail=problem[:1024])
                 inbound.answered = True

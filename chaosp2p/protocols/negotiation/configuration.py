@@ -25,6 +25,7 @@ from typing import Any
 
 from chaosp2p.protocols.negotiation.operations import (
     DIGEST_BYTES,
+    MEMBER_KINDS,
     WIRE_MAX_LINKS,
     WIRE_MAX_MEMBERS,
     WIRE_MAX_RATE,
@@ -387,6 +388,16 @@ def check_operation(op: Operation, config: Configuration) -> str | None:
             if held is None:
                 return "subject_not_member"
         return "stale_incarnation" if op.incarnation < held else None
+    if kind is OpKind.EVICT:
+        # Any other member may sign one; it counts only as one of a quorum of distinct signers
+        # (``evictions``), so one member alone can evict nobody. Exactly the subject's incarnation:
+        # a rejoined subject (higher incarnation) starts with a clean slate.
+        if op.origin == op.subject or not config.has_member(op.origin):
+            return "forged_origin"
+        held = config.incarnation_of(op.subject)
+        if held is None:
+            return "subject_not_member"
+        return None if op.incarnation == held else "stale_incarnation"
     if kind in (OpKind.LINK_UP, OpKind.LINK_DOWN):
         other = op.other
         if other is None or (op.origin != op.subject and op.origin != other):
@@ -420,6 +431,41 @@ class AppliedOp:
     """False if incarnation precedence dropped it or it no longer applied when its turn came."""
 
 
+def eviction_signers(config: Configuration, ops: Iterable[tuple[bytes, Operation]]) -> dict[bytes, set[bytes]]:
+    """Per subject (raw id), the distinct members that signed an EVICT of it valid against ``config``."""
+    signers: dict[bytes, set[bytes]] = {}
+    for _, op in ops:
+        if op.kind is OpKind.EVICT and check_operation(op, config) is None:
+            signers.setdefault(op.subject.raw, set()).add(op.origin.raw)
+    return signers
+
+
+def evictions(config: Configuration, ops: Iterable[tuple[bytes, Operation]]) -> frozenset[bytes]:
+    """The subjects (raw ids) that ``ops`` evict from ``config``: those with EVICTs signed by at
+    least ``quorum(config)`` distinct members (the subject cannot sign its own)."""
+    need = quorum(config)
+    return frozenset(raw for raw, who in eviction_signers(config, ops).items() if len(who) >= need)
+
+
+def _settle_evictions(
+    prev: Configuration, ops: list[tuple[bytes, Operation]]
+) -> tuple[list[tuple[bytes, Operation]], list[tuple[bytes, Operation]]]:
+    """(ops left to apply, ops dropped): EVICTs without a quorum of signers do nothing; a subject
+    evicted by a quorum is removed whatever else the batch says about it (a JOIN at a higher
+    incarnation, its own LEAVE or THROUGHPUT): the subject cannot refute its eviction."""
+    evicted = evictions(prev, ops)
+    keep: list[tuple[bytes, Operation]] = []
+    dropped: list[tuple[bytes, Operation]] = []
+    for ident, op in ops:
+        if op.kind is OpKind.EVICT:
+            (keep if op.subject.raw in evicted else dropped).append((ident, op))
+        elif op.kind in MEMBER_KINDS and op.subject.raw in evicted:
+            dropped.append((ident, op))
+        else:
+            keep.append((ident, op))
+    return keep, dropped
+
+
 def next_configuration(
     prev: Configuration, ops: Iterable[tuple[bytes, Operation]], activation_step: int
 ) -> tuple[Configuration, tuple[AppliedOp, ...]]:
@@ -429,6 +475,10 @@ def next_configuration(
     again against the configuration as it evolves (an op about a member removed earlier in the
     same batch, a second FAIL of one subject, a link to a removed member are skipped).
     """
+    ops = list(ops)
+    unsettled: list[tuple[bytes, Operation]] = []
+    if any(op.kind is OpKind.EVICT for _, op in ops):
+        ops, unsettled = _settle_evictions(prev, ops)
     ordered, dropped = apply_order(ops)
     raws = list(prev.ids())
     peers = list(prev.peers)
@@ -448,14 +498,16 @@ def next_configuration(
             )
             departed_changed = True
     members_changed = False
-    results: list[AppliedOp] = [AppliedOp(op_id=i, op=op, applied=False) for i, op in _dropped(ops, dropped)]
+    results: list[AppliedOp] = [AppliedOp(op_id=i, op=op, applied=False) for i, op in unsettled]
+    results.extend(AppliedOp(op_id=i, op=op, applied=False) for i, op in _dropped(ops, dropped))
     for ident, op in ordered:
         raw = op.subject.raw
         i = bisect.bisect_left(raws, raw)
         present = i < len(raws) and raws[i] == raw
         applied = False
         kind = op.kind
-        if kind is OpKind.FAIL or kind is OpKind.LEAVE:
+        if kind is OpKind.FAIL or kind is OpKind.LEAVE or kind is OpKind.EVICT:
+            # An EVICT got here only with a quorum of signers, at exactly the subject's incarnation.
             if present and op.incarnation >= incs[i]:
                 departed[raw] = DepartedEntry(
                     peer_id=peers[i], incarnation=incs[i], epoch=prev.epoch + 1, activation_step=activation_step
@@ -720,6 +772,8 @@ __all__ = [
     "check_operation",
     "compute_shares",
     "decode_configuration",
+    "eviction_signers",
+    "evictions",
     "genesis_configuration",
     "make_configuration",
     "next_configuration",

@@ -216,6 +216,12 @@ class MachineCore:
                     return
                 self._remove_pending(rec, older)
             rec.pending_joins[raw] = ident
+        elif op.kind is OpKind.EVICT:
+            # One per signer and subject: only distinct signers count towards an eviction.
+            signers = rec.pending_evicts.setdefault(op.subject.raw, {})
+            if op.origin.raw in signers:
+                return
+            signers[op.origin.raw] = ident
         rec.pending[ident] = op
         if op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
@@ -227,6 +233,12 @@ class MachineCore:
         op = rec.pending.pop(ident, None)
         if op is not None and op.kind is OpKind.JOIN and rec.pending_joins.get(op.subject.raw) == ident:
             del rec.pending_joins[op.subject.raw]
+        if op is not None and op.kind is OpKind.EVICT:
+            signers = rec.pending_evicts.get(op.subject.raw)
+            if signers is not None and signers.get(op.origin.raw) == ident:
+                del signers[op.origin.raw]
+                if not signers:
+                    del rec.pending_evicts[op.subject.raw]
         if op is not None and op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
             for counts in (
@@ -284,6 +296,8 @@ class MachineCore:
                     continue
             if op.kind is OpKind.JOIN and op.subject.raw in self._failed:
                 continue  # membership says this newcomer died since it asked
+            if op.kind is OpKind.EVICT and op.origin.raw in rec.pending_evicts.get(op.subject.raw, {}):
+                continue  # that signer already counts once for this subject
             if len(rec.pending) >= self.config.max_pending_ops:
                 self._reject(rec.run, "pending_full", sender)
                 continue
@@ -291,9 +305,25 @@ class MachineCore:
             added += 1
         return added
 
+    def _evictable(self, rec: RunRecord) -> list[bytes]:
+        """Subjects (raw ids) whose pending EVICTs come from a quorum of distinct members."""
+        config = rec.config
+        if not rec.pending_evicts or config is None:
+            return []
+        need = config.quorum
+        return [raw for raw, signers in rec.pending_evicts.items() if len(signers) >= need]
+
+    def _proposable(self, rec: RunRecord) -> bool:
+        """Is anything pending that a fresh value would carry? EVICTs short of a quorum of signers
+        wait for more signers without starting an instance."""
+        waiting = sum(len(signers) for signers in rec.pending_evicts.values())
+        return len(rec.pending) > waiting or bool(self._evictable(rec))
+
     def _ops_became_pending(self, now: float, rec: RunRecord) -> None:
         if rec.state in MEMBER_STATES:
             rec.state = transition(rec.state, RunEvent.OP_PENDING)
+        if not self._proposable(rec):
+            return
         if rec.activity_at is not None or rec.accepted_value is not None:
             return  # an instance is under way; its commit re-examines the pending set
         if rec.proposer.phase is not _IDLE:

@@ -67,7 +67,8 @@ class RemovedFromRun:
     """This peer is no longer a member of ``run`` (from ``epoch``): it stops participating.
 
     ``reason``: ``"left"`` (our LEAVE committed), ``"failed"`` (a FAIL about us committed),
-    ``"excluded"`` (a later configuration without us, e.g. after a partition). To train again the
+    ``"evicted"`` (a quorum of members signed EVICTs about us: our contributions kept failing their
+    checks), ``"excluded"`` (a later configuration without us, e.g. after a partition). To train again the
     peer rejoins as a newcomer (``request_join``).
     """
 

@@ -134,8 +134,8 @@ class Learning(MachineCore):
             rec.applied[result.op_id] = record.epoch
             self._remove_pending(rec, result.op_id)
             self._count("ops_committed")
-            if result.applied and op.subject == me and op.kind in REMOVAL_KINDS:
-                own_fate = "left" if op.kind is OpKind.LEAVE else "failed"
+            if result.applied and op.subject == me and (op.kind in REMOVAL_KINDS or op.kind is OpKind.EVICT):
+                own_fate = {OpKind.LEAVE: "left", OpKind.EVICT: "evicted"}.get(op.kind, "failed")
             self._events.append(
                 OperationCommitted(
                     run=rec.run,
@@ -214,6 +214,7 @@ class Learning(MachineCore):
         rec.pending_removals.clear()
         rec.pending_fails.clear()
         rec.pending_joins.clear()
+        rec.pending_evicts.clear()
         rec.reset_instance()
         rec.sync_at = now + self.config.sync_interval_s if self._lame_duck(rec) else None
         config = rec.config

@@ -7,7 +7,7 @@ sequence of configurations C_0, C_1, ... (``configuration.py``); C_{e+1} is comp
 from C_e and the *value* decided by Paxos instance e+1: a batch of signed operations (join, leave,
 fail, link up/down, throughput) and the activation step S from which C_{e+1} governs training.
 
-* **Operations.** Events become operations signed by the peer that saw them (``leave()``,
+* **Operations.** Events become operations signed by the peer that saw them (``leave()``, ``evict()``,
   ``observe_member`` for failures, ``link_changed``, ``set_throughput``; a newcomer's JOIN reaches a
   member through ``request_join``). Every receiver checks the signature (cached) and the
   deterministic rule of ``check_operation``; valid ones become *pending* and are announced to the
@@ -268,6 +268,7 @@ class NegotiationMachine(PaxosRoles, Learning):
         rec.pending_removals.clear()
         rec.pending_fails.clear()
         rec.pending_joins.clear()
+        rec.pending_evicts.clear()
         rec.reset_instance()
         rec.sync_at = None
         self._join_attempt(now, rec)
@@ -279,6 +280,27 @@ class NegotiationMachine(PaxosRoles, Learning):
         if any(op.kind is OpKind.LEAVE and op.origin == self.local_peer for op in rec.pending.values()):
             return
         self._raise(now, rec, kind=OpKind.LEAVE, subject=self.local_peer, incarnation=rec.incarnation)
+
+    def evict(self, now: float, run: str, subject: PeerID) -> bool:
+        """Sign an EVICT of ``subject`` (its contributions kept failing this member's checks).
+
+        It takes effect only once a quorum of distinct members of the configuration signed one for
+        the same subject and incarnation. Returns False if nothing was raised: ``subject`` is not
+        a member (or is this peer), or this peer already signed one for its current incarnation.
+        """
+        rec = self._member_run(run)
+        config = rec.config
+        assert config is not None
+        held = config.incarnation_of(subject)
+        if held is None or subject == self.local_peer:
+            return False
+        mine = rec.pending_evicts.get(subject.raw, {}).get(self.local_peer.raw)
+        if mine is not None and rec.pending[mine].incarnation == held:
+            return False
+        if mine is not None:
+            self._remove_pending(rec, mine)
+        self._raise(now, rec, kind=OpKind.EVICT, subject=subject, incarnation=held)
+        return True
 
     def observe_member(self, now: float, peer: PeerID, state: MemberState, incarnation: int) -> None:
         """Membership's view of ``peer``: FAILED or LEFT members of a run become FAIL operations."""

@@ -5,13 +5,15 @@ msgpack encoding, and identified by the SHA-256 of that encoding (its *op id*; E
 deterministic, so one content has one valid signature and one id). Which peer may raise which
 operation is a pure rule over the configuration it applies to (``configuration.check_operation``):
 join, leave and throughput are signed by their subject, a failure by another member, a link change
-by one of its two endpoints.
+by one of its two endpoints, an eviction by another member -- and an eviction takes effect only
+when a quorum of distinct members signed one for the same subject and incarnation.
 
 A batch of operations committed together is applied in one deterministic order everywhere
 (:func:`apply_order`): conflicting operations on one subject are first resolved by incarnation
 precedence -- the highest incarnation wins, and at equal incarnation a removal (LEAVE/FAIL) beats a
-JOIN or THROUGHPUT -- and the survivors are sorted by (kind order FAIL, LEAVE, LINK_DOWN, LINK_UP,
-JOIN, THROUGHPUT; subject; op id).
+JOIN or THROUGHPUT -- and the survivors are sorted by (kind order FAIL, EVICT, LEAVE, LINK_DOWN,
+LINK_UP, JOIN, THROUGHPUT; subject; op id). Evictions are settled before that, by
+``configuration.next_configuration`` (it needs the configuration to count signers).
 
 Verifying a signature costs ~60-100 us, so :class:`SignatureCache` remembers verified operations by
 signature and keeps each origin's decoded public key.
@@ -62,20 +64,25 @@ class OpKind(enum.IntEnum):
     LINK_UP = 3
     LINK_DOWN = 4
     THROUGHPUT = 5
+    EVICT = 6
+    """A member that kept sending invalid contributions: takes effect only when a quorum of distinct
+    members of the configuration signed one for the same subject and incarnation (see
+    ``configuration.evictions``)."""
 
 
-MEMBER_KINDS = frozenset((OpKind.JOIN, OpKind.LEAVE, OpKind.FAIL, OpKind.THROUGHPUT))
+MEMBER_KINDS = frozenset((OpKind.JOIN, OpKind.LEAVE, OpKind.FAIL, OpKind.THROUGHPUT, OpKind.EVICT))
 """Kinds whose subject is one member (link kinds name two endpoints)."""
 REMOVAL_KINDS = frozenset((OpKind.LEAVE, OpKind.FAIL))
 LINK_KINDS = frozenset((OpKind.LINK_UP, OpKind.LINK_DOWN))
 
 KIND_ORDER: dict[OpKind, int] = {
     OpKind.FAIL: 0,
-    OpKind.LEAVE: 1,
-    OpKind.LINK_DOWN: 2,
-    OpKind.LINK_UP: 3,
-    OpKind.JOIN: 4,
-    OpKind.THROUGHPUT: 5,
+    OpKind.EVICT: 1,
+    OpKind.LEAVE: 2,
+    OpKind.LINK_DOWN: 3,
+    OpKind.LINK_UP: 4,
+    OpKind.JOIN: 5,
+    OpKind.THROUGHPUT: 6,
 }
 """Position of each kind in the deterministic apply order."""
 

@@ -114,6 +114,8 @@ class RunRecord:
     """Subject raw id -> number of pending FAIL ops about it."""
     pending_joins: dict[bytes, bytes] = field(default_factory=dict)
     """Subject raw id -> the one pending JOIN of that newcomer (its newest)."""
+    pending_evicts: dict[bytes, dict[bytes, bytes]] = field(default_factory=dict)
+    """Subject raw id -> origin raw id -> the one pending EVICT that origin signed about it."""
     incarnation: int = 0
     """Our own incarnation in this run."""
     # acceptor state of the open instance (epoch config.epoch + 1)

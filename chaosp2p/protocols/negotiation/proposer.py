@@ -33,6 +33,7 @@ from chaosp2p.protocols.negotiation.messages import (
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import (
+    MEMBER_KINDS,
     REMOVAL_KINDS,
     Operation,
     OpKind,
@@ -71,7 +72,7 @@ class PaxosRoles(MachineCore):
         """Start a proposal if this member has something to decide and nobody else is deciding it."""
         if rec.state not in MEMBER_STATES or rec.proposer.phase is not _IDLE:
             return
-        if not rec.pending and rec.accepted_value is None:
+        if rec.accepted_value is None and not self._proposable(rec):
             return
         config = rec.config
         assert config is not None
@@ -154,7 +155,21 @@ class PaxosRoles(MachineCore):
         chosen: dict[tuple[int, bytes], tuple[bytes, Operation]] = {}
         others: list[tuple[bytes, Operation]] = []
         me = self.local_peer
+        # Evictions go in only with a quorum of distinct signers (fewer would do nothing): the
+        # quorum's first signatures in apply order, the rest stay pending and lapse once it commits.
+        evictable = set(self._evictable(rec))
+        need = config.quorum
+        for raw in evictable:
+            signed = sorted(
+                ((ident, rec.pending[ident]) for ident in rec.pending_evicts[raw].values()),
+                key=lambda e: apply_key(e[0], e[1]),
+            )
+            others.extend(signed[:need])
         for ident, op in rec.pending.items():
+            if op.kind is OpKind.EVICT:
+                continue  # handled above
+            if op.subject.raw in evictable and op.kind in MEMBER_KINDS:
+                continue  # void against the eviction (it would be dropped)
             if op.kind is OpKind.FAIL and op.subject == me:
                 continue  # we know better
             if op.kind is OpKind.JOIN and op.subject.raw in self._failed:
@@ -173,7 +188,11 @@ class PaxosRoles(MachineCore):
         # Admit only as many newcomers as keep the members we believe alive a quorum of the new
         # configuration even if every newcomer dies at once (they could not be failed otherwise).
         # A run of one member still admits one (a two-member run tolerates no crash anyway).
-        removed = {op.subject.raw for _, op in entries if op.kind in REMOVAL_KINDS and config.has_member(op.subject)}
+        removed = {
+            op.subject.raw
+            for _, op in entries
+            if (op.kind in REMOVAL_KINDS or op.kind is OpKind.EVICT) and config.has_member(op.subject)
+        }
         size = len(config.peers) - len(removed)
         live = sum(1 for p in config.peers if p.raw not in removed and p.raw not in self._failed)
         joins_left = 0
