@@ -1,0 +1,168 @@
+"""PNG plots of ``benchmarks/results/scaleout.json`` (matplotlib, headless), for docs/results.md."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display here; must precede pyplot
+import matplotlib.pyplot as plt
+
+LABELS = {
+    "chaosp2p": "chaosp2p (all members, optimal plan)",
+    "chaos_rule": "Chaos paper's assignment rule",
+    "single_live": "single source, members train on (hivemind)",
+    "single_barrier": "single source at a barrier (Autoscaling)",
+    "restart": "checkpoint-restart",
+}
+STYLE = {
+    "chaosp2p": ("tab:blue", "o", "-"),
+    "chaos_rule": ("tab:cyan", "x", ":"),
+    "single_live": ("tab:orange", "s", "-"),
+    "single_barrier": ("tab:red", "^", "--"),
+    "restart": ("tab:gray", "v", "-."),
+}
+REAL_KINDS = {"chaosp2p": "chaosp2p", "single": "single source", "restart": "checkpoint-restart"}
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def plot_sim(report: dict[str, Any], out: Path) -> list[Path]:
+    rows = report["rows"]
+    states = sorted({r["state"] for r in rows}, key=lambda s: s != "resnet50")
+    paths = []
+    for key, methods, ylabel, name in (
+        (
+            "delay_s",
+            ("chaosp2p", "chaos_rule", "single_live", "single_barrier", "restart"),
+            "scale-out delay, s",
+            "sim_delay.png",
+        ),
+        (
+            "idle_total_s",
+            ("chaosp2p", "single_barrier", "restart"),
+            "existing members' idle time, summed, s",
+            "sim_idle.png",
+        ),
+    ):
+        fig, axes = plt.subplots(1, len(states), figsize=(6 * len(states), 4.2), squeeze=False)
+        for ax, state in zip(axes[0], states, strict=True):
+            sizes = sorted({r["members"] for r in rows if r["state"] == state})
+            for method in methods:
+                ys = [
+                    _median([r["methods"][method][key] for r in rows if r["state"] == state and r["members"] == n])
+                    for n in sizes
+                ]
+                color, marker, line = STYLE[method]
+                ax.plot(sizes, ys, color=color, marker=marker, linestyle=line, label=LABELS[method])
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [str(n) for n in sizes])
+            if key == "idle_total_s":
+                ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_xlabel("existing members")
+            ax.set_ylabel(ylabel)
+            mb = {"resnet50": 282, "vgg16": 1611}.get(state, 0)
+            ax.set_title(f"{state} + Adam ({mb} MB), simulated")
+            ax.grid(True, alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(
+            f"links 100-1000 Mbit/s per peer (seeded), step {report['step_time_s']:g} s; "
+            f"medians of {report['seeds']} newcomers",
+            fontsize=9,
+        )
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    paths.append(plot_latency(report, out))
+    return paths
+
+
+def plot_latency(report: dict[str, Any], out: Path) -> Path:
+    rows = report["decision_latency"]
+    networks = [n for n in ("lan", "wan") if any(r.get("network", "wan") == n for r in rows)]
+    fig, axes = plt.subplots(1, len(networks), figsize=(6 * len(networks), 4), squeeze=False)
+    for ax, network in zip(axes[0], networks, strict=True):
+        for kind, label in (
+            ("LEAVE", "scale-in (LEAVE)"),
+            ("LINK_UP", "connect-link"),
+            ("LINK_DOWN", "disconnect-link"),
+            ("FAIL", "failure"),
+            ("JOIN", "scale-out admission"),
+        ):
+            mine = sorted(
+                (
+                    r
+                    for r in rows
+                    if r["kind"] == kind and r.get("network", "wan") == network and r["p50_ms"] is not None
+                ),
+                key=lambda r: r["members"],
+            )
+            ax.plot([r["members"] for r in mine], [r["p50_ms"] for r in mine], marker="o", label=label)
+        ax.axhline(20, color="k", linestyle="--", linewidth=1, label="paper: 20 ms")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("members")
+        ax.set_ylabel("detection -> last member committed, ms (median)")
+        rtt = "0.5 ms RTTs, lan profile" if network == "lan" else "1-100 ms RTTs, wan profile"
+        ax.set_title(f"negotiation decision latency, simulated, {rtt}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "sim_negotiation.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_real(runs: dict[str, Any], out: Path) -> list[Path]:
+    paths = []
+    for state in sorted({r["state"] for r in runs.values()}):
+        mine = sorted((r for r in runs.values() if r["state"] == state), key=lambda r: r["size"])
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        width = 0.27
+        xs = list(range(len(mine)))
+        for offset, (kind, label) in zip((-width, 0.0, width), REAL_KINDS.items(), strict=True):
+            nan = float("nan")
+            delay = [r[kind].get("join_to_contribute_s", nan) for r in mine]
+            idle = [
+                r[kind].get("excess_idle_s", r[kind].get("lost_s", nan)) if kind != "restart" else r[kind]["lost_s"]
+                for r in mine
+            ]
+            axes[0].bar([x + offset for x in xs], delay, width, label=label)
+            axes[1].bar([x + offset for x in xs], idle, width, label=label)
+        for ax, ylabel in zip(
+            axes, ("newcomer: join request -> first step, s", "existing members' idle / lost s (mean)"), strict=True
+        ):
+            ax.set_xticks(xs, [f"N={r['size']}" for r in mine])
+            ax.set_ylabel(ylabel)
+            ax.grid(True, axis="y", alpha=0.3)
+        axes[0].legend(fontsize=8)
+        scale = mine[0]["link_scale"] if mine else 1.0
+        fig.suptitle(
+            f"real processes on 127.0.0.1, {state} + Adam x {scale:g} = {mine[0]['state_mb']:.0f} MB, "
+            f"uploads capped at {scale:g} x 100-1000 Mbit/s (seeded)",
+            fontsize=9,
+        )
+        fig.tight_layout()
+        path = out / f"real_{state}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_all(report: dict[str, Any], out: Path) -> list[Path]:
+    """Every plot the report has data for; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    if "sim" in report:
+        paths += plot_sim(report["sim"], out)
+    if report.get("real"):
+        paths += plot_real(report["real"], out)
+    return paths
