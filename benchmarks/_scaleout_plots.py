@@ -33,7 +33,7 @@ def _median(values: list[float]) -> float:
 
 
 def plot_sim(report: dict[str, Any], out: Path) -> list[Path]:
-    rows = report["rows"]
+    rows = [r for r in report["rows"] if r.get("links", "upload") == "upload"]
     states = sorted({r["state"] for r in rows}, key=lambda s: s != "resnet50")
     paths = []
     for key, methods, ylabel, name in (
@@ -71,7 +71,7 @@ def plot_sim(report: dict[str, Any], out: Path) -> list[Path]:
             ax.grid(True, alpha=0.3)
         axes[0][0].legend(fontsize=7)
         fig.suptitle(
-            f"links 100-1000 Mbit/s per peer (seeded), step {report['step_time_s']:g} s; "
+            f"uploads capped at 100-1000 Mbit/s per peer (seeded), step {report['step_time_s']:g} s; "
             f"medians of {report['seeds']} newcomers",
             fontsize=9,
         )
@@ -166,3 +166,136 @@ def plot_all(report: dict[str, Any], out: Path) -> list[Path]:
     if report.get("real"):
         paths += plot_real(report["real"], out)
     return paths
+
+
+# ---------------------------------------------------------------------------------------- markdown
+def _md(columns: list[str], rows: list[list[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report's tables in Markdown, for docs/results.md."""
+    parts: list[str] = []
+    sim = report.get("sim")
+    if sim:
+        for links, state in [
+            (links, state)
+            for links in ("upload", "symmetric")
+            for state in sorted({r["state"] for r in sim["rows"]}, key=lambda s: s != "resnet50")
+        ]:
+            rows = []
+            for n in sorted({r["members"] for r in sim["rows"] if r["state"] == state}):
+                mine = [
+                    r
+                    for r in sim["rows"]
+                    if r["state"] == state and r["members"] == n and r.get("links", "upload") == links
+                ]
+                if not mine:
+                    continue
+
+                def m(method: str, key: str, mine: list[dict[str, Any]] = mine) -> float:
+                    return _median([r["methods"][method][key] for r in mine])
+
+                rows.append(
+                    [
+                        n,
+                        m("chaosp2p", "delay_s"),
+                        m("chaos_rule", "delay_s"),
+                        m("single_live", "delay_s"),
+                        m("single_barrier", "delay_s"),
+                        m("restart", "delay_s"),
+                        m("chaosp2p", "idle_total_s"),
+                        m("single_barrier", "idle_total_s"),
+                        m("restart", "idle_total_s"),
+                        _median([r["transfer"]["optimal_s"] / r["transfer"]["bound_s"] for r in mine]),
+                    ]
+                )
+            if not rows:
+                continue
+            what = "uploads capped" if links == "upload" else "each peer's link caps both directions"
+            parts.append(f"**{state} + Adam, simulated, {what}** (medians of {sim['seeds']} newcomers)\n")
+            parts.append(
+                _md(
+                    [
+                        "members",
+                        "chaosp2p s",
+                        "Chaos rule s",
+                        "1 source, live s",
+                        "1 source, barrier s",
+                        "restart s",
+                        "idle Σ chaosp2p s",
+                        "idle Σ barrier s",
+                        "idle Σ restart s",
+                        "chaosp2p transfer / bound",
+                    ],
+                    rows,
+                )
+            )
+        rows = []
+        for network in ("lan", "wan"):
+            for n in sorted({r["members"] for r in sim["decision_latency"]}):
+                row: list[Any] = [network, n]
+                for kind in ("LEAVE", "LINK_UP", "LINK_DOWN", "FAIL", "JOIN"):
+                    hit = [
+                        r
+                        for r in sim["decision_latency"]
+                        if r.get("network", "wan") == network and r["members"] == n and r["kind"] == kind
+                    ]
+                    row.append(hit[0]["p50_ms"] if hit and hit[0]["p50_ms"] is not None else "-")
+                rows.append(row)
+        parts.append("**Decision latency, simulated** (ms from detection until the last member committed; median)\n")
+        parts.append(
+            _md(["network", "members", "scale-in", "connect-link", "disconnect-link", "failure", "join"], rows)
+        )
+    real = report.get("real")
+    if real:
+        rows = []
+        for key in sorted(real, key=lambda k: (real[k]["state"], real[k]["size"])):
+            r = real[key]
+            for kind in ("chaosp2p", "single", "restart"):
+                t = r[kind]
+                if "failed" in t:
+                    rows.append([r["state"], r["size"], kind, "failed", "", "", "", "", ""])
+                    continue
+                exact = (
+                    t["exact"] if not isinstance(t["exact"], dict) else t["exact"]["buffer"] and t["exact"]["params"]
+                )
+                load = t.get("load_s") if kind != "restart" else t["restart_to_loaded_s"]
+                rows.append(
+                    [
+                        f"{r['state']} ({r['state_mb']:.0f} MB)",
+                        r["size"],
+                        kind,
+                        t["join_to_contribute_s"],
+                        load if load is not None else "-",
+                        t["lost_s"],
+                        t.get("excess_idle_s", "-"),
+                        exact,
+                        f"{t['load_avg']:.1f}",
+                    ]
+                )
+        parts.append("**Real processes**\n")
+        parts.append(
+            _md(
+                [
+                    "state",
+                    "N",
+                    "method",
+                    "join → 1st step s",
+                    "state load s",
+                    "members' lost s",
+                    "members' excess idle s",
+                    "bit-exact",
+                    "load avg",
+                ],
+                rows,
+            )
+        )
+    return "\n\n".join(parts) + "\n"

@@ -95,14 +95,16 @@ class Transfer:
     """``S / min(downlink, sum(rates))``: no plan can beat it."""
 
 
-def transfer_times(total_bytes: int, member_links: list[float], newcomer_link: float, seed: int) -> Transfer:
-    """The model's transfer times for ``total_bytes`` from members with ``member_links`` (bytes/s)."""
+def transfer_times(total_bytes: int, member_links: list[float], newcomer_link: float | None, seed: int) -> Transfer:
+    """The model's transfer times for ``total_bytes`` from members with ``member_links`` (bytes/s);
+    ``newcomer_link`` caps what the newcomer takes in (None: only the senders' uplinks count)."""
     rng = random.Random(seed)
     sources = [Source(peer_id=i, bytes_per_s=rate, latency_s=0.0) for i, rate in enumerate(member_links)]
     optimal = plan_shards(total_bytes, sources, downlink_bytes_per_s=newcomer_link).makespan_s
     rule = plan_chaos_default(total_bytes, sources, downlink_bytes_per_s=newcomer_link).makespan_s
-    singles = [total_bytes / min(rate, newcomer_link) for rate in member_links]
-    bound = total_bytes / min(newcomer_link, sum(member_links))
+    down = newcomer_link if newcomer_link is not None else float("inf")
+    singles = [total_bytes / min(rate, down) for rate in member_links]
+    bound = total_bytes / min(down, sum(member_links))
     return Transfer(optimal, rule, rng.choice(singles), min(singles), bound)
 
 
@@ -246,10 +248,14 @@ def compare(
     step_time_s: float,
     restart_overhead_s: float,
     disk_bytes_per_s: float,
+    symmetric: bool,
 ) -> dict[str, Any]:
-    """Every method for one newcomer joining ``members`` members, state of ``total_bytes``."""
+    """Every method for one newcomer joining ``members`` members, state of ``total_bytes``.
+
+    ``symmetric``: each peer's link caps both directions (the newcomer's own link bounds its
+    download); otherwise only uploads are capped (egress shaping, as the real-process runs do)."""
     links = link_rates(members + 1, seed)
-    transfer = transfer_times(total_bytes, links[:-1], links[-1], seed)
+    transfer = transfer_times(total_bytes, links[:-1], links[-1] if symmetric else None, seed)
     live = simulate_join(members, seed, step_time_s=step_time_s)
     barrier = simulate_join(members, seed, step_time_s=step_time_s, download_s=transfer.single_random_s)
     admit = live.first_step_s  # decision + activation wait + first step, with the state already there
@@ -262,6 +268,7 @@ def compare(
     return {
         "members": members,
         "seed": seed,
+        "links": "symmetric" if symmetric else "upload",
         "transfer": asdict(transfer),
         "decision_s": live.decision_s,
         "admission_s": admit,

@@ -70,16 +70,18 @@ def part_sim(args: argparse.Namespace) -> dict[str, Any]:
     for state, mb in STATES_MB.items():
         for members in args.sim_sizes:
             for seed in range(args.seeds):
-                entry = compare(
-                    members,
-                    int(mb * 1e6),
-                    seed,
-                    step_time_s=args.sim_step_s,
-                    restart_overhead_s=args.restart_overhead_s,
-                    disk_bytes_per_s=args.disk_mbs * 1e6,
-                )
-                entry["state"] = state
-                rows.append(entry)
+                for symmetric in (False, True):
+                    entry = compare(
+                        members,
+                        int(mb * 1e6),
+                        seed,
+                        step_time_s=args.sim_step_s,
+                        restart_overhead_s=args.restart_overhead_s,
+                        disk_bytes_per_s=args.disk_mbs * 1e6,
+                        symmetric=symmetric,
+                    )
+                    entry["state"] = state
+                    rows.append(entry)
         print(f"[sim {state} done, load {os.getloadavg()[0]:.1f}]", flush=True)
     kinds = ("LEAVE", "FAIL", "LINK_UP", "LINK_DOWN", "JOIN")
     latency: list[dict[str, Any]] = []
@@ -116,7 +118,11 @@ def show_sim(report: dict[str, Any]) -> None:
         rows = []
         sizes = sorted({r["members"] for r in report["rows"] if r["state"] == state})
         for members in sizes:
-            mine = [r for r in report["rows"] if r["state"] == state and r["members"] == members]
+            mine = [
+                r
+                for r in report["rows"]
+                if r["state"] == state and r["members"] == members and r.get("links", "upload") == "upload"
+            ]
 
             def m(method: str, key: str, mine: list[dict[str, Any]] = mine) -> float:
                 return median([r["methods"][method][key] for r in mine])
@@ -127,7 +133,7 @@ def show_sim(report: dict[str, Any]) -> None:
                 + [m(k, "idle_total_s") for k in ("chaosp2p", "single_barrier", "restart")]
             )
         print_table(
-            f"sim, {state} + Adam ({STATES_MB[state]:.0f} MB): scale-out delay and members' total idle s, "
+            f"sim, {state} + Adam ({STATES_MB[state]:.0f} MB), uploads capped: delay and members' total idle s, "
             f"medians over {report['seeds']} seeds",
             [
                 "members",
@@ -429,7 +435,7 @@ def ints(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="sim,plot", help="comma-separated: sim, real, hivemind, plot")
+    parser.add_argument("--parts", default="sim,plot", help="comma-separated: sim, real, hivemind, plot, markdown")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="results file (merged, not overwritten)")
     parser.add_argument("--sim-sizes", type=ints, default=[4, 8, 16, 32, 64, 128, 256], help="sim: existing members")
     parser.add_argument("--seeds", type=int, default=5, help="sim: newcomers (link draws) per size")
@@ -475,6 +481,10 @@ def main() -> None:
         report["hivemind"]["link_scale"] = args.link_scale
         save(args.json, report)
         show_hivemind(report["hivemind"])
+    if "markdown" in parts:
+        from _scaleout_plots import markdown
+
+        print(markdown(report))
     if "plot" in parts:
         from _scaleout_plots import plot_all
 
