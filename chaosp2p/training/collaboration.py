@@ -67,6 +67,7 @@ from chaosp2p.training.feed import SnapshotWaiters, UpdateFeed
 from chaosp2p.training.flat import FlatParameters, layout_digest, parameter_digest
 from chaosp2p.training.messages import PROTOCOL, FetchUpdate, SnapshotReply, SnapshotRequest, UpdateHeader, codec
 from chaosp2p.training.outer import OuterState
+from chaosp2p.training.vouch import Vouch, choose_vouched_state, read_vouches, sign_vouch
 from chaosp2p.wire.identity import PeerID
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ class AsyncCollaboration:
         self._inner_samples = 0
         self._outer = OuterState(model, lr=config.outer_lr, momentum=config.outer_momentum) if self.diloco else None
         self._serving = False
+        self._vouches: dict[int, tuple[Vouch, Configuration]] = {}  # step -> our vouch, what governed it
         self._subscription: Subscription | None = None
         self._records: list[dict[str, Any]] = []
         self._started = False
@@ -458,7 +460,7 @@ class AsyncCollaboration:
         self._history.append((step, config.digest, config.epoch, buffer))
         self.feed.publish(step=step, epoch=config.epoch, config_digest=config.digest, update=buffer)
         if self.snapshots.wanted(step):
-            await self._publish_snapshot(step)
+            await self._publish_snapshot(step, config)
         self.snapshots.give_up_before(step + 1)
         self.step_index = step + 1
         rebalance = step % self.config.rebalance_interval_steps == 0 and len(config.members) > 1
@@ -585,12 +587,19 @@ class AsyncCollaboration:
             return self._outer.module, self._outer.optimizer
         return self.model, self.optimizer
 
-    async def _publish_snapshot(self, step: int) -> None:
+    async def _publish_snapshot(self, step: int, config: Configuration) -> None:
         from chaosp2p.state.torch_adapter import publish_torch
 
         module, optimizer = self._snapshot_target()
         store = self.peer.training.store
-        await anyio.to_thread.run_sync(lambda: publish_torch(store, self.run, step, module, optimizer))
+        info = await anyio.to_thread.run_sync(lambda: publish_torch(store, self.run, step, module, optimizer))
+        # Vouch for it: signed (run, step, state digest, configuration that governed the step).
+        vouch = sign_vouch(
+            self.peer.host.identity, run=self.run, step=step, state_digest=info.digest, config_digest=config.digest
+        )
+        self._vouches[step] = (vouch, config)
+        while len(self._vouches) > 64:
+            del self._vouches[next(iter(self._vouches))]
         if not self._serving:
             await self.peer.serve_state(store, runs=[self.run])
             self._serving = True
@@ -602,11 +611,26 @@ class AsyncCollaboration:
             return SnapshotReply(ok=False, step=request.step, reason="different model architecture")
         if request.step < self.step_index:
             ok = self.snapshots.outcome(request.step)
-            return SnapshotReply(ok=ok, step=request.step, reason="" if ok else "already past that step")
+            return self._snapshot_reply(request, "" if ok else "already past that step")
         event = self.snapshots.want(request.step)
         await event.wait()
         ok = self.snapshots.outcome(request.step)
-        return SnapshotReply(ok=ok, step=request.step, reason="" if ok else "the step was skipped")
+        return self._snapshot_reply(request, "" if ok else "the step was skipped")
+
+    def _snapshot_reply(self, request: SnapshotRequest, refusal: str) -> SnapshotReply:
+        """``ok`` with our vouch for the snapshot of ``request.step``, or the ``refusal``."""
+        found = None if refusal else self._vouches.get(request.step)
+        if found is None:
+            return SnapshotReply(ok=False, step=request.step, reason=refusal or "no vouch for that step")
+        vouch, config = found
+        return SnapshotReply(
+            ok=True,
+            step=request.step,
+            state_digest=vouch.state_digest,
+            config_digest=vouch.config_digest,
+            signature=vouch.signature,
+            configuration=b"" if config.digest == request.config_digest else config.encode(),
+        )
 
     # ------------------------------------------------------------------ joining
     async def _check_resync(self) -> None:
@@ -684,13 +708,27 @@ class AsyncCollaboration:
 
     async def _catch_up(self, sponsor: PeerID, config: Configuration, receiver: UpdateReceiver) -> None:
         snapshot_step = receiver.sponsor_completed + self.config.snapshot_ahead_steps
-        sources = await self._request_snapshots(config, snapshot_step)
+        replies = await self._request_snapshots(config, snapshot_step)
+        # Only the state a quorum of the configuration that held the step vouches for (see vouch.py),
+        # from the members that vouched for it; the pull pins its digest.
+        negotiation_config = self.peer.negotiation.config
+        vouches, cited = read_vouches(
+            [(member, reply) for member, _, reply in replies],
+            run=self.run,
+            anchor=config,
+            max_members=negotiation_config.max_members,
+            max_links=negotiation_config.max_links,
+        )
+        vouched = choose_vouched_state(vouches, run=self.run, step=snapshot_step, anchor=config, configurations=cited)
+        for peer, why in vouched.refused:
+            log.warning("run %r step %d: not loading from member %s: %s", self.run, snapshot_step, peer, why)
+        sources = [addr for member, addr, _ in replies if member in vouched.vouchers and addr]
         if self.config.max_snapshot_sources:  # every member was asked (one refusing must not fail the join)
             sources = sources[: self.config.max_snapshot_sources]
         if not sources:
-            raise TransferError(f"no member could snapshot step {snapshot_step}")
+            raise TransferError(f"no member that vouched for step {snapshot_step} can be dialled")
         started = self.peer.clock.now()
-        loaded = await self.peer.load_state(self.run, step=snapshot_step, sources=sources)
+        loaded = await self.peer.state.load(self.run, step=snapshot_step, sources=sources, digest=vouched.state_digest)
         module, optimizer = self._snapshot_target()
         from chaosp2p.state.service import load_into_torch
 
@@ -747,6 +785,8 @@ class AsyncCollaboration:
                 "event": "joined",
                 "snapshot_step": snapshot_step,
                 "sources": len(sources),
+                "vouchers": len(vouched.vouchers),
+                "refused": {str(peer): why for peer, why in vouched.refused},
                 "bytes": sum(count for _, count in loaded.completed.bytes_by_source),
                 "bytes_by_source": {str(peer): count for peer, count in loaded.completed.bytes_by_source},
                 "load_s": round(load_s, 4),
@@ -790,10 +830,11 @@ class AsyncCollaboration:
         else:
             self._apply_gradient(update)
 
-    async def _request_snapshots(self, config: Configuration, step: int) -> list[str]:
-        """Ask every member to snapshot ``step``; return the addresses of those that did."""
-        ready: list[str] = []
-        request = SnapshotRequest(run=self.run, step=step, layout=self.layout)
+    async def _request_snapshots(self, config: Configuration, step: int) -> list[tuple[PeerID, str, SnapshotReply]]:
+        """Ask every member to snapshot ``step``: (member, address, reply) of each that did, in
+        the order they answered."""
+        ready: list[tuple[PeerID, str, SnapshotReply]] = []
+        request = SnapshotRequest(run=self.run, step=step, layout=self.layout, config_digest=config.digest)
         dial = self.peer.membership.machine.dial_addrs
 
         async def ask(member: PeerID) -> None:
@@ -808,8 +849,7 @@ class AsyncCollaboration:
                 return
             if isinstance(reply, SnapshotReply) and reply.ok:
                 addrs = dial(member)
-                if addrs:
-                    ready.append(f"{addrs[0]}/p2p/{member}")
+                ready.append((member, f"{addrs[0]}/p2p/{member}" if addrs else "", reply))
             elif isinstance(reply, SnapshotReply):
                 log.info("member %s will not snapshot step %d: %s", member, step, reply.reason)
 

@@ -6,6 +6,9 @@ One stream per request; the first frame names the request:
   complete ``step``". The member answers once the snapshot is served (``ok``) or at once if it is
   already past that step or does not train the run. Every member of a synchronous run holds
   bit-identical state at a step, so the newcomer can pull the snapshot from all of them in parallel.
+  An ``ok`` reply carries the member's *vouch* (:mod:`chaosp2p.training.vouch`): its signature over
+  the snapshot's digest and the digest of the configuration that governed the step, plus that
+  configuration's encoding when it is not the one the request named.
 * :class:`FetchUpdate` -> :class:`UpdateHeader` + raw bytes, or :class:`Refused`: "give me the
   averaged update you applied at ``step`` under ``config_digest``" -- for a member whose own round
   failed after some others had completed it (it cannot redo a round the others finished).
@@ -36,6 +39,10 @@ MAX_REASON_CHARS = 512
 MAX_STEP = (1 << 53) - 1
 LAYOUT_BYTES = 16
 MAX_DIGEST_BYTES = 64
+VOUCH_DIGEST_BYTES = 32
+VOUCH_SIGNATURE_BYTES = 64
+MAX_CONFIGURATION_BYTES = 16 << 20
+"""As negotiation's limit; a frame is bounded by the transport's ``max_frame_bytes`` first."""
 
 
 class CollabMessageType(enum.IntEnum):
@@ -75,12 +82,15 @@ class SnapshotRequest(Message):
     run: str
     step: int
     layout: bytes
+    config_digest: bytes = b""
+    """The configuration the newcomer holds (empty: none); a reply citing another one includes it."""
 
     def validate(self) -> None:
         """Hard limits."""
         _check_run(self.run)
         _check_step(self.step)
         _check(len(self.layout) == LAYOUT_BYTES, "layout digest must have 16 bytes")
+        _check(len(self.config_digest) in (0, VOUCH_DIGEST_BYTES), "configuration digest must have 32 bytes")
 
 
 @codec.register(CollabMessageType.SNAPSHOT_REPLY)
@@ -91,11 +101,23 @@ class SnapshotReply(Message):
     ok: bool
     step: int
     reason: str = ""
+    state_digest: bytes = b""
+    """The vouch: SHA-256 of the snapshot's manifest (empty when not ``ok``) ..."""
+    config_digest: bytes = b""
+    """... the configuration that governed ``step`` on this member ..."""
+    signature: bytes = b""
+    """... and the member's Ed25519 signature over both (``vouch.vouch_statement``)."""
+    configuration: bytes = b""
+    """That configuration's encoding, when it is not the one the request named (else empty)."""
 
     def validate(self) -> None:
         """Hard limits."""
         _check_step(self.step)
         _check(len(self.reason) <= MAX_REASON_CHARS, "reason too long")
+        _check(len(self.state_digest) in (0, VOUCH_DIGEST_BYTES), "state digest must have 32 bytes")
+        _check(len(self.config_digest) in (0, VOUCH_DIGEST_BYTES), "configuration digest must have 32 bytes")
+        _check(len(self.signature) in (0, VOUCH_SIGNATURE_BYTES), "signature must have 64 bytes")
+        _check(len(self.configuration) <= MAX_CONFIGURATION_BYTES, "configuration too large")
 
 
 @codec.register(CollabMessageType.OBSERVE_REQUEST)
