@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 import chaosp2p  # noqa: E402
 from chaosp2p.api import AsyncPeer  # noqa: E402
 from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
-from chaosp2p.training import AsyncCollaboration, CollaborationConfig  # noqa: E402
+from chaosp2p.training import AsyncCollaboration, CollaborationConfig, TrainingError  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 RUN = "test-run"
@@ -200,27 +200,43 @@ class PoisonedMember(Member):
             self.digests[result.step] = self.collab.parameter_digest()
 
 
-async def test_nan_contributions_are_excluded_and_the_members_stay_identical_and_finite() -> None:
+async def test_a_member_sending_nan_is_excluded_then_evicted_and_the_others_stay_identical_and_finite() -> None:
     async with swarm(3) as peers:
         good = [Member(peers[0], 0), Member(peers[1], 1)]
         bad = PoisonedMember(peers[2], 2)
         bad.excluded_in = []
+        evicted: list[str] = []
         await good[0].collab.start(found=True)
 
         async def join_and_train(member: Member, until: int) -> None:
             await member.collab.start(found=False)
             await member.train_until(until)
 
-        with anyio.fail_after(90):
+        async def poison() -> None:
+            await bad.collab.start(found=False)
+            try:
+                await bad.train_until(10_000)  # until the run evicts it
+            except TrainingError as exc:
+                evicted.append(str(exc))
+
+        with anyio.fail_after(120):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(good[0].train_until, 15)
-                tg.start_soon(join_and_train, good[1], 15)
-                tg.start_soon(join_and_train, bad, 15)
+                tg.start_soon(good[0].train_until, 25)
+                tg.start_soon(join_and_train, good[1], 25)
+                tg.start_soon(poison)
+        # Each good member, as a shard owner, saw NaN from it round after round and signed an EVICT
+        # after evict_after_invalid_rounds; with both signatures (a quorum of 3) the run removed it.
+        assert evicted and "evicted" in evicted[0]
+        assert bad.peer.negotiation.removed_reason(RUN) == "evicted"
+        final = good[0].collab.configuration
+        assert final == good[1].collab.configuration
+        assert not final.has_member(bad.peer.peer_id) and len(final) == 2
+        assert good[0].members[24] == good[1].members[24] == 2
+        # Until then it was left out of every round it contributed to, and every member -- itself
+        # included -- applied the same clean average: parameters identical and finite throughout.
         joined = max(min(m.digests) for m in (*good, bad))
-        # The poisoned member is left out of every round it contributed to, and every member --
-        # itself included -- applies the same clean average: parameters stay identical and finite.
         assert bad.excluded_in and all(str(bad.peer.peer_id) in excluded for excluded in bad.excluded_in)
-        _agree([*good, bad], range(joined, 15))
+        _agree([*good, bad], range(joined, 25))
         for member in good:
             for p in member.collab.model.parameters():
                 assert torch.isfinite(p).all()
