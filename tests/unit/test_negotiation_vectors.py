@@ -66,6 +66,10 @@ LINK_AB = sign_operation(
     bandwidth_bytes_per_s=1.25e9,
     rtt_s=0.0004,
 )
+EVICT_C = tuple(
+    sign_operation(signer, kind=OpKind.EVICT, run=RUN, epoch=4, subject=C, incarnation=1, detected_at=16.0)
+    for signer in (IA, IB)
+)
 BALLOT = Ballot(round=3, proposer=A)
 VALUE = Value(ops=(FAIL_C, LEAVE_B), activation_step=120, proposed_at=13.25)
 
@@ -79,6 +83,7 @@ CONFIG_BYTES = CONFIG_1.encode()
 EXPECTED: dict[str, Message] = {
     "ops-announce": OpsAnnounce(run=RUN, epoch=4, ops=(LEAVE_B,), entered=118, completed=117, step_time_s=0.25),
     "ops-announce-link": OpsAnnounce(run=RUN, epoch=4, ops=(LINK_AB,)),
+    "ops-announce-evict": OpsAnnounce(run=RUN, epoch=4, ops=EVICT_C),
     "prepare": Prepare(run=RUN, epoch=5, ballot=BALLOT),
     "promise": Promise(
         run=RUN,
