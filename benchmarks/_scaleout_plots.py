@@ -129,7 +129,7 @@ def plot_real(runs: dict[str, Any], out: Path) -> list[Path]:
         xs = list(range(len(mine)))
         for offset, (kind, label) in zip((-width, 0.0, width), REAL_KINDS.items(), strict=True):
             nan = float("nan")
-            delay = [r[kind].get("join_to_contribute_s", nan) for r in mine]
+            delay = [r[kind].get("to_contribute_s" if kind == "restart" else "join_to_contribute_s", nan) for r in mine]
             idle = [
                 r[kind].get("excess_idle_s", r[kind].get("lost_s", nan)) if kind != "restart" else r[kind]["lost_s"]
                 for r in mine
@@ -137,7 +137,12 @@ def plot_real(runs: dict[str, Any], out: Path) -> list[Path]:
             axes[0].bar([x + offset for x in xs], delay, width, label=label)
             axes[1].bar([x + offset for x in xs], idle, width, label=label)
         for ax, ylabel in zip(
-            axes, ("newcomer: join request -> first step, s", "existing members' idle / lost s (mean)"), strict=True
+            axes,
+            (
+                "scale-out delay: join request (restart: stop) -> first step, s",
+                "existing members' idle / lost s (mean)",
+            ),
+            strict=True,
         ):
             ax.set_xticks(xs, [f"N={r['size']}" for r in mine])
             ax.set_ylabel(ylabel)
@@ -273,7 +278,7 @@ def markdown(report: dict[str, Any]) -> str:
                         f"{r['state']} ({r['state_mb']:.0f} MB)",
                         r["size"],
                         kind,
-                        t["join_to_contribute_s"],
+                        (t["to_contribute_s"] if kind == "restart" else t["join_to_contribute_s"]),
                         load if load is not None else "-",
                         t["lost_s"],
                         t.get("excess_idle_s", "-"),
@@ -288,7 +293,7 @@ def markdown(report: dict[str, Any]) -> str:
                     "state",
                     "N",
                     "method",
-                    "join → 1st step s",
+                    "scale-out delay s",
                     "state load s",
                     "members' lost s",
                     "members' excess idle s",
