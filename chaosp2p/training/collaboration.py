@@ -456,9 +456,12 @@ class AsyncCollaboration:
         communication_s = self.peer.clock.now() - round_started
         if outcome is not None:
             self._judge_contributions(config, step, outcome.invalid)
+        # Newcomers observing us get the update before we apply it (applying only reads it): a
+        # newcomer admitted at step + 1 replays it while we apply it, instead of after, and is
+        # that much less late for its first round, in which every member waits for it.
+        self.feed.publish(step=step, epoch=config.epoch, config_digest=config.digest, update=buffer)
         await anyio.to_thread.run_sync(apply, buffer)
         self._history.append((step, config.digest, config.epoch, buffer))
-        self.feed.publish(step=step, epoch=config.epoch, config_digest=config.digest, update=buffer)
         if self.snapshots.wanted(step):
             await self._publish_snapshot(step, config)
         self.snapshots.give_up_before(step + 1)

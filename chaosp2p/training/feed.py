@@ -12,8 +12,12 @@ after ``s`` on top of it. Replaying an update means doing exactly what the membe
 :meth:`UpdateFeed.publish` after every completed step (the update is shared, not copied, whatever the
 number of observers) and drained by one sender task per observer. An observer that
 falls ``max_queued`` updates behind is cut off (it will start its join again) rather than making the
-member hold unbounded memory or wait. :class:`SnapshotWaiters` remembers which steps newcomers want a
-snapshot of; the collaboration publishes one when it completes such a step.
+member hold unbounded memory or wait. An observer's snapshot request names the step its replay
+starts after (:meth:`UpdateFeed.skip_through`): as long as nothing was sent to it yet, the updates
+up to that step are not sent at all -- the newcomer would only discard them, and each one costs
+the sponsor and the newcomer a model's worth of encryption while the members train.
+:class:`SnapshotWaiters` remembers which steps newcomers want a snapshot of; the collaboration
+publishes one when it completes such a step.
 """
 
 from __future__ import annotations
@@ -27,18 +31,23 @@ import numpy as np
 from chaosp2p.errors import ChaosError
 from chaosp2p.training.messages import UpdateHeader, codec
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
 
 
 class _Observer:
-    __slots__ = ("cut", "queue", "stream", "wake")
+    __slots__ = ("cut", "queue", "sent", "skip_through", "stream", "wake")
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.queue: deque[tuple[UpdateHeader, np.ndarray]] = deque()
         self.wake = anyio.Event()
         self.cut = False
+        self.sent = False
+        """Whether an update went out: from then on every step is sent (the receiver wants no gaps)."""
+        self.skip_through = -1
+        """Updates of steps up to this one are not sent while ``sent`` is False."""
 
 
 class UpdateFeed:
@@ -66,6 +75,8 @@ class UpdateFeed:
         shared = update
         header = UpdateHeader(step=step, epoch=epoch, config_digest=config_digest, numel=int(shared.size))
         for observer in self._observers:
+            if not observer.sent and step <= observer.skip_through:
+                continue
             if len(observer.queue) >= self._max_queued:
                 observer.cut = True
                 self.cut_off += 1
@@ -76,6 +87,16 @@ class UpdateFeed:
                 observer.queue.append((header, shared))
             observer.wake.set()
 
+    def skip_through(self, peer: PeerID, step: int) -> None:
+        """``peer`` replays from a snapshot of ``step``: do not send it updates up to ``step``
+        (unless some update already went out to it; then it gets every step, without gaps)."""
+        for observer in self._observers:
+            if observer.stream.remote_peer == peer and not observer.sent and step > observer.skip_through:
+                observer.skip_through = step
+                while observer.queue and observer.queue[0][0].step <= step:
+                    observer.queue.popleft()
+                log.info("newcomer %s replays from step %d: not sending it the updates before", peer, step + 1)
+
     async def serve(self, stream: Stream) -> None:
         """Send queued updates to one observer until it goes away (runs as the stream handler)."""
         observer = _Observer(stream)
@@ -84,6 +105,7 @@ class UpdateFeed:
             while not observer.cut:
                 while observer.queue and not observer.cut:
                     header, update = observer.queue.popleft()
+                    observer.sent = True
                     await stream.send_message(codec, header)
                     await stream.send(update.data.cast("B"))
                 if observer.cut:

@@ -70,6 +70,8 @@ class TrainingService:
             if collaboration is None:
                 await stream.send_message(codec, Refused(reason="this peer does not train that run"), eof=True)
                 return
+            # If the newcomer observes us, it replays from this step on: the updates before are useless to it.
+            collaboration.feed.skip_through(stream.remote_peer, request.step)
             reply = await collaboration.handle_snapshot_request(request)
             await stream.send_message(codec, reply, eof=True)
         elif isinstance(request, ObserveRequest):
