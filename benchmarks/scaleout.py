@@ -320,7 +320,7 @@ def part_hivemind(args: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {"conditions": {"start": conditions()}}
     for state in args.hivemind_states:
-        total = int(STATES_MB[state] * args.link_scale * 1e6)
+        total = int(STATES_MB[state] * args.hivemind_scale * 1e6)
         entry: dict[str, Any] = {"bytes": total}
         with tempfile.TemporaryDirectory(prefix="chaosp2p-scaleout-hm-") as tmp:
             entry["chaosp2p"] = anyio.run(_chaosp2p_pulls, total, args.repeats, Path(tmp), backend="trio")
@@ -377,7 +377,7 @@ def _hivemind(args: argparse.Namespace, total: int) -> dict[str, Any]:
 def show_hivemind(report: dict[str, Any]) -> None:
     rows = []
     for state, entry in report.items():
-        if state == "conditions":
+        if not isinstance(entry, dict) or "bytes" not in entry:
             continue
         mb = entry["bytes"] / 1e6
         hm = entry["hivemind"]
@@ -455,6 +455,7 @@ def main() -> None:
     parser.add_argument("--hivemind-python", default="/work/hm-venv/bin/python")
     parser.add_argument("--hivemind-states", default="resnet50,vgg16")
     parser.add_argument("--repeats", type=int, default=3, help="hivemind: pulls per method")
+    parser.add_argument("--hivemind-scale", type=float, default=1.0, help="hivemind: state size x this")
     parser.add_argument("--plots", type=Path, default=ROOT / "docs" / "results", help="plot: PNG folder")
     args = parser.parse_args()
     args.hivemind_states = [s for s in args.hivemind_states.split(",") if s]
@@ -476,11 +477,12 @@ def main() -> None:
             save(args.json, report)
         show_real(report["real"])
     if "hivemind" in parts:
-        report["hivemind"] = part_hivemind(args)
-        report["hivemind"]["command"] = command
-        report["hivemind"]["link_scale"] = args.link_scale
+        key = "hivemind" if args.hivemind_scale == 1.0 else f"hivemind_x{args.hivemind_scale:g}"
+        report[key] = part_hivemind(args)
+        report[key]["command"] = command
+        report[key]["scale"] = args.hivemind_scale
         save(args.json, report)
-        show_hivemind(report["hivemind"])
+        show_hivemind(report[key])
     if "markdown" in parts:
         from _scaleout_plots import markdown
 
