@@ -478,6 +478,9 @@ def main() -> None:
         show_real(report["real"])
     if "hivemind" in parts:
         key = "hivemind" if args.hivemind_scale == 1.0 else f"hivemind_x{args.hivemind_scale:g}"
+        earlier = report.get("hivemind", {})
+        if earlier.get("link_scale", 1.0) != 1.0:  # a run from before --hivemind-scale: sized by --link-scale
+            report[f"hivemind_x{earlier['link_scale']:g}"] = report.pop("hivemind")
         report[key] = part_hivemind(args)
         report[key]["command"] = command
         report[key]["scale"] = args.hivemind_scale
