@@ -58,6 +58,8 @@ class UpdateFeed:
         self._max_queued = max_queued
         self.cut_off = 0
         """Observers dropped for falling too far behind."""
+        self.skipped = 0
+        """Updates not sent to an observer because they precede the snapshot it replays from."""
 
     @property
     def observing(self) -> int:
@@ -76,6 +78,7 @@ class UpdateFeed:
         header = UpdateHeader(step=step, epoch=epoch, config_digest=config_digest, numel=int(shared.size))
         for observer in self._observers:
             if not observer.sent and step <= observer.skip_through:
+                self.skipped += 1
                 continue
             if len(observer.queue) >= self._max_queued:
                 observer.cut = True
@@ -95,6 +98,7 @@ class UpdateFeed:
                 observer.skip_through = step
                 while observer.queue and observer.queue[0][0].step <= step:
                     observer.queue.popleft()
+                    self.skipped += 1
                 log.info("newcomer %s replays from step %d: not sending it the updates before", peer, step + 1)
 
     async def serve(self, stream: Stream) -> None:

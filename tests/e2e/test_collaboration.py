@@ -116,6 +116,32 @@ async def test_joiners_catch_up_and_every_member_holds_identical_parameters() ->
         assert run.run == RUN and len(run.members) == 3
 
 
+async def test_the_sponsor_does_not_send_a_newcomer_the_updates_before_its_snapshot() -> None:
+    async with swarm(2) as peers:
+        founder, newcomer = Member(peers[0], 0), Member(peers[1], 1)
+        await founder.collab.start(found=True)
+        await founder.train_until(3)  # completed steps 0-2, then pauses
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+
+                async def join_and_train() -> None:
+                    await newcomer.collab.start(found=False)
+                    await newcomer.train_until(12)
+
+                tg.start_soon(join_and_train)
+                # The newcomer observes the founder (completed 2) and asks for a snapshot of step
+                # 2 + snapshot_ahead_steps = 4; only then does the founder train on.
+                while not founder.collab.snapshots.wanted(4):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)  # no event marks a request's arrival
+                tg.start_soon(founder.train_until, 12)
+        # Steps 3 and 4 were never sent to the newcomer (it replays from step 5 on), and it still
+        # reached the founder's state exactly.
+        assert founder.collab.feed.skipped == 2
+        (joined,) = [r for r in newcomer.collab.take_events() if r.get("event") == "joined"]
+        assert joined["snapshot_step"] == 4 and joined["replayed_steps"] >= 1
+        _agree([founder, newcomer], range(min(newcomer.digests), 12))
+
+
 async def test_after_a_graceful_leave_the_others_go_on_with_identical_parameters() -> None:
     async with swarm(3) as peers:
         members = [Member(p, i) for i, p in enumerate(peers)]
