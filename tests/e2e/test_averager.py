@@ -169,6 +169,11 @@ async def test_a_nan_contribution_is_excluded_and_named() -> None:
         for _, stats in outcomes:
             assert [e.peer for e in stats.excluded] == [members[1].peer]
             assert "non-finite" in stats.excluded[0].reason
+        # One NaN sits in one owner's shard: that owner saw it first-hand (the evidence an EVICT
+        # needs); the others only heard of it.
+        seen = [m.peer for m, (_, stats) in zip(members, outcomes, strict=True) if stats.invalid]
+        assert len(seen) == 1 and seen[0] != members[1].peer
+        assert [stats.invalid for _, stats in outcomes].count((members[1].peer,)) == 1
 
 
 async def test_a_wrong_length_contribution_is_excluded() -> None:
@@ -193,6 +198,7 @@ async def test_a_wrong_length_contribution_is_excluded() -> None:
         for _, stats in outcomes[:2]:
             assert [e.peer for e in stats.excluded] == [members[2].peer]
             assert "elements" in stats.excluded[0].reason
+            assert stats.invalid == (members[2].peer,)  # every owner refused its header itself
         kind, error = outcomes[2]
         assert kind == "error" and isinstance(error, ContributionRefused)
         assert error.by == frozenset({members[0].peer, members[1].peer})
