@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -28,7 +29,7 @@ from typing import Any
 
 
 def start(
-    name: str, workdir: Path, join: list[str], pace: float
+    name: str, workdir: Path, join: list[str], pace: float, fast: bool
 ) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any]]:
     ready = workdir / f"{name}.ready"
     metrics = workdir / f"{name}.jsonl"
@@ -36,6 +37,8 @@ def start(
     command += ["--pace", str(pace), "--ready-file", str(ready), "--metrics-file", str(metrics)]
     for addr in join:
         command += ["--join", addr]
+    if fast:
+        command.append("--fast-failure-detection")
     with (workdir / f"{name}.log").open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -65,16 +68,16 @@ def wait_for(condition: Any, what: str, timeout_s: float = 180) -> None:
         time.sleep(0.05)
 
 
-def one_trial(peers: int, pace: float) -> dict[str, float]:
+def one_trial(peers: int, pace: float, fast: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="chaosp2p-failover-") as tmp:
         workdir = Path(tmp)
         processes: list[subprocess.Popen[bytes]] = []
         try:
-            first, first_metrics, info = start("p0", workdir, [], pace)
+            first, first_metrics, info = start("p0", workdir, [], pace, fast)
             processes.append(first)
             files = [first_metrics]
             for index in range(1, peers):
-                process, metrics, _ = start(f"p{index}", workdir, [info["addrs"][0]], pace)
+                process, metrics, _ = start(f"p{index}", workdir, [info["addrs"][0]], pace, fast)
                 processes.append(process)
                 files.append(metrics)
 
@@ -93,11 +96,19 @@ def one_trial(peers: int, pace: float) -> dict[str, float]:
             )
             resumed = max(min(r["time"] for r in steps(f) if r["members"] == peers - 1) for f in survivors)
             operation = next(r for r in records(files[0]) if r.get("event") == "operation" and r["kind"] == "fail")
+            before_kill = [r["time"] for r in steps(files[0]) if r["time"] < killed_wall]
+            intervals = [b - a for a, b in zip(before_kill[-21:], before_kill[-20:], strict=False)]
+            redo = next(r for r in steps(files[0]) if r["members"] == peers - 1)
             return {
                 "detect_s": operation["detected_at"] - killed_mono,
                 "decide_ms": operation["decision_ms"],
                 "commit_s": operation["committed_at"] - killed_mono,
                 "resume_s": resumed - killed_wall,
+                "last_step_before_kill_s": killed_wall - before_kill[-1],
+                "step_interval_s": statistics.median(intervals),
+                "first_step_after_attempts": redo.get("attempts"),
+                "first_step_after_round_s": redo.get("round_s"),
+                "load_1m": os.getloadavg()[0],
             }
         finally:
             for process in processes:
@@ -112,10 +123,17 @@ def main() -> None:
     parser.add_argument("--peers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pace", type=float, default=0.02, help="seconds of stand-in compute per step")
+    parser.add_argument(
+        "--fast-failure-detection",
+        action="store_true",
+        help="the local profile's own failure detector (digits peers otherwise use lan timers on local)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    trials = [one_trial(args.peers, args.pace) for _ in range(args.repeats)]
-    print(f"kill -9 of 1 of {args.peers} digits peers (local profile), {args.repeats} trials, medians:")
+    load_before = os.getloadavg()
+    trials = [one_trial(args.peers, args.pace, args.fast_failure_detection) for _ in range(args.repeats)]
+    detector = "local" if args.fast_failure_detection else "lan"
+    print(f"kill -9 of 1 of {args.peers} digits peers (local profile, {detector} failure detector), medians:")
     print("| stage | median | min | max |")
     print("|---|---|---|---|")
     for key, label in (
@@ -123,11 +141,21 @@ def main() -> None:
         ("decide_ms", "failure proposed -> committed (ms)"),
         ("commit_s", "kill -> committed (s)"),
         ("resume_s", "kill -> survivors complete a step without it (s)"),
+        ("step_interval_s", "step interval before the kill (s)"),
+        ("load_1m", "load average (1 min) after the trial"),
     ):
         values = [t[key] for t in trials]
         print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
     if args.json:
-        args.json.write_text(json.dumps({"peers": args.peers, "pace_s": args.pace, "trials": trials}, indent=2))
+        payload = {
+            "peers": args.peers,
+            "pace_s": args.pace,
+            "failure_detector": detector,
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+            "trials": trials,
+        }
+        args.json.write_text(json.dumps(payload, indent=2))
 
 
 if __name__ == "__main__":

@@ -27,10 +27,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import random
+import signal
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
@@ -298,60 +305,296 @@ def decision_latency(sizes: list[int], trials: int, seed: int) -> list[dict[str,
     return rows
 
 
+# ------------------------------------------------------------------------------------------ (b) real
+PEER_SCRIPT = Path(__file__).with_name("_negotiation_peer.py")
+
+
+@dataclasses.dataclass
+class RealPeer:
+    """One ``_negotiation_peer.py`` process."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    ready: Path
+    peer_id: str = ""
+    addr: str = ""
+    gone: bool = False
+    """Killed, or asked to leave: no longer expected to commit anything."""
+
+    def records(self) -> list[dict[str, Any]]:
+        out = []
+        if self.log.exists():
+            for line in self.log.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line being written
+        return out
+
+
+class RealSwarm:
+    """Peers on 127.0.0.1, each a process; triggers operations and times their decisions."""
+
+    def __init__(self, root: Path, *, pace_s: float, lan_membership: bool, rng: random.Random) -> None:
+        self.root = root
+        self.pace_s = pace_s
+        self.lan_membership = lan_membership
+        self.rng = rng
+        self.peers: list[RealPeer] = []
+
+    def start(self, *, found: bool = False, timeout_s: float = 90.0) -> RealPeer:
+        name = f"p{len(self.peers)}"
+        log, ready = self.root / f"{name}.jsonl", self.root / f"{name}.ready"
+        command = [sys.executable, str(PEER_SCRIPT), "--ready-file", str(ready), "--log-file", str(log)]
+        command += ["--pace", str(self.pace_s)]
+        if self.lan_membership:
+            command.append("--lan-membership")
+        if found:
+            command.append("--found")
+        else:
+            sponsor = self.rng.choice(self.live())
+            command += ["--join", sponsor.addr]
+        with (self.root / f"{name}.stderr").open("wb") as err:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+        peer = RealPeer(name=name, process=process, log=log, ready=ready)
+        self.peers.append(peer)
+        deadline = time.monotonic() + timeout_s
+        while not ready.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = (self.root / f"{name}.stderr").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"peer {name} did not start/join:\n{tail}")
+            time.sleep(0.02)
+        info = json.loads(ready.read_text())
+        peer.peer_id, peer.addr = info["peer_id"], info["addrs"][0]
+        return peer
+
+    def live(self) -> list[RealPeer]:
+        return [p for p in self.peers if not p.gone and p.process.poll() is None]
+
+    def stop_all(self) -> None:
+        for peer in self.peers:
+            if peer.process.poll() is None:
+                peer.process.kill()
+        for peer in self.peers:
+            peer.process.wait()
+
+    def measure(self, kind: str, subject: str, since: float, timeout_s: float = 30.0) -> dict[str, Any] | None:
+        """Wait until an applied ``kind`` operation naming ``subject``, detected after ``since``
+        (monotonic), was committed by every live member of the configuration it produced."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            logs = {p.peer_id: p.records() for p in self.peers if p.peer_id}
+            ops = [
+                r
+                for records in logs.values()
+                for r in records
+                if r.get("event") == "op"
+                and r["kind"] == kind
+                and subject in (r["subject"], r["other"])
+                and r["detected_at"] >= since - 0.001
+            ]
+            applied = [r for r in ops if r["applied"]]
+            if not applied:
+                continue
+            epoch = applied[0]["epoch"]
+            committed: dict[str, float] = {}
+            members: list[str] = []
+            for peer_id, records in logs.items():
+                for r in records:
+                    if r.get("event") == "config" and r["epoch"] == epoch:
+                        committed[peer_id] = r["committed_at"]
+                        members = r["members"]
+            alive = {p.peer_id for p in self.live()}
+            waiting = [m for m in members if m in alive and m not in committed]
+            if waiting or not members:
+                continue
+            detected = min(r["detected_at"] for r in ops if r["epoch"] == epoch)
+            proposed = applied[0]["proposed_at"]
+            times = [committed[m] for m in members if m in alive]
+            return {
+                "kind": kind,
+                "members": len(members),
+                "epoch": epoch,
+                "trigger_to_detect_ms": 1e3 * (detected - since),
+                "detect_to_propose_ms": 1e3 * (proposed - detected),
+                "decision_ms": 1e3 * (max(times) - detected),
+                "first_commit_ms": 1e3 * (min(times) - detected),
+                "batch": sorted(
+                    {r["kind"] for rs in logs.values() for r in rs if r.get("event") == "op" and r["epoch"] == epoch}
+                ),
+            }
+        return None
+
+
+def real_latency(
+    sizes: list[int], repeats: int, seed: int, *, pace_s: float, lan_membership: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Decision latency with real processes (see ``_negotiation_peer.py``); rows and raw samples."""
+    rows: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    rng = random.Random(seed)
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="chaosp2p-negotiation-") as tmp:
+            swarm = RealSwarm(Path(tmp), pace_s=pace_s, lan_membership=lan_membership, rng=rng)
+            found: list[dict[str, Any]] = []
+            try:
+                swarm.start(found=True)
+                for _ in range(n - 1):
+                    swarm.start()
+                time.sleep(4.0)  # let the links the overlay found settle into LINK_UP operations first
+
+                def record(
+                    result: dict[str, Any] | None, kind: str, n: int = n, found: list[dict[str, Any]] = found
+                ) -> None:
+                    if result is None:
+                        print(f"  real n={n} {kind}: no decision within the timeout", flush=True)
+                        found.append({"kind": kind, "missing": True, "size": n})
+                        return
+                    result["size"] = n
+                    found.append(result)
+                    time.sleep(0.3)
+
+                for _ in range(repeats):
+                    since = time.monotonic()
+                    newcomer = swarm.start()
+                    record(swarm.measure("JOIN", newcomer.peer_id, since), "JOIN")
+                    target = rng.choice(swarm.live())
+                    since = time.monotonic()
+                    target.process.send_signal(signal.SIGUSR1)
+                    record(swarm.measure("LINK_DOWN", target.peer_id, since), "LINK_DOWN")
+                    since = time.monotonic()
+                    target.process.send_signal(signal.SIGUSR2)
+                    record(swarm.measure("LINK_UP", target.peer_id, since), "LINK_UP")
+                    leaver = rng.choice(swarm.live()[1:])
+                    since = time.monotonic()
+                    leaver.gone = True
+                    leaver.process.send_signal(signal.SIGTERM)
+                    record(swarm.measure("LEAVE", leaver.peer_id, since), "LEAVE")
+                    since = time.monotonic()
+                    newcomer = swarm.start()
+                    record(swarm.measure("JOIN", newcomer.peer_id, since), "JOIN")
+                    victim = rng.choice(swarm.live()[1:])
+                    since = time.monotonic()
+                    victim.gone = True
+                    victim.process.kill()
+                    record(swarm.measure("FAIL", victim.peer_id, since), "FAIL")
+            finally:
+                swarm.stop_all()
+            samples.extend(found)
+            for kind in ("JOIN", "LEAVE", "FAIL", "LINK_DOWN", "LINK_UP"):
+                got = [r for r in found if r["kind"] == kind and not r.get("missing")]
+                values = [r["decision_ms"] for r in got]
+                rows.append(
+                    {
+                        "processes": n,
+                        "kind": kind,
+                        "trials": len(values),
+                        "missing": sum(1 for r in found if r["kind"] == kind and r.get("missing")),
+                        "p50_ms": statistics.median(values) if values else float("nan"),
+                        "p99_ms": percentile(values, 0.99) if values else float("nan"),
+                        "max_ms": max(values) if values else float("nan"),
+                        "trigger_to_detect_p50_ms": statistics.median([r["trigger_to_detect_ms"] for r in got])
+                        if got
+                        else float("nan"),
+                    }
+                )
+            print(f"  real n={n}: done ({os.getloadavg()[0]:.1f} load)", flush=True)
+    return rows, samples
+
+
 # ------------------------------------------------------------------------------------------ main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="local,sim", help="any of local, sim, real (comma-separated)")
     parser.add_argument("--sizes", default="8,64,256,1024")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--latency-sizes", default="8,64,256,1024")
     parser.add_argument("--latency-trials", type=int, default=5)
+    parser.add_argument("--real-sizes", default="4,8,16,32", help="processes per swarm for --parts real")
+    parser.add_argument("--real-repeats", type=int, default=3, help="rounds of join/link/leave/join/kill per size")
+    parser.add_argument("--pace", type=float, default=0.05, help="seconds per stand-in training step (real)")
+    parser.add_argument("--lan-membership", action="store_true", help="real peers detect failures with lan timers")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", default=None)
     parser.add_argument("--quick", action="store_true", help="small sizes and few trials (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.trials, args.latency_sizes, args.latency_trials = "8,64", 5, "8,64", 2
+        args.real_sizes, args.real_repeats = "4", 1
+    parts = {p for p in args.parts.split(",") if p}
     sizes = [int(s) for s in args.sizes.split(",") if s]
     latency_sizes = [int(s) for s in args.latency_sizes.split(",") if s]
+    real_sizes = [int(s) for s in args.real_sizes.split(",") if s]
+    out: dict[str, Any] = {"args": vars(args), "load_before": os.getloadavg()}
 
-    local = local_handling(sizes, args.trials, args.seed)
-    print_table(
-        "(a) CPU per call handling one operation, microseconds (p50 / p99 over trials; thread CPU time)",
-        [
-            "n",
-            "op",
-            "origin",
-            "proposer: op in",
-            "proposer: ACCEPTED",
-            "proposer: decide",
-            "acceptor: ACCEPT",
-            "acceptor: COMMIT",
-            "acceptor total",
-            "max call",
-        ],
-        [
+    if "local" in parts:
+        local = local_handling(sizes, args.trials, args.seed)
+        out["local_handling"] = local
+        print_table(
+            "(a) CPU per call handling one operation, microseconds (p50 / p99 over trials; thread CPU time)",
             [
-                r["members"],
-                r["kind"],
-                _pp(r["origin_us"]),
-                _pp(r["proposer_op_us"]),
-                _pp(r["proposer_accepted_us"]),
-                _pp(r["proposer_decide_us"]),
-                _pp(r["acceptor_accept_us"]),
-                _pp(r["acceptor_commit_us"]),
-                _pp(r["acceptor_total_us"]),
-                f"{r['max_call_us']:.0f}",
-            ]
-            for r in local
-        ],
-    )
-    latency = decision_latency(latency_sizes, args.latency_trials, args.seed)
-    print_table(
-        "(b) Decision latency, simulated: detection -> last running member committed (RTT 1-100 ms), ms",
-        ["n", "op", "trials", "p50", "p99", "max"],
-        [[r["members"], r["kind"], r["trials"], r["p50_ms"], r["p99_ms"], r["max_ms"]] for r in latency],
-    )
-    write_json(args.json, {"local_handling": local, "decision_latency": latency, "args": vars(args)})
+                "n",
+                "op",
+                "origin",
+                "proposer: op in",
+                "proposer: ACCEPTED",
+                "proposer: decide",
+                "acceptor: ACCEPT",
+                "acceptor: COMMIT",
+                "acceptor total",
+                "max call",
+            ],
+            [
+                [
+                    r["members"],
+                    r["kind"],
+                    _pp(r["origin_us"]),
+                    _pp(r["proposer_op_us"]),
+                    _pp(r["proposer_accepted_us"]),
+                    _pp(r["proposer_decide_us"]),
+                    _pp(r["acceptor_accept_us"]),
+                    _pp(r["acceptor_commit_us"]),
+                    _pp(r["acceptor_total_us"]),
+                    f"{r['max_call_us']:.0f}",
+                ]
+                for r in local
+            ],
+        )
+    if "sim" in parts:
+        latency = decision_latency(latency_sizes, args.latency_trials, args.seed)
+        out["decision_latency"] = latency
+        print_table(
+            "(b) Decision latency, simulated: detection -> last running member committed (RTT 1-100 ms), ms",
+            ["n", "op", "trials", "p50", "p99", "max"],
+            [[r["members"], r["kind"], r["trials"], r["p50_ms"], r["p99_ms"], r["max_ms"]] for r in latency],
+        )
+    if "real" in parts:
+        rows, samples = real_latency(
+            real_sizes, args.real_repeats, args.seed, pace_s=args.pace, lan_membership=args.lan_membership
+        )
+        out["real_latency"] = rows
+        out["real_samples"] = samples
+        print_table(
+            "(b) Decision latency, real processes on 127.0.0.1: detection -> last live member committed, ms",
+            ["processes", "op", "trials", "missing", "p50", "p99", "max", "trigger->detected p50"],
+            [
+                [
+                    r["processes"],
+                    r["kind"],
+                    r["trials"],
+                    r["missing"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    r["max_ms"],
+                    r["trigger_to_detect_p50_ms"],
+                ]
+                for r in rows
+            ],
+        )
+    out["load_after"] = os.getloadavg()
+    write_json(args.json, out)
 
 
 def _pp(stat: dict[str, float]) -> str:

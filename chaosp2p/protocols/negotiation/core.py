@@ -473,13 +473,14 @@ class MachineCore:
                 sent += 1
         self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + sent
 
-    def _disseminate(self, peers: Sequence[PeerID], message: Accept | Commit) -> None:
-        """Send ``message`` to every peer but us: directly in small runs, else through relays."""
-        me = self.local_peer.raw
+    def _disseminate(self, config: Configuration, message: Accept | Commit) -> None:
+        """Send ``message`` to every member but us: directly in small runs, else through relays."""
+        peers = config.peers
         if len(peers) <= self.config.relay_threshold + 1:
             self._broadcast(peers, message)
             return
-        targets = [p for p in peers if p.raw != me]
+        me = config.index_of(self.local_peer)  # the members are sorted: no O(n) scan to skip us
+        targets = list(peers) if me < 0 else [*peers[:me], *peers[me + 1 :]]
         size = math.isqrt(len(targets) - 1) + 1
         down = self._down
         for start in range(0, len(targets), size):
@@ -493,7 +494,8 @@ class MachineCore:
         config = rec.config
         if not message.relay_to or config is None or not config.has_member(sender):
             return
-        targets = [p for p in message.relay_to if p != self.local_peer and config.has_member(p)]
+        me = self.local_peer.raw
+        targets = [p for p in message.relay_to if p.raw != me and config.index_of(p) >= 0]
         self._broadcast(targets, dataclasses.replace(message, relay_to=()))
 
     def _count(self, name: str) -> None:

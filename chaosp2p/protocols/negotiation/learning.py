@@ -423,7 +423,8 @@ class Learning(MachineCore):
             self._join_refused(rec, sender, "not_member")
             return
         join.known = config
-        others = [p for p in config.peers if p != sender and p != self.local_peer]
+        skip = (sender.raw, self.local_peer.raw)  # raw bytes compare much faster than PeerIDs
+        others = [p for p in config.peers if p.raw not in skip]
         if others:
             start = self._rng.randrange(len(others))
             others = others[start:] + others[:start]

@@ -194,10 +194,14 @@ class PaxosRoles(MachineCore):
             if (op.kind in REMOVAL_KINDS or op.kind is OpKind.EVICT) and config.has_member(op.subject)
         }
         size = len(config.peers) - len(removed)
-        live = sum(1 for p in config.peers if p.raw not in removed and p.raw not in self._failed)
-        joins_left = 0
-        while live >= (size + joins_left + 1) // 2 + 1:
-            joins_left += 1
+        # Counted from the smaller side (this runs on every proposal; runs have ~1000 members).
+        failed = self._failed
+        if len(failed) < len(config.peers):
+            live = size - sum(1 for raw in failed if raw not in removed and config.index_of(failed[raw][0]) >= 0)
+        else:
+            live = sum(1 for p in config.peers if p.raw not in removed and p.raw not in failed)
+        # The largest j with live >= (size + j + 1) // 2 + 1 for every smaller j, in closed form.
+        joins_left = max(0, 2 * live - size - 1)
         if len(config.peers) == 1:
             joins_left = max(joins_left, 1)
         kept = []
@@ -269,7 +273,7 @@ class PaxosRoles(MachineCore):
             prop.refused[me] = refused
             prop.refusers.add(me)
         accept = Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value, adopted=prop.adopted)
-        self._disseminate(config.peers, accept)
+        self._disseminate(config, accept)
         self._check_phase2(now, rec)
 
     def _check_phase2(self, now: float, rec: RunRecord) -> None:
@@ -310,7 +314,7 @@ class PaxosRoles(MachineCore):
         self._count("commits")
         record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest)
         plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest)
-        self._disseminate(config.peers, plain)
+        self._disseminate(config, plain)
         # Members that left but still train steps this value now governs must learn it too.
         lame = [d.peer_id for d in config.departed if d.activation_step > value.activation_step]
         if lame:
