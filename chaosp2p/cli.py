@@ -27,6 +27,7 @@ from chaosp2p.cli_common import (
     setup_logging,
 )
 from chaosp2p.cli_state import state as state_commands
+from chaosp2p.cluster.command import cluster as cluster_command
 from chaosp2p.dashboard.command import dashboard as dashboard_command
 from chaosp2p.dashboard.command import dashboard_config, http_token_option, maybe_dashboard
 from chaosp2p.dashboard.config import DashboardConfig
@@ -222,6 +223,7 @@ def demo() -> None:
 
 main.add_command(state_commands)
 main.add_command(dashboard_command)
+main.add_command(cluster_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
