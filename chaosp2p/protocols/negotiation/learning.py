@@ -50,6 +50,7 @@ from chaosp2p.protocols.negotiation.operations import (
 )
 from chaosp2p.protocols.negotiation.paxos import (
     RunRecord,
+    coordinator,
 )
 from chaosp2p.protocols.negotiation.state import (
     MEMBER_STATES,
@@ -448,7 +449,14 @@ class Learning(MachineCore):
             throughput_samples_per_s=join.throughput,
         )
         self._count("ops_raised")
-        self._send(sender, JoinRequest(run=rec.run, op=join.op))
+        request = JoinRequest(run=rec.run, op=join.op)
+        self._send(sender, request)
+        # The epoch's coordinator proposes at once, without phase 1, when it holds the JOIN: a copy
+        # to it saves the sponsor's announcement hop (the sponsor still announces it, in case the
+        # coordinator is down; the duplicate is recognised by its op id).
+        lead = coordinator(config)
+        if lead is not None and lead.raw not in skip:
+            self._send(lead, request)
 
     def _join_refused(self, rec: RunRecord, sponsor: PeerID, reason: str) -> None:
         rec.state = transition(rec.state, RunEvent.JOIN_REFUSED)
