@@ -214,7 +214,10 @@ def part_real(args: argparse.Namespace, size: int, state: str) -> dict[str, Any]
             return [*stopping, "--upload-cap-mbs", f"{member_caps[index]:.4f}"]
 
         started = time.monotonic()
-        procs = te.start_members(cluster, members, extra)
+        if args.join_batch and members > args.join_batch + 1:
+            procs = start_members_staggered(te, cluster, members, extra, args.join_batch)
+        else:
+            procs = te.start_members(cluster, members, extra)
         te.wait_steady(procs, members, args.steady_steps)
         report["start_members_s"] = time.monotonic() - started
         founder_buffer = next(r["buffer_digest"] for r in procs[0].steps() if r.get("buffer_digest"))
@@ -240,6 +243,32 @@ def part_real(args: argparse.Namespace, size: int, state: str) -> dict[str, Any]
         print(f"[real {state} {size}: restart done, load {os.getloadavg()[0]:.1f}]", flush=True)
     report["conditions"] = {"start": began, "end": conditions()}
     return report
+
+
+def start_members_staggered(te: Any, cluster: Any, count: int, extra: Any, batch: int) -> list[Any]:
+    """The founder, then the others ``batch`` at a time, each batch training with everyone before the
+    next is launched (``te.start_members`` launches all at once: with 14 joiners on two cores the
+    start-up storm itself was what the first 16-process run measured)."""
+    founder = cluster.launch("m0", extra(0))
+    cluster.wait_ready([founder])
+    procs = [founder]
+    while len(procs) < count:
+        new = [
+            cluster.launch(f"m{i}", ["--join", founder.addr, *extra(i)])
+            for i in range(len(procs), min(count, len(procs) + batch))
+        ]
+        cluster.wait_ready(new)
+        procs += new
+        size = len(procs)
+
+        def together(size: int = size, procs: list[Any] = procs) -> bool:
+            for proc in procs:
+                proc.check_alive()
+            return all((s := p.steps()) and s[-1]["members"] == size for p in procs)
+
+        te.wait_for(together, f"{size} members training together", te.SLOW_TIMEOUT_S)
+        print(f"[{size} members training]", flush=True)
+    return procs
 
 
 def join_exact(newcomer: Any, founder: Any, founder_buffer: str) -> dict[str, Any]:
@@ -452,6 +481,7 @@ def main() -> None:
     parser.add_argument("--compute-s", type=float, default=0.3, help="real: stand-in compute per step")
     parser.add_argument("--steady-steps", type=int, default=6, help="real: steady steps before a trial")
     parser.add_argument("--workdir", help="real: keep logs and metrics here")
+    parser.add_argument("--join-batch", type=int, default=0, help="real: start members this many at a time (0: all)")
     parser.add_argument("--hivemind-python", default="/work/hm-venv/bin/python")
     parser.add_argument("--hivemind-states", default="resnet50,vgg16")
     parser.add_argument("--repeats", type=int, default=3, help="hivemind: pulls per method")
