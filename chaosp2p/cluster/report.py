@@ -341,13 +341,13 @@ def print_summary(summary: Summary, console: Console) -> None:
             f"{j.bytes_total / 1e6:.2f}",
             sources or "-",
         )
-    console.print(joins)
+    console.print(joins if summary.joins else "[dim]no joins of a training run[/]")
     idle = Table(title="idle time per peer", title_justify="left")
     for column in ("peer", "steps", "idle", "span", "idle %"):
         idle.add_column(column)
     for row in summary.idle:
         idle.add_row(row.peer, str(row.steps), _s(row.idle_s), _s(row.span_s), f"{row.idle_fraction * 100:.1f}")
-    console.print(idle)
+    console.print(idle if summary.idle else "[dim]no training peers: no idle time[/]")
 
 
 def summary_json(summary: Summary) -> dict[str, Any]:
@@ -393,6 +393,7 @@ def write_plots(summary: Summary, out_dir: Path) -> list[Path]:
         xs, ys = zip(*series, strict=True)
         axes.step(xs, ys, where="post", label=f"{peer}: members", alpha=0.7)
     marks(axes)
+    axes.yaxis.get_major_locator().set_params(integer=True)
     axes.set_xlabel("time (s)")
     axes.set_ylabel("peers")
     axes.set_title("membership over time")

@@ -159,7 +159,7 @@ class ClusterRun:
     def run(self) -> RunResult:
         """Start, run the schedule, stop; see the module docstring."""
         interrupted = False
-        previous_sigint = signal.getsignal(signal.SIGINT)
+        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
         self.timeline.harness(
             "scenario",
             path=self.scenario.path,
@@ -186,11 +186,12 @@ class ClusterRun:
                 file.close()
             if self._netns is not None:
                 self._netns.close()
-            if previous_sigint is not None:
-                try:
-                    signal.signal(signal.SIGINT, previous_sigint)
-                except ValueError:
-                    pass
+            for signum, handler in previous.items():
+                if handler is not None:
+                    try:
+                        signal.signal(signum, handler)
+                    except ValueError:  # not the main thread: nothing was changed
+                        pass
         result = RunResult(
             out_dir=self.out_dir,
             timeline=timeline,
@@ -213,15 +214,8 @@ class ClusterRun:
         self._wait_ready([self.peers[spec.name] for spec in initial[1:]])
 
     def _wait_ready(self, peers: list[PeerProcess]) -> None:
-        deadline = time.monotonic() + self.scenario.startup_timeout_s
         while any(p.state == "starting" for p in peers):
-            self._tick()
-            if time.monotonic() > deadline:
-                late = next(p for p in peers if p.state == "starting")
-                raise ClusterError(
-                    f"peer {late.spec.name!r} (line {late.spec.line}) was not listening within "
-                    f"startup_timeout_s = {self.scenario.startup_timeout_s:g} s; its output:\n{late.log_tail()}"
-                )
+            self._tick()  # raises ClusterError for a peer that exits or is late
             time.sleep(TICK_S)
 
     def _run_schedule(self) -> None:
@@ -245,6 +239,12 @@ class ClusterRun:
                 continue
             if peer.state == "starting" and peer.ready_file.exists():
                 self._on_ready(peer)
+            late = peer.started_t is not None and self.timeline.now() - peer.started_t > self.scenario.startup_timeout_s
+            if peer.state == "starting" and late:
+                raise ClusterError(
+                    f"peer {peer.spec.name!r} (line {peer.spec.line}) was not listening within "
+                    f"startup_timeout_s = {self.scenario.startup_timeout_s:g} s; its output:\n{peer.log_tail()}"
+                )
             code = peer.process.poll()
             if code is None:
                 continue
@@ -403,8 +403,9 @@ class ClusterRun:
     # ------------------------------------------------------------------ stopping
     def _stop_all(self) -> None:
         """SIGCONT + SIGTERM every live peer, wait ``stop_timeout_s``, kill -9 the rest, reap all."""
-        try:  # a second Ctrl-C must not abandon the peers halfway through stopping them
+        try:  # a second Ctrl-C (or a SIGTERM) must not abandon the peers halfway through stopping them
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         except ValueError:
             pass
         live = [p for p in self.peers.values() if p.alive]

@@ -137,6 +137,7 @@ class Connection:
         # Records held by the link shaper's delay line (release time, bytes); only used with ``links``.
         self._delayed: deque[tuple[float, bytes]] = deque()
         self._delayed_event = anyio.Event()
+        self._delay_drained = anyio.Event()
         self._sealer = RecordSealer(send_key)
         self._opener = RecordOpener(receive_key)
         self._mux = muxp.Mux(is_dialer=is_dialer, limits=config.mux_limits)
@@ -229,6 +230,9 @@ class Connection:
                 await self._send_record(FrameType.GOAWAY, Flag.NONE, 0, code, reason.encode()[:256])
             except ChaosError:
                 pass
+            if self._delayed and not self.closed:  # link shaping: let the goodbye leave the delay line
+                self._delay_drained = anyio.Event()
+                await self._delay_drained.wait()
         self._mark_closed(reason)
 
     def _mark_closed(self, reason: str) -> None:
@@ -519,6 +523,8 @@ class Connection:
                     await send_all(self._sock, (data,))
                 # Popped only once sent: while the line is not empty no record bypasses it.
                 self._delayed.popleft()
+                if not self._delayed:
+                    self._delay_drained.set()
                 if stalled.cancelled_caught:
                     self._mark_closed("the remote stopped reading")
                     return
