@@ -421,6 +421,7 @@ class RealSwarm:
                 "detect_to_propose_ms": 1e3 * (proposed - detected),
                 "decision_ms": 1e3 * (max(times) - detected),
                 "first_commit_ms": 1e3 * (min(times) - detected),
+                "load_1m": os.getloadavg()[0],
                 "batch": sorted(
                     {r["kind"] for rs in logs.values() for r in rs if r.get("event") == "op" and r["epoch"] == epoch}
                 ),
