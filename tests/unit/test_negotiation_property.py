@@ -1,8 +1,9 @@
 """Property test: random interleavings of joins, leaves, crashes, link changes, throughput changes,
-message loss, duplication and reordering, and partitions, over 8+ simulated peers that train with
-the all-reduce oracle (``simswarm``). After every rule the safety invariants must hold; once faults
-stop and the network heals (a majority of every configuration is alive by construction), every
-running peer must agree on one configuration made of exactly the running peers.
+evictions (signed by a random number of members), message loss, duplication and reordering, and
+partitions, over 8+ simulated peers that train with the all-reduce oracle (``simswarm``). After
+every rule the safety invariants must hold; once faults stop and the network heals (a majority of
+every configuration is alive by construction), every running peer must agree on one configuration
+made of exactly the running peers.
 
 Invariants (``NegotiationSwarm.violations``):
 * no two configurations for one epoch, anywhere (peers that crashed or were removed included);
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from chaosp2p.errors import LocalProtocolError
 from chaosp2p.protocols.negotiation import NegotiationConfig, RunParams
 from chaosp2p.protocols.negotiation.configuration import quorum
 from chaosp2p.protocols.negotiation.simswarm import NegotiationSwarm
@@ -106,6 +108,21 @@ class NegotiationProperties(RuleBasedStateMachine):
         peer = self._pick(data, [p for p in swarm.members() if not swarm.peers[p].leaving])
         if peer is not None:
             swarm.call(peer, lambda m, now: m.set_throughput(now, swarm.run, rate))
+
+    @rule(data=st.data(), signers=st.integers(min_value=1, max_value=8))
+    def evict(self, data: st.DataObject, signers: int) -> None:
+        # Some members sign EVICTs of one member: enough of them (a quorum) remove it, fewer do
+        # nothing; either way the invariants hold (an evicted peer rejoins like a removed one).
+        swarm = self.swarm
+        members = [p for p in swarm.members() if not swarm.peers[p].leaving]
+        subject = self._pick(data, [p for p in members if self._may_lose(p)])
+        if subject is None:
+            return
+        for signer in [p for p in members if p != subject][:signers]:
+            try:
+                swarm.call(signer, lambda m, now: m.evict(now, swarm.run, subject))
+            except LocalProtocolError:
+                pass  # this signer is not (yet, or any more) a member in its own view
 
     @rule(loss=st.sampled_from([0.0, 0.05, 0.2]), duplicate=st.sampled_from([0.0, 0.1]))
     def network_quality(self, loss: float, duplicate: float) -> None:

@@ -320,10 +320,10 @@ class MachineCore:
         return len(rec.pending) > waiting or bool(self._evictable(rec))
 
     def _ops_became_pending(self, now: float, rec: RunRecord) -> None:
+        if not self._proposable(rec):
+            return  # EVICTs short of a quorum are evidence waiting for more signers: nothing to negotiate
         if rec.state in MEMBER_STATES:
             rec.state = transition(rec.state, RunEvent.OP_PENDING)
-        if not self._proposable(rec):
-            return
         if rec.activity_at is not None or rec.accepted_value is not None:
             return  # an instance is under way; its commit re-examines the pending set
         if rec.proposer.phase is not _IDLE:

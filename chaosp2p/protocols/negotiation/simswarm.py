@@ -51,7 +51,7 @@ from chaosp2p.protocols.negotiation.events import (
 )
 from chaosp2p.protocols.negotiation.machine import NegotiationMachine
 from chaosp2p.protocols.negotiation.messages import codec
-from chaosp2p.protocols.negotiation.operations import PROTOCOL, SignatureCache
+from chaosp2p.protocols.negotiation.operations import PROTOCOL, OpKind, SignatureCache
 from chaosp2p.protocols.negotiation.paxos import JoinRecord
 from chaosp2p.protocols.negotiation.state import MEMBER_STATES, ProposerPhase, RunState
 from chaosp2p.sim.network import LinkProfile, SimNetwork
@@ -434,8 +434,11 @@ class NegotiationSwarm:
                 self._leave_group(peer)
             elif isinstance(event, RemovedFromRun):
                 # The peer still trains the steps before the activation step; then _train makes a
-                # leaver exit and anyone else rejoin as a newcomer.
+                # leaver exit and anyone else rejoin as a newcomer -- but an evicted one, which
+                # stops as the training layer does (its contributions kept failing the others' checks).
                 self.removals.append((self.net.now, peer_id, event))
+                if event.reason == "evicted":
+                    peer.leaving = True
             elif isinstance(event, OperationCommitted):
                 self.op_events.append((self.net.now, peer_id, event))
             elif isinstance(event, JoinRefused):
@@ -596,7 +599,8 @@ class NegotiationSwarm:
 
     def converged(self) -> bool:
         """Every running peer is a member of one agreed configuration made of exactly the running
-        peers, and nothing is pending, gated or being proposed anywhere."""
+        peers, and nothing is pending (but EVICTs short of a quorum of signers, which wait for
+        corroboration and change nothing), gated or being proposed anywhere."""
         config = self.agreed()
         if config is None:
             return False
@@ -605,7 +609,8 @@ class NegotiationSwarm:
             return False
         for p in running:
             status = self.peers[p].machine.run_status(self.run)
-            if status.pending or status.gate_step is not None or status.proposer is not ProposerPhase.IDLE:
+            waiting = any(op.kind is not OpKind.EVICT for op in status.pending)
+            if waiting or status.gate_step is not None or status.proposer is not ProposerPhase.IDLE:
                 return False
         return True
 
