@@ -33,7 +33,8 @@ within each repeat (same run, same load) and their median is shown.
 
     Measured: the members' lost wall time -- over the steps they complete between the newcomer's
     arrival and the step in which it first contributes, the sum of (step period - median period
-    of the steady steps before), averaged over members; for checkpoint-restart: (first step after
+    of the steady steps before), averaged over members (``lost_rounds``: the same in steady
+    periods, i.e. averaging rounds lost); for checkpoint-restart: (first step after
     the restart - last step before the stop) - one steady period. The members' excess idle time is
     the same sum over ``idle_s`` (time in ``step()`` not computing) -- for chaosp2p joins only, the
     stopped members have none. The newcomer's time from its arrival (process launch; for
@@ -278,12 +279,14 @@ def join_trial(
     joined = newcomer.event("joined") or {}
     admitted = newcomer.event("admitted") or {}
     wait_steady(members, count, args.steady_steps)
+    period = median([steady_before(p, arrived, args.steady_steps)[0] for p in members])
     return {
         "lost_s": sum(lost) / count,
+        "lost_rounds": sum(lost) / count / period,
         "excess_idle_s": sum(idle) / count,
         "max_stall_s": max(stall),
         "window_steps": window,
-        "steady_period_s": median([steady_before(p, arrived, args.steady_steps)[0] for p in members]),
+        "steady_period_s": period,
         "to_contribute_s": first["time"] - arrived,
         "to_model_built_s": joining - arrived,
         "join_to_contribute_s": first["time"] - joining,
@@ -350,6 +353,7 @@ def restart_trial(cluster: Cluster, members: list[Proc], args: argparse.Namespac
     saved = members[0].event("checkpoint_saved") or {}
     return {
         "lost_s": first_after - stopped - period0,
+        "lost_rounds": (first_after - stopped - period0) / period0,
         "steady_period_s": period0,
         "to_contribute_s": first_after - arrived,
         "save_s": saved.get("save_s"),
@@ -513,6 +517,7 @@ def show_b(report: dict[str, Any], args: argparse.Namespace) -> None:
             [
                 label,
                 m(kind, "lost_s"),
+                m(kind, "lost_rounds"),
                 vs("lost_s"),
                 m(kind, "excess_idle_s") if join else "-",
                 m(kind, "max_stall_s") if join else "-",
@@ -532,6 +537,7 @@ def show_b(report: dict[str, Any], args: argparse.Namespace) -> None:
         [
             "scenario",
             "members' lost s",
+            "in rounds",
             "vs",
             "members' excess idle s",
             "worst step +s",
