@@ -66,11 +66,25 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+def ancestors() -> set[int]:
+    """This process and its parents (a wrapper such as ``flock ... --workdir DIR`` names the folder too)."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            break
+        pid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    return found
+
+
 def stragglers(marker: str) -> list[int]:
-    """PIDs of running processes whose command line contains ``marker``."""
+    """PIDs of running processes other than our ancestors whose command line contains ``marker``."""
     found = []
+    mine = ancestors()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) in mine:
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
