@@ -69,7 +69,7 @@ TRAINING = """\
 duration_s = 24
 profile = "local"
 startup_timeout_s = 90
-stop_timeout_s = 30
+stop_timeout_s = 15
 
 [links]
 delay_ms = 1            # switches the transport's link shaper on in every peer
