@@ -115,7 +115,8 @@ class Summary:
     joins: tuple[JoinRow, ...]
     idle: tuple[IdleRow, ...]
     membership: dict[str, list[tuple[float, int]]]
-    """Per peer: (t, members of the configuration it trained in) at each step."""
+    """Per peer: (t, members of the configuration it trained in) at each step; for a bare peer, (t,
+    members alive in its view) at each membership event."""
     processes: list[tuple[float, int]]
     """(t, peer processes running)."""
     injections: list[tuple[float, str]]
@@ -146,6 +147,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> Summary:
     membership: dict[str, list[tuple[float, int]]] = {}
     for r in steps:
         membership.setdefault(r["source"], []).append((float(r["t"]), int(r["record"]["members"])))
+    membership.update(_membership_views(peer_records, exclude=set(membership)))
     running = 0
     processes: list[tuple[float, int]] = [(0.0, 0)]
     for r in harness:
@@ -167,6 +169,25 @@ def summarize(records: Sequence[dict[str, Any]]) -> Summary:
         injections=[(float(r["t"]), f"{r.get('action')} {_subject(r)}") for r in injections],
         duration_t=max((float(r["t"]) for r in records), default=0.0),
     )
+
+
+def _membership_views(peer_records: Sequence[dict[str, Any]], exclude: set[str]) -> dict[str, list[tuple[float, int]]]:
+    """For peers without step records (bare peers): members alive in each one's view, itself included."""
+    views: dict[str, set[str]] = {}
+    series: dict[str, list[tuple[float, int]]] = {}
+    for r in sorted(peer_records, key=lambda r: r["t"]):
+        event, subject = r["record"].get("event"), r["record"].get("peer")
+        if r["source"] in exclude or subject is None:
+            continue
+        alive = views.setdefault(r["source"], set())
+        if event in ("peer_joined", "peer_alive"):
+            alive.add(str(subject))
+        elif event in ("peer_failed", "peer_left"):
+            alive.discard(str(subject))
+        else:
+            continue
+        series.setdefault(r["source"], []).append((float(r["t"]), len(alive) + 1))
+    return series
 
 
 def _subject(inject: dict[str, Any]) -> str:
@@ -391,7 +412,7 @@ def write_plots(summary: Summary, out_dir: Path) -> list[Path]:
         axes.step(xs, ys, where="post", label="processes running", color="black", linewidth=1.5)
     for peer, series in sorted(summary.membership.items()):
         xs, ys = zip(*series, strict=True)
-        axes.step(xs, ys, where="post", label=f"{peer}: members", alpha=0.7)
+        axes.step(xs, ys, where="post", label=f"{peer}'s view", alpha=0.7)
     marks(axes)
     axes.yaxis.get_major_locator().set_params(integer=True)
     axes.set_xlabel("time (s)")
