@@ -11,6 +11,13 @@
     Per round, the time is the slowest process's (each starts after a barrier); the table shows the
     median over rounds (the first round of each is a warm-up and is dropped), and the ratio to
     gloo. Every average is checked on every process.
+
+    Floor: the time the encrypted all-reduce cannot beat on this machine. Each process sends and
+    receives 2(N-1)/N of the buffer (the bandwidth-optimal volume, as gloo does), so on top of
+    gloo's own CPU per process it must AES-256-GCM encrypt and decrypt that much, at the rates
+    measured in this run (1 MiB records, as the transport seals them). With N processes on C
+    cores, floor = N * (gloo CPU per process + AEAD time per process) / min(N, C). The table also
+    shows how busy the cores were: all processes' CPU time / (C * wall time).
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from _common import median, print_table, write_json
+
+RECORD_BYTES = 1 << 20
+"""The transport's default record size (TransportConfig.max_record_bytes)."""
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,6 +75,46 @@ def per_round(reports: list[dict[str, Any]], key: str = "seconds") -> list[float
     """The slowest process's time in each round, warm-up dropped."""
     rounds = min(len(r[key]) for r in reports)
     return [max(r[key][i] for r in reports) for i in range(1, rounds)]
+
+
+def total_per_round(values: list[list[float]]) -> list[float]:
+    """The sum over processes in each round, warm-up dropped."""
+    rounds = min(len(v) for v in values)
+    return [sum(v[i] for v in values) for i in range(1, rounds)]
+
+
+def calibrate_aead(megabytes: int = 64, repeats: int = 3) -> dict[str, float]:
+    """AES-256-GCM encrypt and decrypt rates (bytes per CPU second) in 1 MiB records, best of ``repeats``."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    aead = AESGCM(AESGCM.generate_key(bit_length=256))
+    plain = bytearray(os.urandom(RECORD_BYTES))
+    sealed = bytearray(RECORD_BYTES + 16)
+    opened = bytearray(RECORD_BYTES)
+    header = bytes(16)
+    nonce = bytes(12)
+    aead.encrypt_into(nonce, plain, header, sealed)
+    rates = {}
+    for name in ("encrypt", "decrypt"):
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.process_time()
+            for _ in range(megabytes):
+                if name == "encrypt":
+                    aead.encrypt_into(nonce, plain, header, sealed)
+                else:
+                    aead.decrypt_into(nonce, sealed, header, opened)
+            best = min(best, time.process_time() - started)
+        rates[f"{name}_bytes_per_s"] = megabytes * RECORD_BYTES / max(best, 1e-9)
+    return rates
+
+
+def floor_seconds(world: int, buffer_bytes: int, gloo_cpu_per_process_s: float, aead: dict[str, float]) -> float:
+    """The encrypted all-reduce's floor on this machine (see the module docstring)."""
+    moved = 2 * (world - 1) / world * buffer_bytes
+    aead_s = moved / aead["encrypt_bytes_per_s"] + moved / aead["decrypt_bytes_per_s"]
+    cores = os.cpu_count() or 1
+    return world * (gloo_cpu_per_process_s + aead_s) / min(world, cores)
 
 
 def run_chaosp2p(world: int, elements: int, rounds: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -112,7 +162,13 @@ def run_chaosp2p(world: int, elements: int, rounds: int, args: argparse.Namespac
         for key in ("reduce_scatter_s", "all_gather_s", "reduce_s", "cpu_s")
     }
     in_place = sum(r["records_in_place"] for r in reports) / max(1, sum(r["records_received"] for r in reports))
-    return {"seconds": per_round(reports), "phases": phases, "records_decrypted_in_place": in_place}
+    cpu_total = total_per_round([[s["cpu_s"] for s in r["stats"]] for r in reports])
+    return {
+        "seconds": per_round(reports),
+        "phases": phases,
+        "cpu_total_s": median(cpu_total),
+        "records_decrypted_in_place": in_place,
+    }
 
 
 def run_gloo(world: int, elements: int, rounds: int, root: Path) -> dict[str, Any]:
@@ -130,7 +186,11 @@ def run_gloo(world: int, elements: int, rounds: int, root: Path) -> dict[str, An
         processes.append(spawn(command, log))
         logs.append(log)
     reports = collect(processes, logs, timeout_s=120 + rounds * 60)
-    return {"seconds": per_round(reports), "cpu_s": median(per_round(reports, "cpu_s"))}
+    return {
+        "seconds": per_round(reports),
+        "cpu_s": median(per_round(reports, "cpu_s")),
+        "cpu_total_s": median(total_per_round([r["cpu_s"] for r in reports])),
+    }
 
 
 def run_hivemind(world: int, elements: int, rounds: int, python: str, root: Path) -> dict[str, Any]:
@@ -159,7 +219,16 @@ def run_hivemind(world: int, elements: int, rounds: int, python: str, root: Path
 
 def part_a(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     elements = int(args.mb * 1e6) // 4
-    results: dict[str, Any] = {"elements": elements, "bytes": elements * 4, "wire": args.wire, "worlds": {}}
+    aead = calibrate_aead()
+    cores = os.cpu_count() or 1
+    results: dict[str, Any] = {
+        "elements": elements,
+        "bytes": elements * 4,
+        "wire": args.wire,
+        "aead": aead,
+        "cores": cores,
+        "worlds": {},
+    }
     rows = []
     for world in args.worlds:
         entry: dict[str, Any] = {}
@@ -170,9 +239,14 @@ def part_a(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         if args.hivemind_python and world in args.hivemind_worlds:
             print(f"(a) {world} processes: hivemind ...", file=sys.stderr, flush=True)
             entry["hivemind"] = run_hivemind(world, elements, args.hivemind_rounds + 1, args.hivemind_python, root)
-        results["worlds"][str(world)] = entry
         gloo = median(entry["gloo"]["seconds"])
         ours = median(entry["chaosp2p"]["seconds"])
+        # The floor is for the float32 volume; a 2-byte wire format moves half as much.
+        wire_bytes = elements * (4 if args.wire == "float32" else 2)
+        floor = floor_seconds(world, wire_bytes, entry["gloo"]["cpu_total_s"] / world, aead)
+        entry["floor_s"] = floor
+        entry["cores_busy"] = entry["chaosp2p"]["cpu_total_s"] / (min(world, cores) * ours)
+        results["worlds"][str(world)] = entry
         phases = entry["chaosp2p"]["phases"]
         hm = entry.get("hivemind", {})
         hm_s = median(hm["seconds"]) if "seconds" in hm else None
@@ -185,8 +259,11 @@ def part_a(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 phases["reduce_scatter_s"],
                 phases["all_gather_s"],
                 phases["reduce_s"],
-                entry["gloo"]["cpu_s"],
-                phases["cpu_s"],
+                entry["gloo"]["cpu_total_s"] / world,
+                entry["chaosp2p"]["cpu_total_s"] / world,
+                f"{entry['cores_busy']:.0%}",
+                floor,
+                ours / floor,
                 "-" if hm_s is None else hm_s,
                 "-" if hm_s is None else hm_s / gloo,
                 f"{2 * (world - 1) / world * elements * 4 / ours / 1e6:.0f}",
@@ -205,11 +282,20 @@ def part_a(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "reduce math s",
             "gloo CPU s/proc",
             "chaosp2p CPU s/proc",
+            "cores busy",
+            "floor s",
+            "chaosp2p / floor",
             "hivemind s",
             "hivemind / gloo",
             "chaosp2p bus MB/s",
         ],
         rows,
+    )
+    print(
+        f"CPU s/proc: mean over processes per round. AES-256-GCM on one core here: encrypt "
+        f"{aead['encrypt_bytes_per_s'] / 1e9:.2f} GB/s, decrypt {aead['decrypt_bytes_per_s'] / 1e9:.2f} GB/s; "
+        f"floor = N * (gloo CPU/proc + AEAD of 2(N-1)/N of the buffer each way) / min(N, {cores} cores)",
+        file=sys.stderr,
     )
     for world, entry in results["worlds"].items():
         if "not_run" in entry.get("hivemind", {}):

@@ -467,16 +467,21 @@ class Averager:
         # decrypted into a fresh buffer and copied, bytes that find a waiting reader are decrypted
         # straight into the caller's buffer.
         stream.set_receive_window(self.config.window_bytes)
+        if wire is WireDtype.FLOAT32:
+            # One wait for the whole shard: the reader keeps the rest of the region posted between
+            # records, so every record that follows lands in place. Waiting chunk by chunk left a
+            # gap after each chunk in which the next record went through a fresh buffer and a copy
+            # (about one record in four, measured).
+            await stream.receive_into(as_bytes(region))
+            round_.bytes_received += region.nbytes
+            return
         step = round_.chunk_elements
-        scratch = None if wire is WireDtype.FLOAT32 else np.empty(min(step, len(region)), storage_dtype(wire))
+        scratch = np.empty(min(step, len(region)), storage_dtype(wire))
         for start in range(0, len(region), step):
             chunk = region[start : start + step]
-            if scratch is None:
-                await stream.receive_into(as_bytes(chunk))
-            else:
-                encoded = scratch[: len(chunk)]
-                await stream.receive_into(as_bytes(encoded))
-                decode(encoded, chunk, wire)
+            encoded = scratch[: len(chunk)]
+            await stream.receive_into(as_bytes(encoded))
+            decode(encoded, chunk, wire)
             round_.bytes_received += len(chunk) * wire.itemsize
 
     # ------------------------------------------------------------------ the end of a round

@@ -145,13 +145,24 @@ class OwnerRole:
         assert values is not None
         stream = inbound.stream
         stream.set_receive_window(self._window_bytes)
-        try:
-            for start in range(0, len(values), round_.chunk_elements):
-                chunk = values[start : start + round_.chunk_elements]
-                await stream.receive_into(as_bytes(chunk))
-                inbound.received = start + len(chunk)
-                round_.bytes_received += chunk.nbytes
+        itemsize = values.itemsize
+        chunk_bytes = round_.chunk_elements * itemsize
+        total_bytes = values.nbytes
+
+        def progressed(filled: int) -> None:
+            # Called by the connection's reader as records land: wake the reducer once per
+            # completed chunk (and at the end), not once per record.
+            if filled // chunk_bytes > inbound.received * itemsize // chunk_bytes or filled == total_bytes:
+                inbound.received = filled // itemsize
                 round_.progress.notify()
+
+        try:
+            # The whole slot stays posted, so records are decrypted straight into it; the reducer
+            # still starts on each chunk as soon as every contribution's chunk is in.
+            await stream.receive_into(as_bytes(values), on_progress=progressed)
+            inbound.received = len(values)
+            round_.bytes_received += total_bytes
+            round_.progress.notify()
             log.debug("round %s: contribution of %s in", round_.tag, inbound.peer.short())
         except ConnectionClosed as exc:
             round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")

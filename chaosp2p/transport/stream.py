@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -43,6 +44,9 @@ class Stream:
         self._window_event = anyio.Event()
         self._direct: memoryview | None = None
         self._direct_filled = 0
+        self._on_progress: Callable[[int], None] | None = None
+        self._progress_base = 0
+        """Bytes of the current ``receive_into`` target filled before ``_direct`` was posted."""
         self._handler_scope: anyio.CancelScope | None = None
         self._window_target = 0
         self._budget_bytes = 0
@@ -98,14 +102,25 @@ class Stream:
         self._take(len(out))
         return out
 
-    async def receive_into(self, view: memoryview | bytearray) -> None:
+    async def receive_into(
+        self, view: memoryview | bytearray, *, on_progress: Callable[[int], None] | None = None
+    ) -> None:
         """Fill ``view`` exactly; raises if the stream ends or resets first.
 
         While waiting, the connection decrypts records that fit straight into ``view``. If the
         connection fails authentication mid-way, ``view`` may hold garbage and this raises.
+
+        ``on_progress(filled)`` is called with the number of leading bytes of ``view`` filled so
+        far each time that grows; it runs in the connection's reader task, so it must neither
+        block nor raise. It lets a consumer start on the first part of a large ``view`` while the
+        rest arrives, with the whole remainder still posted for in-place decryption (waiting
+        piece by piece leaves gaps in which records take a detour through a fresh buffer and a
+        copy).
         """
         target = memoryview(view).cast("B")
         filled = self._drain_into(target)
+        if filled and on_progress is not None:
+            on_progress(filled)
         while filled < len(target):
             if self._error is not None:
                 raise self._error
@@ -113,13 +128,19 @@ class Stream:
                 raise RemoteProtocolError(f"stream ended after {filled} of {len(target)} expected bytes")
             self._direct = target[filled:]
             self._direct_filled = 0
+            self._on_progress = on_progress
+            self._progress_base = filled
             try:
                 await self._wait_data()
             finally:
                 filled += self._direct_filled
                 self._direct = None
                 self._direct_filled = 0
-            filled += self._drain_into(target[filled:])
+                self._on_progress = None
+            drained = self._drain_into(target[filled:])
+            filled += drained
+            if drained and on_progress is not None:
+                on_progress(filled)
 
     async def receive_exactly(self, count: int) -> bytearray:
         """Read exactly ``count`` bytes into a new buffer."""
@@ -188,6 +209,8 @@ class Stream:
         self.last_activity = self.connection.last_received
         self._direct_filled += length
         self.connection.consumed(self, length)
+        if self._on_progress is not None:
+            self._on_progress(self._progress_base + self._direct_filled)
         if self._direct is not None and self._direct_filled == len(self._direct):
             self._wake_data()
 
@@ -248,4 +271,3 @@ class Stream:
 
     def _wake_data(self) -> None:
         self._data_event.set()
-
