@@ -234,6 +234,9 @@ class Pull:
     dropped: list[str]
     exact: bool
     shares: list[float]
+    pull_s: float
+    """From the first data request to the last chunk verified (``seconds`` adds the version vote,
+    the leases and the manifest)."""
 
 
 async def pull(
@@ -262,7 +265,8 @@ async def pull(
     by_source = dict(loaded.completed.bytes_by_source)
     loaded.result.staging.close()
     dropped = [f"{d.reason.value}: {d.detail}" for d in loaded.result.dropped]
-    return Pull(elapsed, total, dropped, exact, [by_source.get(s.peer, 0) / total for s in sources])
+    shares = [by_source.get(s.peer, 0) / total for s in sources]
+    return Pull(elapsed, total, dropped, exact, shares, loaded.completed.elapsed_s)
 
 
 PROFILE = "lan"
@@ -270,6 +274,12 @@ PROFILE = "lan"
 profile's fast membership timers cost each idle peer about 10 % of a core once four of them know
 each other -- on two shared cores, that is CPU the transfer needs (a real swarm has a machine per
 peer)."""
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def new_peer() -> PeerConfig:
@@ -292,8 +302,14 @@ async def scenario_single(total: int, expected: str, repeats: int, workdir: Path
                 async with open_peer(new_peer()) as newcomer:
                     report["tcp"].append(await anyio.to_thread.run_sync(tcp_receive, port, total))
                     for key in ("first", "second"):
+                        cpu_newcomer, cpu_source = time.process_time(), process_cpu_s(sources[0].process.pid)
                         result = await pull(newcomer, sources, expected, known=False, config=config)
+                        report.setdefault(f"{key}_cpu_newcomer_s", []).append(time.process_time() - cpu_newcomer)
+                        report.setdefault(f"{key}_cpu_source_s", []).append(
+                            process_cpu_s(sources[0].process.pid) - cpu_source
+                        )
                         report[key].append(result.seconds)
+                        report.setdefault(f"{key}_pull_s", []).append(result.pull_s)
                         report["exact"].append(result.exact)
                     report["tcp"].append(await anyio.to_thread.run_sync(tcp_receive, port, total))
             finally:
@@ -317,13 +333,22 @@ async def scenario_capped(total: int, expected: str, repeats: int, workdir: Path
     config = transfer_config()
     for name, caps in CAP_SETS.items():
         sources = start_sources(total, caps, workdir)
-        entry: dict[str, Any] = {"bound_s": total / sum(caps), "measured": [], "known": [], "shares": [], "exact": []}
+        entry: dict[str, Any] = {
+            "bound_s": total / sum(caps),
+            "measured": [],
+            "known": [],
+            "measured_pull_s": [],
+            "known_pull_s": [],
+            "shares": [],
+            "exact": [],
+        }
         try:
             async with open_peer(new_peer()) as newcomer:
                 for _ in range(repeats):
                     for known in (False, True):
                         result = await pull(newcomer, sources, expected, known=known, config=config)
                         entry["known" if known else "measured"].append(result.seconds)
+                        entry["known_pull_s" if known else "measured_pull_s"].append(result.pull_s)
                         entry["exact"].append(result.exact)
                         if not known:
                             entry["shares"].append(result.shares)
@@ -387,6 +412,7 @@ async def scenario_kill(total: int, expected: str, repeats: int, workdir: Path) 
             stop(sources)
         assert killed, "the pull ended before the kill"
         report["seconds"].append(result.seconds)
+        report.setdefault("pull_s", []).append(result.pull_s)
         report["exact"].append(result.exact)
         report.setdefault("killed_at", []).append(killed[0])
         report.setdefault("dropped", []).append(result.dropped)
@@ -409,7 +435,14 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
     report: dict[str, Any] = {}
     for name, caps in CAP_SETS.items():
         processes: list[subprocess.Popen[bytes]] = []
-        entry: dict[str, Any] = {"bound_s": total / sum(caps), "seconds": [], "wall_s": [], "exact": [], "sources": []}
+        entry: dict[str, Any] = {
+            "bound_s": total / sum(caps),
+            "seconds": [],
+            "wall_s": [],
+            "exact": [],
+            "sources": [],
+            "discovery_s": [],
+        }
         try:
             first_addr = ""
             for index, cap in enumerate(caps):
@@ -421,6 +454,9 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
             out = workdir / "pulled.npz"
             command = ("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", first_addr, "--json")
             for _ in range(repeats):
+                found_s, estimates = await time_discovery(first_addr, len(caps))
+                entry["discovery_s"].append(found_s)
+                entry.setdefault("estimates_at_discovery", []).append(estimates)
                 started = time.perf_counter()
                 result = await anyio.to_thread.run_sync(functools.partial(cli, *command))
                 wall = time.perf_counter() - started
@@ -437,6 +473,20 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
             stop(processes)
         report[name] = entry
     return report
+
+
+async def time_discovery(bootstrap: str, count: int) -> tuple[float, list[float | None]]:
+    """What ``state pull`` spends before its pull: a fresh peer joins through ``bootstrap`` and
+    looks the run's providers up in the DHT (until it sees ``count`` of them). Also returns the
+    link estimates (bytes/s) the DHT answer carried -- what a pull starting then would be told."""
+    started = time.perf_counter()
+    async with open_peer(new_peer().replace(bootstrap=(bootstrap,))) as peer:
+        for _ in range(200):
+            found = await peer.state.discover_sources(RUN, limit=64)
+            if len(found) >= count:
+                return time.perf_counter() - started, [s.bytes_per_s for s in found]
+            await anyio.sleep(0.05)
+    raise SystemExit(f"a fresh peer never found {count} providers of {RUN!r}")
 
 
 async def wait_for_providers(bootstrap: str, count: int, timeout_s: float = 60) -> None:
@@ -566,6 +616,9 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
                 rows.append(
                     [name, "caps given as estimates", median(entry["known"]), bound, median(entry["known"]) / bound]
                 )
+                if entry.get("measured_pull_s"):
+                    pull_only = median(entry["measured_pull_s"])
+                    rows.append([name, "no estimates, data phase only", pull_only, bound, pull_only / bound])
             else:
                 rows.append(
                     [name, "command's own timing", median(entry["seconds"]), bound, median(entry["seconds"]) / bound]
@@ -573,8 +626,12 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
                 rows.append(
                     [name, "process wall time", median(entry["wall_s"]), bound, median(entry["wall_s"]) / bound]
                 )
-            rows[-1].append(all(entry["exact"]))
-            rows[-2].append(all(entry["exact"]))
+                if entry.get("discovery_s"):
+                    found = median(entry["discovery_s"])
+                    rows.append([name, "of which peer start + DHT lookup (separate peer)", found, bound, found / bound])
+            for row in rows:
+                if len(row) == 5:
+                    row.append(all(entry["exact"]))
         print_table(
             f"{key}: capped sources, {title}",
             ["sources", "newcomer", "seconds", "S/sum(caps) s", "ratio", "exact"],

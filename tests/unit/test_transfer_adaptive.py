@@ -84,6 +84,26 @@ def test_no_estimates_reaches_the_bound(rates: tuple[float, ...]) -> None:
     assert shares[fastest] > 2 * shares[slowest]
 
 
+@pytest.mark.parametrize("rates", [(20e3, 40e3, 80e3), (25e3, 50e3, 100e3, 200e3)])
+def test_estimates_far_too_high_do_not_size_batches_once_measured(rates: tuple[float, ...]) -> None:
+    # The monitor's estimate is 400/100 MB/s scaled for every link (e.g. measured in the other
+    # direction): batches and pipelines sized from it would hold seconds of work on the slowest
+    # source, started and so beyond the end game's reach, when the others are done.
+    state = big_state()
+    sources = make_sources(len(rates), rates=list(rates), states=[state] * len(rates), config=ADAPTIVE)
+    wrong = [SourceEstimate(peer=s.peer, bytes_per_s=400e3) for s in sources]
+    net = FakeNet(sources, PullMachine(run=RUN, sources=wrong, config=ADAPTIVE))
+    net.run(until=600.0)
+    assert_bit_exact(net.result(), state)
+    bound = net.completed.manifest.total_bytes / sum(rates)  # type: ignore[union-attr]
+    assert pull_seconds(net) <= 1.06 * bound, (pull_seconds(net), bound)
+    slowest = sources[0].peer
+    # After its first few requests the slowest source's batches follow its measured rate
+    # (request_target_s of 20-25 kB/s is one or two chunks), not the estimate's five.
+    slow_later = [m.chunk_count for to, m in net.delivered if to == slowest and isinstance(m, GetChunks)][4:]
+    assert slow_later and max(slow_later) <= 2, slow_later
+
+
 def test_requests_are_batches_sized_to_the_measured_rate() -> None:
     state = big_state()
     sources = make_sources(1, rates=[1e6], states=[state], config=ADAPTIVE)

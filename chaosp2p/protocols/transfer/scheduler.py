@@ -177,13 +177,19 @@ class Lane:
 
     @property
     def depth_rate(self) -> float | None:
-        """The rate the pipeline is sized for: the most this lane was seen (or said) to do.
+        """The rate the pipeline and the batches are sized for: the most this lane was seen to do.
 
         Sizing it from the delivered rate would be a trap: a pipeline a little too shallow leaves
         the source waiting, which lowers the delivered rate, which makes the pipeline shallower.
+        The cluster monitor's estimate counts only until the lane has measured itself: an estimate
+        that is too high (e.g. one measured in the other direction of the link) would otherwise
+        keep batches of seconds on a slow source for the whole pull -- a tail the end game cannot
+        take back once the source has started sending it.
         """
-        known = [r for r in (self.meter.capacity, self.meter.rate, self.prior_rate) if r is not None]
-        return max(known) if known else None
+        measured = [r for r in (self.meter.capacity, self.meter.rate) if r is not None]
+        if measured:
+            return max(measured)
+        return self.prior_rate
 
     def outstanding(self) -> Iterator[Request]:
         """Requests still answered by the source (cancelled ones included)."""
