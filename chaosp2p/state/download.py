@@ -44,6 +44,7 @@ from chaosp2p.protocols.transfer import (
     ManifestReady,
     PayloadKind,
     PayloadSlot,
+    Planned,
     PullMachine,
     ShardPlanner,
     SourceDropped,
@@ -216,6 +217,9 @@ class PullDriver:
                     link.stream.reset()
                 else:
                     link.scope.cancel()  # still dialing: nothing was written yet
+        elif isinstance(event, Planned):
+            shares = ", ".join(f"{peer.short()} {count}" for peer, count in event.shares)
+            log.debug("plan (%s) of %d chunks: %s", event.reason.value, event.chunks, shares)
         elif isinstance(event, SourcePenalised):
             self.penalised.append(event)
             log.warning("source %s misbehaved (%s): %s", event.source, event.reason.value, event.detail)
@@ -421,6 +425,9 @@ async def pull_state(
     ``planner`` and ``work_stealing`` exist for benchmarks that compare the adaptive pull with
     static plans; leave them alone otherwise.
     """
+    for source in sources:
+        known = "unknown (measured)" if source.bytes_per_s is None else f"{source.bytes_per_s / 1e6:.0f} MB/s"
+        log.debug("source %s: link estimate %s", source.peer.short(), known)
     path = Path(resume_path) if resume_path is not None else None
     resume = load_resume(path) if path is not None and path.exists() else None
     capacity: int | None = None
