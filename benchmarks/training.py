@@ -241,10 +241,10 @@ def part_a(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             entry["hivemind"] = run_hivemind(world, elements, args.hivemind_rounds + 1, args.hivemind_python, root)
         gloo = median(entry["gloo"]["seconds"])
         ours = median(entry["chaosp2p"]["seconds"])
-        # The floor is for the float32 volume; a 2-byte wire format moves half as much.
-        wire_bytes = elements * (4 if args.wire == "float32" else 2)
-        floor = floor_seconds(world, wire_bytes, entry["gloo"]["cpu_total_s"] / world, aead)
-        entry["floor_s"] = floor
+        # The floor assumes the float32 volume gloo moves; a 2-byte wire format has none.
+        floor = None
+        if args.wire == "float32":
+            floor = entry["floor_s"] = floor_seconds(world, elements * 4, entry["gloo"]["cpu_total_s"] / world, aead)
         entry["cores_busy"] = entry["chaosp2p"]["cpu_total_s"] / (min(world, cores) * ours)
         results["worlds"][str(world)] = entry
         phases = entry["chaosp2p"]["phases"]
@@ -262,8 +262,8 @@ def part_a(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 entry["gloo"]["cpu_total_s"] / world,
                 entry["chaosp2p"]["cpu_total_s"] / world,
                 f"{entry['cores_busy']:.0%}",
-                floor,
-                ours / floor,
+                "-" if floor is None else floor,
+                "-" if floor is None else ours / floor,
                 "-" if hm_s is None else hm_s,
                 "-" if hm_s is None else hm_s / gloo,
                 f"{2 * (world - 1) / world * elements * 4 / ours / 1e6:.0f}",
