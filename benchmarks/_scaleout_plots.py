@@ -64,6 +64,7 @@ def plot_sim(report: dict[str, Any], out: Path) -> list[Path]:
             ax.set_xticks(sizes, [str(n) for n in sizes])
             if key == "idle_total_s":
                 ax.set_yscale("symlog", linthresh=1.0)
+                ax.set_ylim(bottom=0)
             ax.set_xlabel("existing members")
             ax.set_ylabel(ylabel)
             mb = {"resnet50": 282, "vgg16": 1611}.get(state, 0)
@@ -149,9 +150,11 @@ def plot_real(runs: dict[str, Any], out: Path) -> list[Path]:
             ax.grid(True, axis="y", alpha=0.3)
         axes[0].legend(fontsize=8)
         scale = mine[0]["link_scale"] if mine else 1.0
+        loads = [r[k]["load_avg"] for r in mine for k in REAL_KINDS if "load_avg" in r[k]]
         fig.suptitle(
             f"real processes on 127.0.0.1, {state} + Adam x {scale:g} = {mine[0]['state_mb']:.0f} MB, "
-            f"uploads capped at {scale:g} x 100-1000 Mbit/s (seeded)",
+            f"uploads capped at {scale:g} x 100-1000 Mbit/s (seeded); one trial each, "
+            f"1-min load average {min(loads):.1f}-{max(loads):.1f} on 2 cores",
             fontsize=9,
         )
         fig.tight_layout()
