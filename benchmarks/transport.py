@@ -28,7 +28,10 @@ from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity
 
 WRITE_BYTES = 4 << 20
-CONFIG = TransportConfig(max_window_bytes=64 << 20, request_timeout_s=60.0)
+# The sink raises each stream's window to 16 MiB: four parallel bulk streams from one peer need more
+# than the default per-peer receive budget (64 MiB, initial windows included), which would refuse a
+# stream with RST. The benchmark measures throughput, so it allows 256 MiB per peer.
+CONFIG = TransportConfig(max_window_bytes=64 << 20, request_timeout_s=60.0, max_buffered_bytes_per_peer=256 << 20)
 
 
 # ----------------------------------------------------------------------------------------- server
