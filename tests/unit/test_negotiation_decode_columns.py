@@ -100,3 +100,15 @@ def test_from_raws_matches_the_constructor_and_refuses_what_it_refuses() -> None
             PeerID.from_raws([raws[1], bad])
     with pytest.raises(ValueError):  # only bytes, as a decoded configuration holds
         PeerID.from_raws([raws[1], bytearray(raws[0])])
+
+
+def test_a_refusal_from_a_member_without_progress_crosses_the_wire() -> None:
+    # A newcomer (completed -1) refuses a value that falsely FAILs it; the refusal must decode,
+    # or the receiver drops the connection and the proposer never hears why.
+    from chaosp2p.protocols.negotiation import codec
+    from chaosp2p.protocols.negotiation.messages import Ballot, RefusePast
+
+    message = RefusePast(run="r", epoch=3, ballot=Ballot(round=1, proposer=PEERS[0]), completed=-1)
+    assert codec.decode(codec.encode(message), max_bytes=1 << 16) == message
+    with pytest.raises(RemoteProtocolError, match="completed"):
+        codec.decode(codec.encode(RefusePast(run="r", epoch=3, ballot=message.ballot, completed=-2)), max_bytes=1 << 16)

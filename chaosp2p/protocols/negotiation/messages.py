@@ -263,12 +263,13 @@ class RefusePast(Message):
     epoch: int
     ballot: Ballot
     completed: int
+    """The refuser's completed step; -1 (none yet) when it refuses a value that FAILs it."""
 
     def validate(self) -> None:
         """Bounds."""
         check_run(self.run)
         check_uint(self.epoch, "epoch")
-        check_uint(self.completed, "completed")
+        _check_progress(-1, self.completed, 0.0)
 
 
 @codec.register(NegotiationMessageType.COMMIT)
