@@ -80,6 +80,7 @@ async def main(args: argparse.Namespace) -> None:
         me = peer.peer_id
         events = peer.events()
         stop = anyio.Event()
+        leaving = anyio.Event()
         admitted_step = 0
 
         async def watch_events() -> None:
@@ -133,14 +134,39 @@ async def main(args: argparse.Namespace) -> None:
                         continue
                     service.report_step(RUN, completed=step)
                 except RunRemoved:
-                    stop.set()
-                    return
+                    if leaving.is_set():
+                        stop.set()
+                        return
+                    # Removed while alive (a false failure on a busy machine): rejoin as a newcomer,
+                    # as the training layer does, so the swarm keeps its size.
+                    step = await rejoin()
+                    continue
                 step += 1
+
+        async def rejoin() -> int:
+            last = service.configuration(RUN)
+            others = [] if last is None else [p for p in last.peers if p != me]
+            log.write({"event": "rejoining", "at": peer.clock.now()})
+            while True:
+                sponsor = others[0] if others else sponsor_of(args.join[0]) if args.join else None
+                if sponsor is None:
+                    raise SystemExit("removed from the run and nobody to rejoin through")
+                service.forget_removal(RUN)
+                incarnation = next((m.incarnation for m in peer.members() if m.peer_id == me), 0)
+                try:
+                    admission = await service.join(RUN, sponsor, incarnation=incarnation, throughput=1.0, timeout_s=30)
+                except TimeoutError:
+                    others = others[1:] + others[:1]
+                    continue
+                mine = admission.member(me)
+                log.write({"event": "rejoined", "epoch": admission.epoch, "at": peer.clock.now()})
+                return admission.activation_step if mine is None else mine.since_step
 
         async def signals() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2) as received:
                 async for number in received:
                     if number == signal.SIGTERM:
+                        leaving.set()
                         log.write({"event": "leave_requested", "at": peer.clock.now()})
                         if not service.announce_leave(RUN):
                             stop.set()
