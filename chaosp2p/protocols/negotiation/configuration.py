@@ -142,6 +142,7 @@ class Configuration:
     _departed_raws: tuple[bytes, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _members: tuple[MemberEntry, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _shares: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _packed: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     # Lookup tables are built on first use (next_configuration hands over the member ids it has).
     def ids(self) -> tuple[bytes, ...]:
@@ -259,13 +260,37 @@ class Configuration:
             [[d.peer_id.raw, d.incarnation, d.epoch, d.activation_step] for d in self.departed],
         ]
 
+    def packed_body(self) -> bytes:
+        """The msgpack encodings of the body's items, concatenated (no array header): the digest
+        and the wire form are both a 12-item array around these bytes, so they are packed once."""
+        packed = self._packed
+        if packed is None:
+            packed = _packed_items(self.body())
+            object.__setattr__(self, "_packed", packed)
+        return packed
+
     def encode(self) -> bytes:
         """The wire form: the canonical array followed by the digest."""
-        return pack([*self.body(), self.digest])
+        return _ARRAY_12 + self.packed_body() + pack(self.digest)
 
 
-def _digest(body: list[Any]) -> bytes:
-    return hashlib.sha256(pack([_CONFIG_DOMAIN, *body])).digest()
+_ARRAY_12 = pack([None] * 12)[:1]
+"""msgpack header of a 12-item array: the digest covers [domain, *11 body items] and the wire
+form is [*11 body items, digest]."""
+_DIGEST_PREFIX = _ARRAY_12 + pack(_CONFIG_DOMAIN)
+
+
+_ARRAY_11 = pack([None] * 11)[:1]
+
+
+def _packed_items(body: list[Any]) -> bytes:
+    packed = pack(body)
+    assert packed[:1] == _ARRAY_11  # 11 items: a one-byte (fixarray) header to strip
+    return packed[1:]
+
+
+def _digest(packed_items: bytes) -> bytes:
+    return hashlib.sha256(_DIGEST_PREFIX + packed_items).digest()
 
 
 def quorum(config: Configuration) -> int:
@@ -342,7 +367,7 @@ def make_configuration(
         object.__setattr__(config, "_shares", tuple(shares))
     if ids is not None:
         object.__setattr__(config, "_raws", tuple(ids))
-    object.__setattr__(config, "digest", _digest(config.body()))
+    object.__setattr__(config, "digest", _digest(config.packed_body()))
     return config
 
 
