@@ -19,9 +19,10 @@ into a :class:`Summary`:
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,9 @@ class EventRow:
     applied_s: float | None = None
     reporters: int = 0
     """How many peers recorded it."""
+    longest_wait_s: float | None = None
+    """The longest any training peer waited in one round while this event was the latest (a cut or a
+    stall that no operation answers still shows here)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,7 +144,13 @@ def summarize(records: Sequence[dict[str, Any]]) -> Summary:
     steps.sort(key=lambda r: r["t"])
     operations = _operations(peer_records)
     injections = [r for r in harness if r.get("event") == "inject"]
-    events = tuple(_event_row(r, ids, operations, peer_records, steps) for r in injections)
+    events = tuple(
+        replace(
+            _event_row(r, ids, operations, peer_records, steps),
+            longest_wait_s=_longest_wait(steps, float(r["t"]), float(nxt["t"]) if nxt else math.inf),
+        )
+        for r, nxt in zip(injections, [*injections[1:], None], strict=True)
+    )
     scheduled_joins = {str(r.get("peer")) for r in injections if r.get("action") == "join"}
     joins = tuple(_join_rows(peer_records, steps, started, names, scheduled_joins))
     idle = tuple(_idle_rows(steps))
@@ -188,6 +198,16 @@ def _membership_views(peer_records: Sequence[dict[str, Any]], exclude: set[str])
             continue
         series.setdefault(r["source"], []).append((float(r["t"]), len(alive) + 1))
     return series
+
+
+def _longest_wait(steps: Sequence[dict[str, Any]], start: float, end: float) -> float | None:
+    """The longest round wait (``idle_s``) of any step whose wait overlaps [start, end]."""
+    waits = [
+        float(r["record"].get("idle_s", 0.0))
+        for r in steps
+        if r["t"] >= start and r["t"] - float(r["record"].get("idle_s", 0.0)) <= end
+    ]
+    return round(max(waits), 6) if waits else None
 
 
 def _subject(inject: dict[str, Any]) -> str:
@@ -334,19 +354,21 @@ def _s(value: float | None, unit: str = "s", scale: float = 1.0) -> str:
 def print_summary(summary: Summary, console: Console) -> None:
     """The summary as three tables."""
     events = Table(title="events (times after the injection)", title_justify="left")
-    for column in ("t", "action", "subject", "handled as", "detected", "decision", "committed", "step", "applied"):
+    columns = ("t", "action", "subject", "handled as", "detected", "decision", "committed", "step", "applied")
+    for column in (*columns, "longest wait"):
         events.add_column(column)
     for e in summary.events:
         events.add_row(
             f"{e.t:.2f}",
             e.action,
             e.subject,
-            e.kind or "[dim]not seen[/]",
+            e.kind or ("[dim]not seen[/]" if e.action in _OPERATION_KINDS else "-"),
             _s(e.detection_s),
             "-" if e.decision_ms is None else f"{e.decision_ms:.1f} ms",
             _s(e.committed_s),
             "-" if e.activation_step is None else str(e.activation_step),
             _s(e.applied_s),
+            _s(e.longest_wait_s),
         )
     console.print(events)
     joins = Table(title="joins (scale-out: process start to first step)", title_justify="left")
@@ -412,7 +434,7 @@ def write_plots(summary: Summary, out_dir: Path) -> list[Path]:
         axes.step(xs, ys, where="post", label="processes running", color="black", linewidth=1.5)
     for peer, series in sorted(summary.membership.items()):
         xs, ys = zip(*series, strict=True)
-        axes.step(xs, ys, where="post", label=f"{peer}'s view", alpha=0.7)
+        axes.step(xs, ys, where="post", label=f"{peer}: members", alpha=0.7)
     marks(axes)
     axes.yaxis.get_major_locator().set_params(integer=True)
     axes.set_xlabel("time (s)")

@@ -189,7 +189,8 @@ def test_a_peer_that_never_starts_is_an_error_and_nothing_is_left(
     harness = start_harness(harnesses, str(scenario), "--out", str(out))
     output, _ = harness.communicate(timeout=HARNESS_TIMEOUT_S)
     assert harness.returncode == 2, output
-    assert "peer 'broken' (line 11) exited with code 1 before it was listening" in " ".join(output.split())
+    line = BARE.count("\n") + 2  # the broken peer's [[peer]] line
+    assert f"peer 'broken' (line {line}) exited with code 1 before it was listening" in " ".join(output.split())
     assert "No module named chaosp2p.no_such_module" in output
     records = read_timeline(out / "timeline.jsonl")
     assert harness_events(records, "stopped")

@@ -1,7 +1,9 @@
 """``chaosp2p cluster report`` on recorded timelines (tests/unit/data/cluster_*_timeline.jsonl).
 
 ``cluster_bare_timeline.jsonl`` was recorded by running a scenario of four bare peers (a join, a
-kill, a 6 s cut of p1~p3, a leave) with ``chaosp2p cluster``.
+kill, a 6 s cut of p1~p3, a leave) with ``chaosp2p cluster``. ``cluster_digits_timeline.jsonl`` is
+``chaosp2p cluster peers/churn-demo.toml`` (six digits peers), thinned to every 10th step record
+plus the steps around operations and the long waits, with digests and losses dropped.
 """
 
 from __future__ import annotations
@@ -52,3 +54,52 @@ def test_report_output_tables_json_and_plots(tmp_path: Path) -> None:
     assert [p.name for p in written] == list(PLOT_NAMES)
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_training_events_joins_and_idle_time() -> None:
+    summary = summarize(read_timeline(DATA / "cluster_digits_timeline.jsonl"))
+    rows = {e.action: e for e in summary.events}
+    assert [e.action for e in summary.events] == ["join", "leave", "kill", "stall", "continue", "cut", "restore"]
+    # Each injection answered by the committed operation: detection, decision, commit, applied step.
+    join, leave, kill = rows["join"], rows["leave"], rows["kill"]
+    assert (join.kind, join.activation_step, join.reporters) == ("join", 354, 5)
+    assert join.detection_s == pytest.approx(11.788, abs=1e-3)  # from the newcomer's process start
+    assert join.decision_ms == pytest.approx(37.147)
+    assert (leave.kind, leave.activation_step) == ("leave", 368)
+    assert leave.detection_s == pytest.approx(0.152, abs=1e-3)
+    assert leave.applied_s == pytest.approx(0.650, abs=1e-3)
+    assert (kill.kind, kill.activation_step, kill.reporters) == ("fail", 437, 4)  # w4 itself is dead
+    assert kill.detection_s == pytest.approx(5.196, abs=1e-3)
+    assert kill.committed_s is not None and kill.applied_s is not None
+    assert kill.detection_s < kill.committed_s < kill.applied_s
+    # The 3 s stall and the 8 s cut were not answered by an operation, but training waited through them.
+    assert rows["stall"].kind is None and rows["stall"].longest_wait_s == pytest.approx(4.078, abs=1e-3)
+    assert rows["cut"].kind is None and rows["cut"].longest_wait_s == pytest.approx(9.580, abs=1e-3)
+    # Joins: the four initial joiners and the scheduled newcomer, sources named by peer.
+    joins = {j.peer: j for j in summary.joins}
+    assert set(joins) == {"w1", "w2", "w3", "w4", "newcomer"}
+    newcomer = joins["newcomer"]
+    assert newcomer.scheduled and not joins["w1"].scheduled
+    assert newcomer.bytes_total == 115972 == sum(newcomer.bytes_by_source.values())
+    assert set(newcomer.bytes_by_source) == {"a", "w1", "w2", "w3", "w4"}
+    assert newcomer.scale_out_s == pytest.approx(12.299, abs=1e-3)
+    assert newcomer.rates_bytes_per_s()["a"] == pytest.approx(115972 / 0.2081)
+    # Idle time: every training peer, the ones that trained longest waited longest.
+    idle = {row.peer: row for row in summary.idle}
+    assert set(idle) == {"a", "w1", "w2", "w3", "w4", "newcomer"}
+    assert all(0 < row.idle_fraction < 1 for row in idle.values())
+    assert idle["a"].idle_s > idle["w3"].idle_s  # w3 left at 43 s
+    # Membership: processes 1 -> 5 -> 6 (join) -> 5 (leave) -> 4 (kill) -> 0 (stop), configurations too.
+    assert [count for _, count in summary.processes] == [0, 1, 2, 3, 4, 5, 6, 5, 4, 0]
+    assert max(count for _, count in summary.membership["a"]) == 6
+    assert summary.membership["a"][-1][1] == 4
+
+
+def test_training_report_renders(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    summary = summarize(read_timeline(DATA / "cluster_digits_timeline.jsonl"))
+    console = Console(width=150, record=True)
+    print_summary(summary, console)
+    text = console.export_text()
+    assert "newcomer" in text and "t=40.80 (scheduled)" in text and "37.1 ms" in text
+    assert all(path.stat().st_size > 10_000 for path in write_plots(summary, tmp_path))
