@@ -467,6 +467,14 @@ class Averager:
         # decrypted into a fresh buffer and copied, bytes that find a waiting reader are decrypted
         # straight into the caller's buffer.
         stream.set_receive_window(self.config.window_bytes)
+        await self._receive_values(round_, stream, region, wire)
+        # An owner averages validated contributions, so its shard is finite unless it is faulty or
+        # malicious: never let such values into the caller's model. (float32 sum first: ~8 ms per
+        # 100 MB; only a non-finite sum, which large finite values can also give, is checked exactly.)
+        if not math.isfinite(float(region.sum())) and not bool(np.isfinite(region).all()):
+            raise RemoteProtocolError("non-finite values (NaN or infinity) in its averaged shard")
+
+    async def _receive_values(self, round_: RoundState, stream: Stream, region: np.ndarray, wire: WireDtype) -> None:
         if wire is WireDtype.FLOAT32:
             # One wait for the whole shard: the reader keeps the rest of the region posted between
             # records, so every record that follows lands in place. Waiting chunk by chunk left a

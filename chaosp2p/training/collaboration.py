@@ -548,6 +548,9 @@ class AsyncCollaboration:
                         if header.numel != out.size or header.step != step or header.config_digest != config.digest:
                             raise RemoteProtocolError(f"{member} answered with a different update")
                         await stream.receive_into(out.data.cast("B"))
+                if not math.isfinite(float(out.sum())) and not bool(np.isfinite(out).all()):
+                    # Averages of validated contributions are finite: this member's are not usable.
+                    raise RemoteProtocolError(f"{member} answered with non-finite values")
             except (ChaosError, TimeoutError) as exc:
                 log.debug("fetching step %d from %s failed: %s", step, member, exc)
                 continue

@@ -17,6 +17,7 @@ from chaosp2p.runtime.node import Node, open_node
 from chaosp2p.training.average_messages import RoundTag
 from chaosp2p.training.averager import Averager, RoundStats
 from chaosp2p.training.averager_config import AveragerConfig
+from chaosp2p.training.owner_role import OwnerRole
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -174,6 +175,31 @@ async def test_a_nan_contribution_is_excluded_and_named() -> None:
         seen = [m.peer for m, (_, stats) in zip(members, outcomes, strict=True) if stats.invalid]
         assert len(seen) == 1 and seen[0] != members[1].peer
         assert [stats.invalid for _, stats in outcomes].count((members[1].peer,)) == 1
+
+
+async def test_an_owner_sending_non_finite_averages_fails_the_round_and_nobody_applies_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with swarm(3) as s:
+        members = s.by_peer()
+        bad = members[2].peer
+        encode = OwnerRole._encode
+
+        def poisoned(self: OwnerRole) -> np.ndarray:
+            wire = encode(self)
+            if self.round.me == bad:  # a faulty owner: NaN in the averaged shard it sends out
+                wire = np.full_like(wire, np.nan)
+                self._wire_result = wire
+            return wire
+
+        monkeypatch.setattr(OwnerRole, "_encode", poisoned)
+        buffers = make_buffers(3, 30_000, seed=3)
+        outcomes = await run_all([reduce_call(s, m, b) for m, b in zip(members, buffers, strict=True)])
+        for member, (kind, error) in zip(members[:2], outcomes[:2], strict=True):
+            # The honest members refuse the shard: the round fails naming the owner, so the caller
+            # never applies the buffer.
+            assert kind == "error" and isinstance(error, RoundAborted), (member.peer, outcomes)
+            assert error.missing == frozenset({bad}) and "non-finite" in str(error)
 
 
 async def test_a_wrong_length_contribution_is_excluded() -> None:
