@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -167,6 +168,7 @@ def part_real(args: argparse.Namespace, size: int, state: str) -> dict[str, Any]
     from _scaleout_sim import link_rates
 
     te.PEER = HERE / "_scaleout_peer.py"
+    te.wait_steady = wait_steady_all  # join_trial waits with it too
     members = size - 1
     state_mb = STATES_MB[state] * args.link_scale
     caps = [rate / 1e6 for rate in link_rates(size + 1, args.link_seed + size, scale=args.link_scale)]
@@ -243,6 +245,22 @@ def part_real(args: argparse.Namespace, size: int, state: str) -> dict[str, Any]
         print(f"[real {state} {size}: restart done, load {os.getloadavg()[0]:.1f}]", flush=True)
     report["conditions"] = {"start": began, "end": conditions()}
     return report
+
+
+def wait_steady_all(members: list[Any], count: int, steps: int) -> None:
+    """``training_elastic.wait_steady``, but every member's liveness is checked on every poll (that
+    one stops at the first unsteady member, so a member that died later in the list went unnoticed
+    until its 900 s timeout)."""
+    import training_elastic as te
+
+    def steady() -> bool:
+        for proc in members:
+            proc.check_alive()
+        return all(
+            len(tail := proc.steps()[-steps:]) == steps and all(r["members"] == count for r in tail) for proc in members
+        )
+
+    te.wait_for(steady, f"{steps} steady steps with {count} members", te.SLOW_TIMEOUT_S)
 
 
 def start_members_staggered(te: Any, cluster: Any, count: int, extra: Any, batch: int) -> list[Any]:
@@ -488,6 +506,9 @@ def main() -> None:
     parser.add_argument("--hivemind-scale", type=float, default=1.0, help="hivemind: state size x this")
     parser.add_argument("--plots", type=Path, default=ROOT / "docs" / "results", help="plot: PNG folder")
     args = parser.parse_args()
+    # ``timeout`` and the CPU lock's wrappers stop us with SIGTERM: unwind, so that every peer
+    # process started here is killed by its context manager instead of being orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.hivemind_states = [s for s in args.hivemind_states.split(",") if s]
     os.environ.setdefault("COLUMNS", "200")
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -500,7 +521,16 @@ def main() -> None:
         show_sim(report["sim"])
     if "real" in parts:
         for size in args.sizes:
-            entry = part_real(args, size, args.state)
+            try:
+                entry = part_real(args, size, args.state)
+            except (RuntimeError, TimeoutError, KeyboardInterrupt, SystemExit) as exc:
+                # Recorded: a cluster that could not be brought up or crashed is a result too.
+                failure = {"state": args.state, "size": size, "command": command, "error": str(exc)[-3000:]}
+                failure["conditions"] = conditions()
+                report.setdefault("real_failed", []).append(failure)
+                save(args.json, report)
+                raise
+
             entry["command"] = command
             entry["link_scale"] = args.link_scale
             report.setdefault("real", {})[f"{args.state}-{size}"] = entry

@@ -307,6 +307,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "scaleout.json")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the Cluster kills its peers
     with tempfile.TemporaryDirectory(prefix="chaosp2p-soak-") as tmp:
         root = Path(tmp)
         if args.workdir is not None:
