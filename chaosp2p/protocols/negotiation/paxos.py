@@ -227,10 +227,14 @@ def activation_step(
     max_completed = max(completed, default=-1)
     if is_urgent(ops):
         if max_completed < 0:
-            # Nobody we heard from completed a step (only fresh newcomers answered, or the run
-            # has not started): the furthest anyone got. If old members are in fact stuck earlier,
-            # they raise the FAIL again and get an earlier S (``_check_stuck``).
-            return max(max_entered, 0)
+            # Nobody we heard from completed a step (only members admitted after the last step
+            # anyone completed answered, or the run has not started): the earliest step any of
+            # them entered. Not the furthest: a member stuck at its admission step under a
+            # configuration that counts on the dead member must be able to redo that step, and
+            # the newest newcomer's admission step would leave it stuck forever (found by the
+            # property test: the only members that had completed steps crashed). Anyone that did
+            # complete S refuses the value, which raises S.
+            return max(min((e for e in entered if e >= 0), default=0), 0)
         # The first step nobody completed: the survivors redo it without the failed member. No
         # lower bound from C_e: if C_e activates later, the urgent value supersedes it (the
         # configuration governing a step is the newest one activating at or before it; members
