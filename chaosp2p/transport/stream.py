@@ -113,9 +113,9 @@ class Stream:
         ``on_progress(filled)`` is called with the number of leading bytes of ``view`` filled so
         far each time that grows; it runs in the connection's reader task, so it must neither
         block nor raise. It lets a consumer start on the first part of a large ``view`` while the
-        rest arrives, with the whole remainder still posted for in-place decryption (waiting
-        piece by piece leaves gaps in which records take a detour through a fresh buffer and a
-        copy).
+        rest arrives, with the whole remainder still posted for in-place decryption (between
+        piece-by-piece waits a record can find no posted buffer and take a detour through a fresh
+        buffer and a copy).
         """
         target = memoryview(view).cast("B")
         filled = self._drain_into(target)
