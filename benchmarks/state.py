@@ -454,9 +454,6 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
             out = workdir / "pulled.npz"
             command = ("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", first_addr, "--json")
             for _ in range(repeats):
-                found_s, estimates = await time_discovery(first_addr, len(caps))
-                entry["discovery_s"].append(found_s)
-                entry.setdefault("estimates_at_discovery", []).append(estimates)
                 started = time.perf_counter()
                 result = await anyio.to_thread.run_sync(functools.partial(cli, *command))
                 wall = time.perf_counter() - started
@@ -469,6 +466,12 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
                 pulled = await anyio.to_thread.run_sync(read_checkpoint, out)
                 entry["exact"].append(await anyio.to_thread.run_sync(state_hash, pulled.arrays) == expected)
                 out.unlink()
+            # After the pulls: the members probe a newcomer's links with bulk uploads, which must not
+            # overlap a timed pull.
+            for _ in range(repeats):
+                found_s, estimates = await time_discovery(first_addr, len(caps))
+                entry["discovery_s"].append(found_s)
+                entry.setdefault("estimates_at_discovery", []).append(estimates)
         finally:
             stop(processes)
         report[name] = entry
