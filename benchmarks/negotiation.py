@@ -426,6 +426,7 @@ class RealSwarm:
             detected = min(r["detected_at"] for r in ops if r["epoch"] == epoch)
             proposed = applied[0]["proposed_at"]
             times = [committed[m] for m in members if m in alive]
+            last = max((m for m in members if m in alive), key=lambda m: committed[m])
             return {
                 "kind": kind,
                 "members": len(members),
@@ -435,6 +436,8 @@ class RealSwarm:
                 "decision_ms": 1e3 * (max(times) - detected),
                 "first_commit_ms": 1e3 * (min(times) - detected),
                 "load_1m": os.getloadavg()[0],
+                "last_committer_is_subject": last == subject,
+                "last_committer_is_origin": last == applied[0]["origin"],
                 "batch": sorted(
                     {r["kind"] for rs in logs.values() for r in rs if r.get("event") == "op" and r["epoch"] == epoch}
                 ),
