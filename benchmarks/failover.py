@@ -95,6 +95,12 @@ def one_trial(peers: int, pace: float, fast: bool) -> dict[str, float]:
                 lambda: all(any(r["members"] == peers - 1 for r in steps(f)) for f in survivors), "survivors resume"
             )
             resumed = max(min(r["time"] for r in steps(f) if r["members"] == peers - 1) for f in survivors)
+            # A peer writes a step's record before the events of that step: wait for the operation.
+            wait_for(
+                lambda: any(r.get("event") == "operation" and r["kind"] == "fail" for r in records(files[0])),
+                "the founder's record of the failure",
+                timeout_s=30,
+            )
             operation = next(r for r in records(files[0]) if r.get("event") == "operation" and r["kind"] == "fail")
             before_kill = [r["time"] for r in steps(files[0]) if r["time"] < killed_wall]
             intervals = [b - a for a, b in zip(before_kill[-21:], before_kill[-20:], strict=False)]
