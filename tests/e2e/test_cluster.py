@@ -67,7 +67,7 @@ def start_harness(harnesses: list[subprocess.Popen[str]], *args: str) -> subproc
 
 TRAINING = """\
 [cluster]
-duration_s = 24
+duration_s = 32
 profile = "local"
 startup_timeout_s = 90
 stop_timeout_s = 15
