@@ -65,10 +65,15 @@ def collect(processes: list[subprocess.Popen[bytes]], logs: list[Path], timeout_
     return reports
 
 
-def spawn(args: list[str], log: Path, python: str = sys.executable) -> subprocess.Popen[bytes]:
+PIN_CPUS = False
+"""--pin: rank r of every implementation runs on CPU r mod cores (taskset), its threads and children too."""
+
+
+def spawn(args: list[str], log: Path, python: str = sys.executable, rank: int = 0) -> subprocess.Popen[bytes]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    prefix = ["taskset", "-c", str(rank % (os.cpu_count() or 1))] if PIN_CPUS else []
     with log.open("wb") as err:
-        return subprocess.Popen([python, *args], stdout=subprocess.PIPE, stderr=err, env=env)
+        return subprocess.Popen([*prefix, python, *args], stdout=subprocess.PIPE, stderr=err, env=env)
 
 
 def per_round(reports: list[dict[str, Any]], key: str = "seconds") -> list[float]:
@@ -135,7 +140,7 @@ def run_chaosp2p(world: int, elements: int, rounds: int, args: argparse.Namespac
             command += ["--record-mib", str(args.record_mib)]
         if args.profile_dir and rank == 0:
             command += ["--profile", str(Path(args.profile_dir) / f"chaosp2p-{world}-rank0.prof")]
-        processes.append(spawn(command, log))
+        processes.append(spawn(command, log, rank=rank))
         logs.append(log)
     deadline = time.monotonic() + 120
     listing = []
@@ -183,7 +188,7 @@ def run_gloo(world: int, elements: int, rounds: int, root: Path) -> dict[str, An
             *("--rank", str(rank), "--world", str(world), "--elements", str(elements)),
             *("--rounds", str(rounds), "--port", str(port), "--check"),
         ]
-        processes.append(spawn(command, log))
+        processes.append(spawn(command, log, rank=rank))
         logs.append(log)
     reports = collect(processes, logs, timeout_s=120 + rounds * 60)
     return {
@@ -206,7 +211,7 @@ def run_hivemind(world: int, elements: int, rounds: int, python: str, root: Path
             *("--rank", str(rank), "--world", str(world), "--elements", str(elements)),
             *("--rounds", str(rounds), "--workdir", str(workdir)),
         ]
-        processes.append(spawn(command, log, python=python))
+        processes.append(spawn(command, log, python=python, rank=rank))
         logs.append(log)
     try:
         reports = collect(processes, logs, timeout_s=180 + rounds * 120)
@@ -318,8 +323,15 @@ def main() -> None:
     parser.add_argument("--record-mib", type=int, default=0, help="chaosp2p transport record size in MiB (experiment)")
     parser.add_argument("--trace", action="store_true", help="chaosp2p workers log each step (see --keep)")
     parser.add_argument("--keep", default=None, help="keep worker logs under this directory")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin rank r of every implementation to CPU r mod cores (otherwise the kernel places them)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    global PIN_CPUS
+    PIN_CPUS = args.pin
     args.worlds = [int(w) for w in args.worlds.split(",")]
     args.hivemind_worlds = [int(w) for w in args.hivemind_worlds.split(",")]
     report: dict[str, Any] = {"command": " ".join(sys.argv)}
