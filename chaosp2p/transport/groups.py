@@ -4,8 +4,9 @@ anyio task groups wrap whatever escapes them in an exception group. When exactly
 escaped -- the common case, e.g. ``AdmissionDenied`` raised inside ``async with open_peer(...)`` --
 callers should see that error itself, so ``except ChaosError`` works as documented. When several
 tasks failed *only* with chaosp2p errors (a reader and a writer both seeing the same connection
-drop), the first one stands for all of them. Anything else -- a cancellation among them, or a bug
--- stays a group, so nothing is silently swallowed.
+drop), the first one stands for all of them. chaosp2p errors beside a cancellation give way to it:
+the cancellation goes on, alone, to the scope that owns it. Anything else -- a bug among them --
+stays a group, so nothing is silently swallowed.
 """
 
 from __future__ import annotations
@@ -45,9 +46,19 @@ def unwrap_single_error() -> Iterator[None]:
         error = single_error(group)
         if error is None:
             leaves = _leaves(group)
-            if not all(isinstance(leaf, ChaosError) for leaf in leaves):
+            if all(isinstance(leaf, ChaosError) for leaf in leaves):
+                error = leaves[0]
+            elif all(isinstance(leaf, ChaosError) or not isinstance(leaf, Exception) for leaf in leaves):
+                # chaosp2p errors beside a cancellation (or an interrupt): an enclosing scope was
+                # cancelled, so the work that failed is being torn down anyway. The cancellation
+                # goes on alone: left in one group with the errors, it would be caught by its scope
+                # and the errors would escape from there as a group nobody expects (a stream reset
+                # racing a round's or a handler's cancellation crashed training processes so).
+                _, rest = group.split(ChaosError)
+                assert rest is not None
+                raise rest from None
+            else:
                 raise
-            error = leaves[0]
         raise error from error.__cause__
 
 
