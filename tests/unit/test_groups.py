@@ -48,13 +48,12 @@ async def test_a_reset_racing_an_enclosing_cancellation_does_not_escape_its_scop
     escapes but the error itself (before, on trio, a group holding the StreamReset came out of the
     scope). On asyncio the task group absorbs its child's cancellation, so the error comes out alone,
     which callers catch as usual."""
-    with contextlib.suppress(StreamReset), anyio.CancelScope() as outer:
-        with unwrap_single_error():
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(anyio.sleep_forever)
-                await anyio.sleep(0)
-                outer.cancel()
-                raise StreamReset("closed the stream without answering")
+    with contextlib.suppress(StreamReset), anyio.CancelScope() as outer, unwrap_single_error():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.sleep_forever)
+            await anyio.sleep(0)
+            outer.cancel()
+            raise StreamReset("closed the stream without answering")
     assert outer.cancel_called
 
 
