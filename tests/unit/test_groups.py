@@ -6,6 +6,7 @@ import contextlib
 import sys
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from chaosp2p.errors import ConnectionClosed, StreamReset
@@ -51,7 +52,7 @@ async def test_a_reset_racing_an_enclosing_cancellation_does_not_escape_its_scop
     with contextlib.suppress(StreamReset), anyio.CancelScope() as outer, unwrap_single_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(anyio.sleep_forever)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()  # the child is now waiting
             outer.cancel()
             raise StreamReset("closed the stream without answering")
     assert outer.cancel_called
