@@ -64,3 +64,24 @@ def test_256_peers_with_10_percent_churn_per_minute_converge() -> None:
     assert len(fails) >= crashed and len(leaves) == left
     steps = [c for c in swarm.completions if c[3] > start]
     assert max(k for _, k, _, _ in steps) > CHURN_MINUTES * 60.0 / swarm.step_time_s / 4
+
+
+def test_a_newcomer_that_downloads_state_first_trains_once_the_download_ends() -> None:
+    """With ``download_s`` the newcomer is admitted, fetches state for that long, then must begin its
+    admission step by itself (no negotiation event follows to wake it): else every member, waiting
+    for it in that synchronous step, stalls for good."""
+    swarm = NegotiationSwarm(
+        config=NegotiationConfig.lan(),
+        seed=11,
+        link=LinkProfile(latency_s=0.001, jitter_s=0.0),
+        step_time_s=0.2,
+        download_s=3.0,
+    )
+    swarm.preform(4)
+    swarm.run_for(1.0)
+    newcomer = swarm.spawn()
+    assert swarm.run_until(swarm.converged, timeout_s=30.0, step_s=0.2) is not None
+    swarm.run_for(5.0)
+    done = [(k, at) for peer, k, _, at in swarm.completions if peer == newcomer]
+    assert len(done) >= 5, f"the newcomer completed {len(done)} steps"
+    assert swarm.violations() == []

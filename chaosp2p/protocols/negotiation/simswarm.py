@@ -422,6 +422,9 @@ class NegotiationSwarm:
                     def ready(now: float, peer: SwarmPeer = peer) -> None:
                         if peer.running:
                             peer.trainer.active = True
+                            # Begin training now: a poke alone reaches the machine, and only
+                            # its events (there may be none) would have started the trainer.
+                            self._train(peer)
                             self.net.poke(peer.peer_id)
 
                     self._oracle.at(self.net.now + self.download_s, ready)
