@@ -76,10 +76,12 @@ def one_trial(peers: int, pace: float, fast: bool) -> dict[str, float]:
             first, first_metrics, info = start("p0", workdir, [], pace, fast)
             processes.append(first)
             files = [first_metrics]
+            victim_id = ""
             for index in range(1, peers):
-                process, metrics, _ = start(f"p{index}", workdir, [info["addrs"][0]], pace, fast)
+                process, metrics, ready = start(f"p{index}", workdir, [info["addrs"][0]], pace, fast)
                 processes.append(process)
                 files.append(metrics)
+                victim_id = ready["peer_id"]
 
             def steps(path: Path) -> list[dict[str, Any]]:
                 return [r for r in records(path) if "param_digest" in r and "step" in r]
@@ -91,20 +93,34 @@ def one_trial(peers: int, pace: float, fast: bool) -> dict[str, float]:
             killed_wall, killed_mono = time.time(), time.monotonic()
             victim.send_signal(signal.SIGKILL)
             survivors = files[:-1]
-            wait_for(
-                lambda: all(any(r["members"] == peers - 1 for r in steps(f)) for f in survivors), "survivors resume"
-            )
-            resumed = max(min(r["time"] for r in steps(f) if r["members"] == peers - 1) for f in survivors)
+
+            def after(path: Path) -> list[dict[str, Any]]:
+                # Steps completed after the kill without the victim (the run had fewer members
+                # while it formed, too).
+                return [r for r in steps(path) if r["time"] > killed_wall and r["members"] == peers - 1]
+
+            def failure() -> dict[str, Any] | None:
+                return next(
+                    (
+                        r
+                        for r in records(files[0])
+                        if r.get("event") == "operation"
+                        and r["kind"] == "fail"
+                        and r["subject"] == victim_id
+                        and r["detected_at"] >= killed_mono
+                    ),
+                    None,
+                )
+
+            wait_for(lambda: all(after(f) for f in survivors), "survivors resume")
+            resumed = max(min(r["time"] for r in after(f)) for f in survivors)
             # A peer writes a step's record before the events of that step: wait for the operation.
-            wait_for(
-                lambda: any(r.get("event") == "operation" and r["kind"] == "fail" for r in records(files[0])),
-                "the founder's record of the failure",
-                timeout_s=30,
-            )
-            operation = next(r for r in records(files[0]) if r.get("event") == "operation" and r["kind"] == "fail")
+            wait_for(lambda: failure() is not None, "the founder's record of the failure", timeout_s=30)
+            operation = failure()
+            assert operation is not None
             before_kill = [r["time"] for r in steps(files[0]) if r["time"] < killed_wall]
             intervals = [b - a for a, b in zip(before_kill[-21:], before_kill[-20:], strict=False)]
-            redo = next(r for r in steps(files[0]) if r["members"] == peers - 1)
+            redo = after(files[0])[0]
             return {
                 "detect_s": operation["detected_at"] - killed_mono,
                 "decide_ms": operation["decision_ms"],
