@@ -654,6 +654,9 @@ class Connection:
             if stream is None:
                 raise RemoteProtocolError(f"DATA for unknown stream {header.stream_id}")
             self.last_activity = self.last_received
+            if stream._orphaned_at is not None and header.length:
+                stream.reset()  # its handler is gone: nobody will read these bytes
+                return
             if direct is not None:
                 stream._direct_written(header.length)
             elif payload is not None:
@@ -709,15 +712,26 @@ class Connection:
         else:
             await stream.aclose()
             if self._mux.state(stream.stream_id) is not None:
-                # The handler is done but the remote is still sending: nobody will read it, so
-                # free the stream (and its window) instead of letting it count against the limit.
-                stream.reset()
+                if stream._buffered or stream._chunks:
+                    # The handler is done but the remote sent bytes nobody will read: free the
+                    # stream (and its window) instead of letting it count against the limit.
+                    stream.reset()
+                else:
+                    # Half-closed: a remote that read our answer and only then sends its FIN (the
+                    # usual request/response close) must not see a reset. Bounded: its next DATA
+                    # resets the stream, and so does the idle sweep.
+                    stream._orphaned_at = self._clock.now()
             self._maybe_forget(stream)
 
     def _cancel_idle_handlers(self, now: float) -> None:
         """Stream handlers have a default bound: one whose stream moved no byte for its idle timeout ends."""
         for stream in list(self._streams.values()):
             timeout = stream._idle_timeout_s
+            if stream._orphaned_at is not None:
+                # No handler left to cancel; a half-closed stream waits for its FIN this long at most.
+                if now - stream._orphaned_at > (timeout or self.config.handler_idle_timeout_s):
+                    stream.reset()
+                continue
             if timeout is None or stream._handler_scope is None or now - stream.last_activity <= timeout:
                 continue
             log.info("%s handler for %s idle for %.0f s: cancelled", stream.protocol, self.remote_peer, timeout)

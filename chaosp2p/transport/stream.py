@@ -53,6 +53,10 @@ class Stream:
         """Receive window this stream holds from the host's budget (remote-opened streams only)."""
         self._idle_timeout_s: float | None = None
         """Its handler is cancelled when no byte moved for this long (inbound streams)."""
+        self._orphaned_at: float | None = None
+        """When its handler returned with the remote's direction still open and nothing unread: the
+        stream stays half-closed until the remote's FIN, its next DATA (then it is reset), or the
+        idle timeout."""
         self.last_activity = connection.last_received
         """When a byte last moved on this stream (connection clock), for the handler idle timeout."""
 

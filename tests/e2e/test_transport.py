@@ -497,3 +497,46 @@ async def test_concurrent_reader_and_writer_on_a_new_stream_send_one_syn() -> No
             tg.start_soon(stream.send_frame, "ping")
         assert replies == ["pong"]
         assert await connection.request("echo", 1) == 1  # the connection survived
+
+
+async def answer_then_return(stream: Stream) -> None:
+    """Read one request (without waiting for the client's FIN), answer it, and return."""
+    request = await stream.receive_some()
+    await stream.send(b"answer to " + bytes(request), eof=True)
+
+
+async def test_a_handler_that_answered_and_returned_lets_the_client_close_after_reading() -> None:
+    """The usual request/response close: the client reads the answer, then sends its FIN. The
+    server's handler has returned by then; the stream waits half-closed instead of being reset
+    (the client's send_eof raised StreamReset before), and is forgotten once the FIN arrives."""
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_stream_handler("/chaos/answer/1", answer_then_return)
+        connection = await client.connect(addr)
+        stream = connection.open_stream("answer")
+        await stream.send(b"q")
+        answer = b""
+        while (chunk := await stream.receive_some()) != b"":
+            answer += bytes(chunk)
+        assert answer == b"answer to q"
+        served = host.connections_to(client.peer_id)[0]
+        await eventually(lambda: any(s._orphaned_at is not None for s in served._streams.values()))
+        await stream.send_eof()  # raised StreamReset while the server reset finished handlers' streams
+        await eventually(lambda: not served._streams)
+
+
+async def test_bytes_sent_after_the_handler_returned_reset_the_stream() -> None:
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        host.set_stream_handler("/chaos/answer/1", answer_then_return)
+        connection = await client.connect(addr)
+        stream = connection.open_stream("answer")
+        await stream.send(b"q")
+        while await stream.receive_some() != b"":
+            pass
+        served = host.connections_to(client.peer_id)[0]
+        await eventually(lambda: any(s._orphaned_at is not None for s in served._streams.values()))
+        await stream.send(b"more than anyone will read")
+        await eventually(lambda: not served._streams)  # reset, its window given back
+        with anyio.fail_after(10), pytest.raises(StreamReset):
+            while True:
+                await stream.send(b"x")
+                await anyio.sleep(0.05)
