@@ -213,8 +213,9 @@ def wait_steady(members: list[Proc], count: int, steps: int) -> None:
     """Until every member completed ``steps`` steps in a row with ``count`` members."""
 
     def steady() -> bool:
-        for proc in members:
+        for proc in members:  # every member's liveness first: a crash must end the wait at once
             proc.check_alive()
+        for proc in members:
             tail = proc.steps()[-steps:]
             if len(tail) < steps or any(r["members"] != count for r in tail):
                 return False
