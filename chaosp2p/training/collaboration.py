@@ -67,7 +67,7 @@ from chaosp2p.training.feed import SnapshotWaiters, UpdateFeed
 from chaosp2p.training.flat import FlatParameters, layout_digest, parameter_digest
 from chaosp2p.training.messages import PROTOCOL, FetchUpdate, SnapshotReply, SnapshotRequest, UpdateHeader, codec
 from chaosp2p.training.outer import OuterState
-from chaosp2p.training.vouch import Vouch, choose_vouched_state, read_vouches, sign_vouch
+from chaosp2p.training.vouch import Vouch, choose_vouched_state, read_vouches, sign_vouch, vouched_reply
 from chaosp2p.wire.identity import PeerID
 
 if TYPE_CHECKING:
@@ -629,14 +629,7 @@ class AsyncCollaboration:
         if found is None:
             return SnapshotReply(ok=False, step=request.step, reason=refusal or "no vouch for that step")
         vouch, config = found
-        return SnapshotReply(
-            ok=True,
-            step=request.step,
-            state_digest=vouch.state_digest,
-            config_digest=vouch.config_digest,
-            signature=vouch.signature,
-            configuration=b"" if config.digest == request.config_digest else config.encode(),
-        )
+        return vouched_reply(vouch, config, asker_config_digest=request.config_digest)
 
     # ------------------------------------------------------------------ joining
     async def _check_resync(self) -> None:

@@ -109,6 +109,19 @@ def sign_vouch(identity: Identity, *, run: str, step: int, state_digest: bytes, 
     )
 
 
+def vouched_reply(vouch: Vouch, config: Configuration, *, asker_config_digest: bytes) -> SnapshotReply:
+    """The ``ok`` answer to a snapshot request carrying ``vouch``; ``config`` (what governed the
+    step) travels along only when the asker does not already hold it."""
+    return SnapshotReply(
+        ok=True,
+        step=vouch.step,
+        state_digest=vouch.state_digest,
+        config_digest=vouch.config_digest,
+        signature=vouch.signature,
+        configuration=b"" if config.digest == asker_config_digest else config.encode(),
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VouchedState:
     """The outcome of :func:`choose_vouched_state`."""
@@ -262,4 +275,5 @@ __all__ = [
     "read_vouches",
     "sign_vouch",
     "vouch_statement",
+    "vouched_reply",
 ]

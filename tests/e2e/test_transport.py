@@ -536,7 +536,4 @@ async def test_bytes_sent_after_the_handler_returned_reset_the_stream() -> None:
         await eventually(lambda: any(s._orphaned_at is not None for s in served._streams.values()))
         await stream.send(b"more than anyone will read")
         await eventually(lambda: not served._streams)  # reset, its window given back
-        with anyio.fail_after(10), pytest.raises(StreamReset):
-            while True:
-                await stream.send(b"x")
-                await anyio.sleep(0.05)
+        await eventually(lambda: isinstance(stream._error, StreamReset))  # and the client was told

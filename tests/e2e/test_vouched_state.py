@@ -26,7 +26,7 @@ from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.state.torch_adapter import publish_torch  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig  # noqa: E402
 from chaosp2p.training.messages import SnapshotReply, SnapshotRequest  # noqa: E402
-from chaosp2p.training.vouch import sign_vouch  # noqa: E402
+from chaosp2p.training.vouch import sign_vouch, vouched_reply  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 RUN = "vouched-run"
@@ -69,14 +69,7 @@ class LyingCollaboration(AsyncCollaboration):
             config_digest=config.digest,
         )
         self.lied_about.append(request.step)
-        return SnapshotReply(
-            ok=True,
-            step=request.step,
-            state_digest=vouch.state_digest,
-            config_digest=vouch.config_digest,
-            signature=vouch.signature,
-            configuration=b"" if config.digest == request.config_digest else config.encode(),
-        )
+        return vouched_reply(vouch, config, asker_config_digest=request.config_digest)
 
 
 class Member:
