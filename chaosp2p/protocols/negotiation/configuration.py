@@ -25,6 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaosp2p.protocols.negotiation.config import MAX_STEP
+from chaosp2p.protocols.negotiation.configuration_columns import (
+    DELETE,
+    INSERT,
+    SET,
+    MemberEdits,
+    digest_of,
+    pack_columns,
+)
 from chaosp2p.protocols.negotiation.operations import (
     DIGEST_BYTES,
     MEMBER_KINDS,
@@ -142,7 +150,7 @@ class Configuration:
     _departed_raws: tuple[bytes, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _members: tuple[MemberEntry, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _shares: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
-    _packed: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    _columns: tuple[bytes, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     # Lookup tables are built on first use (next_configuration hands over the member ids it has).
     def ids(self) -> tuple[bytes, ...]:
@@ -260,14 +268,19 @@ class Configuration:
             [[d.peer_id.raw, d.incarnation, d.epoch, d.activation_step] for d in self.departed],
         ]
 
+    def packed_columns(self) -> tuple[bytes, ...]:
+        """The body's packed items in ``configuration_columns.PIECES`` pieces (packed once; the
+        next epoch's configuration reuses them)."""
+        columns = self._columns
+        if columns is None:
+            columns = pack_columns(self, None)
+            object.__setattr__(self, "_columns", columns)
+        return columns
+
     def packed_body(self) -> bytes:
         """The msgpack encodings of the body's items, concatenated (no array header): the digest
         and the wire form are both a 12-item array around these bytes, so they are packed once."""
-        packed = self._packed
-        if packed is None:
-            packed = _packed_items(self.body())
-            object.__setattr__(self, "_packed", packed)
-        return packed
+        return b"".join(self.packed_columns())
 
     def encode(self) -> bytes:
         """The wire form: the canonical array followed by the digest."""
@@ -278,19 +291,6 @@ _ARRAY_12 = pack([None] * 12)[:1]
 """msgpack header of a 12-item array: the digest covers [domain, *11 body items] and the wire
 form is [*11 body items, digest]."""
 _DIGEST_PREFIX = _ARRAY_12 + pack(_CONFIG_DOMAIN)
-
-
-_ARRAY_11 = pack([None] * 11)[:1]
-
-
-def _packed_items(body: list[Any]) -> bytes:
-    packed = pack(body)
-    assert packed[:1] == _ARRAY_11  # 11 items: a one-byte (fixarray) header to strip
-    return packed[1:]
-
-
-def _digest(packed_items: bytes) -> bytes:
-    return hashlib.sha256(_DIGEST_PREFIX + packed_items).digest()
 
 
 def quorum(config: Configuration) -> int:
@@ -346,9 +346,11 @@ def make_configuration(
     since_steps: Sequence[int] | None = None,
     departed: Sequence[DepartedEntry] = (),
     ids: Sequence[bytes] | None = None,
+    spliced_from: tuple[Configuration, MemberEdits] | None = None,
 ) -> Configuration:
     """Build a configuration (peers already sorted) and its digest; ``shares``, if given, seeds the
-    cache of the (derived) batch shares."""
+    cache of the (derived) batch shares. ``spliced_from`` = (C_e, the edits of its member columns)
+    lets ``next_configuration`` splice the packed body from C_e's (``configuration_columns``)."""
     config = Configuration(
         run=run,
         epoch=epoch,
@@ -367,7 +369,9 @@ def make_configuration(
         object.__setattr__(config, "_shares", tuple(shares))
     if ids is not None:
         object.__setattr__(config, "_raws", tuple(ids))
-    object.__setattr__(config, "digest", _digest(config.packed_body()))
+    columns = pack_columns(config, spliced_from)
+    object.__setattr__(config, "_columns", columns)
+    object.__setattr__(config, "digest", digest_of(_DIGEST_PREFIX, columns))
     return config
 
 
@@ -525,6 +529,9 @@ def next_configuration(
             )
             departed_changed = True
     members_changed = False
+    # What changed in the member columns, in order: C_{e+1}'s packed columns are spliced from C_e's.
+    edits: MemberEdits = ([], [], [], [])
+    e_ids, e_incs, e_thrs, e_since = edits
     results: list[AppliedOp] = [AppliedOp(op_id=i, op=op, applied=False) for i, op in unsettled]
     results.extend(AppliedOp(op_id=i, op=op, applied=False) for i, op in _dropped(ops, dropped))
     for ident, op in ordered:
@@ -540,6 +547,8 @@ def next_configuration(
                     peer_id=peers[i], incarnation=incs[i], epoch=prev.epoch + 1, activation_step=activation_step
                 )
                 del raws[i], peers[i], incs[i], thrs[i], since[i]
+                for column in edits:
+                    column.append((DELETE, i, None))
                 removed.add(raw)
                 members_changed = applied = departed_changed = True
         elif kind is OpKind.JOIN:
@@ -547,6 +556,9 @@ def next_configuration(
                 incs[i] = op.incarnation
                 thrs[i] = op.throughput_samples_per_s
                 since[i] = activation_step
+                e_incs.append((SET, i, op.incarnation))
+                e_thrs.append((SET, i, op.throughput_samples_per_s))
+                e_since.append((SET, i, activation_step))
                 members_changed = applied = True
             elif not present:
                 raws.insert(i, raw)
@@ -554,6 +566,10 @@ def next_configuration(
                 incs.insert(i, op.incarnation)
                 thrs.insert(i, op.throughput_samples_per_s)
                 since.insert(i, activation_step)
+                e_ids.append((INSERT, i, raw))
+                e_incs.append((INSERT, i, op.incarnation))
+                e_thrs.append((INSERT, i, op.throughput_samples_per_s))
+                e_since.append((INSERT, i, activation_step))
                 removed.discard(raw)
                 if departed.pop(raw, None) is not None:
                     departed_changed = True
@@ -561,6 +577,7 @@ def next_configuration(
         elif kind is OpKind.THROUGHPUT:
             if present and incs[i] == op.incarnation:
                 thrs[i] = op.throughput_samples_per_s
+                e_thrs.append((SET, i, op.throughput_samples_per_s))
                 members_changed = applied = True
         else:
             other = op.other
@@ -600,6 +617,7 @@ def next_configuration(
         since_steps=since,
         ids=raws,
         departed=tuple(departed[k] for k in sorted(departed)) if departed_changed else prev.departed,
+        spliced_from=(prev, edits),
     )
     return config, tuple(results)
 

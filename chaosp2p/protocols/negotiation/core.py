@@ -8,7 +8,7 @@ decisions, catch-up and joins (``learning.py``) build on it; ``machine.py`` puts
 
 from __future__ import annotations
 
-import dataclasses
+import bisect
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -483,11 +483,18 @@ class MachineCore:
         targets = list(peers) if me < 0 else [*peers[:me], *peers[me + 1 :]]
         size = math.isqrt(len(targets) - 1) + 1
         down = self._down
+        out = self._outgoing
+        relayed = message.relayed
+        sent = 0
         for start in range(0, len(targets), size):
             group = targets[start : start + size]
-            relay = next((p for p in group if p.raw not in down), group[0])
+            relay = group[0]
+            if down and relay.raw in down:
+                relay = next((p for p in group if p.raw not in down), relay)
             rest = group[1:] if relay is group[0] else [p for p in group if p is not relay]
-            self._send(relay, dataclasses.replace(message, relay_to=tuple(rest)))
+            out.append(Outgoing(to=relay, protocol=PROTOCOL, message=relayed(tuple(rest))))
+            sent += 1
+        self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + sent
 
     def _forward(self, rec: RunRecord, sender: PeerID, message: Accept | Commit) -> None:
         """Pass on a relayed ACCEPT/COMMIT to the members it names (only for members of C_e)."""
@@ -495,8 +502,16 @@ class MachineCore:
         if not message.relay_to or config is None or not config.has_member(sender):
             return
         me = self.local_peer.raw
-        targets = [p for p in message.relay_to if p.raw != me and config.index_of(p) >= 0]
-        self._broadcast(targets, dataclasses.replace(message, relay_to=()))
+        raws = config.ids()
+        n = len(raws)
+        targets = []
+        for peer in message.relay_to:
+            raw = peer.raw
+            if raw != me:
+                i = bisect.bisect_left(raws, raw)
+                if i < n and raws[i] == raw:  # still a member of C_e
+                    targets.append(peer)
+        self._broadcast(targets, message.relayed(()))
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1

@@ -234,6 +234,18 @@ class Accept(Message):
         check_uint(self.epoch, "epoch")
         check_count(len(self.relay_to), WIRE_MAX_RELAY, "relay targets")
 
+    def relayed(self, relay_to: tuple[PeerID, ...]) -> Accept:
+        """This ACCEPT with other relay targets. A direct constructor call: ``dataclasses.replace``
+        costs ~10 us, and one dissemination in a run of 1024 members makes ~32 copies."""
+        return Accept(
+            run=self.run,
+            epoch=self.epoch,
+            ballot=self.ballot,
+            value=self.value,
+            adopted=self.adopted,
+            relay_to=relay_to,
+        )
+
 
 @codec.register(NegotiationMessageType.ACCEPTED)
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,6 +308,17 @@ class Commit(Message):
         _check_digest(self.digest)
         _check_configuration(self.configuration)
         check_count(len(self.relay_to), WIRE_MAX_RELAY, "relay targets")
+
+    def relayed(self, relay_to: tuple[PeerID, ...]) -> Commit:
+        """This COMMIT with other relay targets (see :meth:`Accept.relayed`)."""
+        return Commit(
+            run=self.run,
+            epoch=self.epoch,
+            value=self.value,
+            digest=self.digest,
+            configuration=self.configuration,
+            relay_to=relay_to,
+        )
 
 
 @codec.register(NegotiationMessageType.SYNC)
