@@ -7,10 +7,11 @@ The driver is deliberately thin: it decodes incoming datagrams with the protocol
 ``take_events()``. A timer task sleeps until ``machine.next_deadline()`` (woken early whenever a
 call may have moved the deadline) and then calls ``handle_timeout``. It makes no protocol decisions.
 
-Outgoing messages go to a small queue per destination, drained by one sender task per peer, so a
-slow or unreachable peer never blocks the machine or the other peers. A queue that is full drops
-the message (datagram semantics: the protocols above tolerate loss). A failure to connect or send
-is reported to the machine with ``peer_unreachable``.
+A message to a peer with an open connection that nothing else is writing to goes to the kernel at
+once, from the calling task. Otherwise it goes to a small queue per destination, drained by one
+sender task per peer, so a slow or unreachable peer never blocks the machine or the other peers.
+A queue that is full drops the message (datagram semantics: the protocols above tolerate loss).
+A failure to connect or send is reported to the machine with ``peer_unreachable``.
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ class MachineDriver:
         if outgoing.to == self.host.peer_id:
             return
         queue = self._queues.get(outgoing.to)
-        if queue is None:
+        if queue is None:  # nothing waits to go to this peer, so nothing can be overtaken
+            body = codec.encode(outgoing.message)
+            if self._send_now(outgoing.to, outgoing.protocol, body):
+                return
             # Every queue has a sender draining it, so wait_sent() can count on progress: a peer
             # that would need a sender beyond the cap gets no queue at all (its message is dropped).
             if len(self._senders) >= MAX_SENDERS:
@@ -144,11 +148,24 @@ class MachineDriver:
         elif len(queue) >= MAX_QUEUED_PER_PEER:
             self.dropped_outgoing += 1
             return
-        queue.append((outgoing.protocol, codec.encode(outgoing.message)))
+        else:
+            body = codec.encode(outgoing.message)
+        queue.append((outgoing.protocol, body))
         if outgoing.to in self._senders:
             return  # its sender task drains the queue until empty
         self._senders.add(outgoing.to)
         self._task_group.start_soon(self._sender, outgoing.to, name=f"chaosp2p {self.name} sender")
+
+    def _send_now(self, peer: PeerID, protocol: str, body: bytes) -> bool:
+        """Hand ``body`` to an open, idle connection from the calling task (no sender task, no wait
+        for the event loop to schedule one: each protocol hop costs a scheduling round otherwise)."""
+        connection = self.host.connection(peer)
+        if connection is None:
+            return False
+        try:
+            return connection.try_send_message_nowait(protocol, body)
+        except ChaosError:
+            return False  # e.g. the remote does not serve the protocol: the sender task reports it
 
     async def _sender(self, peer: PeerID) -> None:
         queue = self._queues[peer]

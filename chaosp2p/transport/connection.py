@@ -148,6 +148,9 @@ class Connection:
         self._message_handler = message_handler
         self._streams: dict[int, Stream] = {}
         self._send_lock = anyio.Lock()
+        self._unsent: bytes | None = None
+        """The tail of a record :meth:`try_send_message_nowait` could not hand to the kernel at
+        once; the next writer sends it first (under the send lock), so records never interleave."""
         self._send_buffer = bytearray(config.max_record_bytes + TAG_BYTES)
         self._receive_buffer = bytearray(config.max_record_bytes + TAG_BYTES)
         self._initial = bytearray(initial_bytes)
@@ -324,6 +327,55 @@ class Connection:
             raise ValueError("message larger than one record")
         await self._send_record(FrameType.MESSAGE, Flag.NONE, 0, 0, payload)
 
+    def try_send_message_nowait(self, protocol_name: str, body: bytes, majors: tuple[int, ...] = (1,)) -> bool:
+        """Send a datagram-style message now, from the calling task, if nothing else is writing.
+
+        True if the record went to the kernel (if the socket buffer took only part of it, the rest
+        goes first in the next write, so records never interleave). False if the caller must use
+        :meth:`send_message` instead: the connection is closed or not started, another record is
+        being written, or link shaping is on. Small latency-critical protocols (negotiation) save
+        a task switch and a wait for the event loop per message this way.
+        """
+        if (
+            self.closed
+            or self.remote_hello is None
+            or self._task_group is None
+            or self._unsent is not None
+            or self._send_lock.locked()
+            or self._shaper is not None
+            or self._links is not None
+        ):
+            return False
+        protocol = self._choose(protocol_name, majors)
+        payload = pack([str(protocol), body])
+        length = len(payload)
+        if length > self.config.max_record_bytes:
+            raise ValueError("message larger than one record")
+        header = RecordHeader(length, FrameType.MESSAGE, Flag.NONE, 0, 0).pack()
+        sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
+        self._sealer.seal_into(header, memoryview(payload), sealed)
+        # From here the record is sealed (its nonce used): it must reach the wire whole or the
+        # connection must close.
+        try:
+            sent = self._sock.sendmsg([header, sealed])
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._mark_closed(f"connection lost: {exc}")
+            return False
+        if sent < len(header) + len(sealed):
+            self._unsent = (header + bytes(sealed))[sent:]
+            self._task_group.start_soon(self._flush_unsent)
+        self._count_sent(FrameType.MESSAGE, length)
+        return True
+
+    async def _flush_unsent(self) -> None:
+        try:
+            async with self._send_lock:
+                await self._send_locked(())
+        except ChaosError:
+            pass  # the connection is closed (and says why); the record's sender treats it as lost
+
     async def ping(self) -> float:
         """Measure one round trip at the connection level (seconds)."""
         self._ping_counter = (self._ping_counter + 1) & 0xFFFFFFFF
@@ -472,13 +524,23 @@ class Connection:
             self._hold(header, sealed, delay)
             self._count_sent(kind, length)
             return
+        await self._send_locked((header, sealed))
+        self._count_sent(kind, length)
+
+    async def _send_locked(self, buffers: tuple[bytes | memoryview, ...]) -> None:
+        """Write ``buffers`` after any unsent tail of a record (the send lock is held)."""
+        if self._unsent is not None:
+            buffers = (self._unsent, *buffers)
+            self._unsent = None
+        if not buffers:
+            return
         # A record is all or nothing: cancelling the writer halfway would leave a torn record that
         # desynchronizes the stream for every other user of the connection. So the write is
         # shielded from cancellation, bounded instead by the dead-connection timeout.
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.move_on_after(self.config.dead_connection_timeout_s) as stalled:
-                    await send_all(self._sock, (header, sealed))
+                    await send_all(self._sock, buffers)
             except ConnectionClosed as exc:
                 self._mark_closed(str(exc))
                 raise
@@ -487,7 +549,6 @@ class Connection:
         if stalled.cancelled_caught:
             self._mark_closed("the remote stopped reading")
             raise ConnectionClosed(f"connection to {self.remote_peer.short()}: the remote stopped reading")
-        self._count_sent(kind, length)
 
     def _count_sent(self, kind: FrameType, length: int) -> None:
         now = self._clock.now()

@@ -34,6 +34,9 @@ class UnreachableHost:
     def set_message_handler(self, protocol: object, handler: object) -> None:
         pass
 
+    def connection(self, peer: PeerID) -> None:
+        return None  # never connected: every message goes through a sender task and its dial
+
     async def connection_to(self, peer: PeerID, addrs: Sequence[Multiaddr] = ()) -> Any:
         await self.release.wait()
         raise PeerUnreachable(f"{peer} is down")
