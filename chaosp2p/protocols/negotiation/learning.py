@@ -62,6 +62,8 @@ from chaosp2p.wire.identity import PeerID
 
 _MAX_QUERIES = 1024
 """Outstanding RUN_INFO requests remembered (the oldest is forgotten first)."""
+_MAX_SPONSORED = 256
+"""Newcomers per run whose admission we pass on (the oldest is forgotten first)."""
 
 
 class Learning(MachineCore):
@@ -90,7 +92,31 @@ class Learning(MachineCore):
         if not config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
-        self._learn(now, rec, CommitRecord(epoch=msg.epoch, value=msg.value, digest=msg.digest), sender)
+        learned = self._learn(now, rec, CommitRecord(epoch=msg.epoch, value=msg.value, digest=msg.digest), sender)
+        if learned and rec.sponsored and rec.config is not None:
+            self._pass_admissions(rec, config, msg)
+
+    def _pass_admissions(self, rec: RunRecord, old: Configuration, msg: Commit) -> None:
+        """Send the COMMIT we just applied, with its configuration, to the newcomers we sponsor that
+        it admits. The proposer sends it too, but it may hold no connection or address for them
+        yet (membership spreads a newcomer's address only over the next heartbeats); we do, since
+        they asked us. It is the same decided value: the newcomer checks it like the proposer's
+        (spec sections 6 and 9)."""
+        config = rec.config
+        assert config is not None
+        full: Commit | None = None
+        for raw, (peer, incarnation) in list(rec.sponsored.items()):
+            held = config.incarnation_of(peer)
+            if held is None or held < incarnation:
+                continue  # not admitted (yet)
+            del rec.sponsored[raw]
+            before = old.incarnation_of(peer)
+            if before is not None and before >= incarnation:
+                continue  # admitted earlier, by a commit we learned elsewhere: its retry serves it
+            if full is None:
+                encoded = self._encoded(rec)
+                full = Commit(run=rec.run, epoch=msg.epoch, value=msg.value, digest=msg.digest, configuration=encoded)
+            self._send(peer, full)
 
     def _learn(self, now: float, rec: RunRecord, record: CommitRecord, sender: PeerID) -> bool:
         """Apply a decided value learned from ``sender`` after checking it; False if refused."""
@@ -216,6 +242,7 @@ class Learning(MachineCore):
         rec.pending_fails.clear()
         rec.pending_joins.clear()
         rec.pending_evicts.clear()
+        rec.sponsored.clear()
         rec.reset_instance()
         rec.sync_at = now + self.config.sync_interval_s if self._lame_duck(rec) else None
         config = rec.config
@@ -333,9 +360,12 @@ class Learning(MachineCore):
             known = join.known
             trusted = config.has_member(sender) or (known is not None and known.has_member(sender))
             mine = config.incarnation_of(self.local_peer)
-            if not trusted or mine is None or mine < join.incarnation:
+            # Only a configuration holding the JOIN we signed in this attempt admits us: a delayed
+            # or duplicated COMMIT of an earlier admission (an incarnation since removed) would
+            # put us back under a configuration the run has replaced (spec section 9, joins).
+            if not trusted or mine is None or join.op is None or mine < join.op.incarnation:
                 return
-            self._admit(now, rec, config)
+            self._admit(now, rec, config, sender)
             return
         if not (config.has_member(sender) or (rec.config is not None and rec.config.has_member(sender))):
             self._reject(rec.run, "not_member", sender)
@@ -394,8 +424,29 @@ class Learning(MachineCore):
         if rec is None or rec.state not in MEMBER_STATES or rec.config is None:
             self._send(sender, RunInfoReply(run=msg.run, request_id=msg.request_id))
             return
-        reply = RunInfoReply(run=msg.run, request_id=msg.request_id, configuration=self._encoded(rec), step=rec.entered)
-        self._send(sender, reply)
+        raw = self._encoded_for(rec, sender)
+        self._send(sender, RunInfoReply(run=msg.run, request_id=msg.request_id, configuration=raw, step=rec.entered))
+
+    def _encoded_for(self, rec: RunRecord, peer: PeerID) -> bytes:
+        """The configuration to hand ``peer``: our newest, unless ``peer`` is a member that may not
+        have learned its admission yet (its COMMIT was lost; we completed no step it takes part
+        in, which no step can be without it) and configurations committed since then activate
+        after its first step. Then it gets the newest one governing that step (the one that
+        admitted it, or a later one activating earlier), and catches up from there through SYNC:
+        a newcomer handed only the newest configuration would know none for the steps before its
+        activation step, which the members count on it for."""
+        config = rec.config
+        assert config is not None
+        i = config.index_of(peer)
+        if i < 0 or config.activation_step <= config.since_steps[i] or config.since_steps[i] <= rec.completed:
+            return self._encoded(rec)
+        since, incarnation = config.since_steps[i], config.incarnations[i]
+        for older in reversed(rec.configs):
+            if older.activation_step <= since:
+                if older.incarnation_of(peer) == incarnation:
+                    return older.encode()
+                break
+        return self._encoded(rec)  # beyond our history: the newest is all we can give
 
     def _on_run_info(self, now: float, sender: PeerID, msg: RunInfoReply) -> None:
         query = self._queries.pop(msg.request_id, None)
@@ -433,7 +484,7 @@ class Learning(MachineCore):
         join.attempt = 1
         mine = config.incarnation_of(self.local_peer)
         if mine is not None and mine >= join.incarnation:
-            self._admit(now, rec, config)  # our admission commit was lost; this is the configuration
+            self._admit(now, rec, config, sender)  # our admission commit was lost; this is the configuration
             return
         gone = config.departed_incarnation(self.local_peer)
         incarnation = max(join.incarnation, -1 if gone is None else gone + 1, -1 if mine is None else mine + 1)
@@ -490,9 +541,11 @@ class Learning(MachineCore):
         config = rec.config
         held = config.incarnation_of(sender)
         if ident in rec.applied or (held is not None and held >= op.incarnation):
-            self._send(sender, SyncReply(run=msg.run, snapshot=self._encoded(rec)))  # already admitted
+            snapshot = self._encoded_for(rec, sender)
+            self._send(sender, SyncReply(run=msg.run, snapshot=snapshot))  # already admitted
             return
         if ident in rec.pending:
+            self._sponsor(rec, sender, op.incarnation)
             self._announce(rec, (op,))  # a retry: the first announcement may have been lost
             return
         reason = check_operation(op, config)
@@ -500,11 +553,19 @@ class Learning(MachineCore):
             self._reject(msg.run, reason, sender)
             self._send(sender, JoinRefusedMessage(run=msg.run, reason=reason))
             return
+        self._sponsor(rec, sender, op.incarnation)
         if self._admit_ops(now, rec, (op,), sender):
             self._announce(rec, (op,))
             self._ops_became_pending(now, rec)
 
-    def _admit(self, now: float, rec: RunRecord, config: Configuration) -> None:
+    def _sponsor(self, rec: RunRecord, newcomer: PeerID, incarnation: int) -> None:
+        sponsored = rec.sponsored
+        sponsored.pop(newcomer.raw, None)
+        sponsored[newcomer.raw] = (newcomer, incarnation)
+        if len(sponsored) > _MAX_SPONSORED:
+            del sponsored[next(iter(sponsored))]  # the oldest request; its newcomer still retries
+
+    def _admit(self, now: float, rec: RunRecord, config: Configuration, sender: PeerID | None = None) -> None:
         rec.state = transition(rec.state, RunEvent.ADMIT)
         rec.configs.clear()
         rec.history.clear()
@@ -518,6 +579,11 @@ class Learning(MachineCore):
         self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
         since = config.since_steps[config.index_of(self.local_peer)]
         self._events.append(Admitted(run=rec.run, configuration=config, activation_step=since))
+        if sender is not None:
+            # The configuration that admitted us may have been replaced already (its COMMIT came
+            # late, or a member handed us the one governing our first step): catch up at once
+            # instead of at the first SYNC beacon. Nothing newer: no answer.
+            self._request_sync(rec, sender)
 
     def _on_announce(self, now: float, sender: PeerID, msg: OpsAnnounce) -> None:
         rec = self._runs.get(msg.run)
