@@ -5,7 +5,9 @@ answering a late PREPARE/ACCEPT), after checking every operation and the resulti
 neighbours exchange SYNC beacons; a member that is behind asks for the missing commits and gets
 them, or the whole current configuration when the gap exceeds the history. Newcomers ask a member
 for the run's configuration (RUN_INFO), sign a JOIN against it and are admitted by the COMMIT that
-carries the configuration including them.
+carries the configuration including them -- the proposer's copy, or the one the members they asked
+pass on (they hold a connection to the newcomer; the proposer may not). Spec section 9 argues why
+a late admission is safe and which two are refused.
 """
 
 from __future__ import annotations
