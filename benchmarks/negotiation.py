@@ -16,7 +16,8 @@ decision latency.
     gate) and COMMIT (checks, C_{e+1}, digest). Fresh machines per trial, so every signature is
     verified once where a real peer would verify it. Percentiles are over trials. Python's garbage
     collector runs with its default settings, so a collection that falls into a call counts in
-    that call's time; the JOIN's newcomer (another process) is dropped once it has sent its JOIN.
+    that call's time; the JOIN's newcomer (another process) is dropped once it has sent its JOIN,
+    and each size and kind starts after one full collection (a peer that has been running).
 
 (b) Decision latency, simulated (virtual time, exact for a seed, no CPU cost modelled): n members
     with one-way link latencies between 0.5 and 50 ms (RTT 1-100 ms; each peer sits at a random
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -100,6 +102,11 @@ class LocalBench:
             since_steps=[0] * n,
         )
         self.now = 10.0
+        # Measure from a steady state: what exists before the first trial (imported modules, this
+        # simulated run) goes to the oldest GC generation, as in a peer that has been running for
+        # a while. Otherwise the first young collections, which fall into measured calls, scan
+        # thousands of import-time objects once. Collections caused by the trials are not touched.
+        gc.collect()
 
     def machine(self, peer: PeerID) -> NegotiationMachine:
         machine = NegotiationMachine(
