@@ -17,6 +17,7 @@ A failure to connect or send is reported to the machine with ``peer_unreachable`
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -70,6 +71,8 @@ class MachineDriver:
         self._on_event = on_event or (lambda event: None)
         self._after_flush = after_flush
         self._wake = anyio.Event()
+        self._armed = -math.inf
+        """The deadline the timer task sleeps until (inf: none; -inf: not sleeping)."""
         self._queues: dict[PeerID, deque[tuple[str, bytes]]] = {}
         self._senders: set[PeerID] = set()
         self._progress = anyio.Event()
@@ -101,8 +104,9 @@ class MachineDriver:
 
     def flush(self) -> None:
         """Send queued messages, forward events, and re-arm the timer."""
+        encoded: dict[int, bytes] = {}  # one message sent to many peers is encoded once
         for outgoing in self.machine.take_outgoing():
-            self._enqueue(outgoing)
+            self._enqueue(outgoing, encoded)
         take_events = getattr(self.machine, "take_events", None)
         if take_events is not None:
             for event in take_events():
@@ -112,7 +116,12 @@ class MachineDriver:
                     log.exception("%s event handler failed", self.name)
         if self._after_flush is not None:
             self._after_flush()
-        self._wake.set()
+        # Wake the timer task only if the machine now wants it earlier than it sleeps: a deadline
+        # that moved later just costs the task one early look (most calls change no timer, and
+        # waking it on each would cost a task switch per message and per reported step).
+        deadline = self.machine.next_deadline()
+        if deadline is not None and deadline < self._armed:
+            self._wake.set()
 
     # ------------------------------------------------------------------ timers
     async def _timer_loop(self) -> None:
@@ -121,22 +130,24 @@ class MachineDriver:
             deadline = self.machine.next_deadline()
             now = self._clock.now()
             if deadline is not None and deadline <= now:
+                self._armed = -math.inf  # running the timeout now: nothing needs to wake us
                 self.call(self.machine.handle_timeout)
                 await anyio.lowlevel.checkpoint()
                 continue
+            self._armed = math.inf if deadline is None else deadline
             with anyio.move_on_after(None if deadline is None else deadline - now):
                 await self._wake.wait()
 
     # ------------------------------------------------------------------ output to the network
-    def _enqueue(self, outgoing: Outgoing) -> None:
+    def _enqueue(self, outgoing: Outgoing, encoded: dict[int, bytes] | None = None) -> None:
         codec = self._codecs.get(outgoing.protocol)
         if codec is None:
             raise ChaosError(f"{self.name} sent on unregistered protocol {outgoing.protocol!r}")
         if outgoing.to == self.host.peer_id:
             return
         queue = self._queues.get(outgoing.to)
+        body = self._encode(codec, outgoing.message, encoded)
         if queue is None:  # nothing waits to go to this peer, so nothing can be overtaken
-            body = codec.encode(outgoing.message)
             if self._send_now(outgoing.to, outgoing.protocol, body):
                 return
             # Every queue has a sender draining it, so wait_sent() can count on progress: a peer
@@ -148,13 +159,20 @@ class MachineDriver:
         elif len(queue) >= MAX_QUEUED_PER_PEER:
             self.dropped_outgoing += 1
             return
-        else:
-            body = codec.encode(outgoing.message)
         queue.append((outgoing.protocol, body))
         if outgoing.to in self._senders:
             return  # its sender task drains the queue until empty
         self._senders.add(outgoing.to)
         self._task_group.start_soon(self._sender, outgoing.to, name=f"chaosp2p {self.name} sender")
+
+    @staticmethod
+    def _encode(codec: MessageCodec, message: Any, encoded: dict[int, bytes] | None) -> bytes:
+        if encoded is None:
+            return codec.encode(message)
+        body = encoded.get(id(message))  # the message objects outlive the flush: ids stay unique
+        if body is None:
+            body = encoded[id(message)] = codec.encode(message)
+        return body
 
     def _send_now(self, peer: PeerID, protocol: str, body: bytes) -> bool:
         """Hand ``body`` to an open, idle connection from the calling task (no sender task, no wait
