@@ -5,7 +5,10 @@ the run (``--found``) or joins it through the negotiation service (``--join ADDR
 the peer at ADDR), then runs a stand-in step loop -- before each step it asks the service for the
 configuration governing it (waiting while a pending change gates it), reports the step entered,
 sleeps ``--pace`` seconds and reports it completed -- so that activation steps, gates and urgent
-values behave as they do under training, without any model or averaging.
+values behave as they do under training, without any model or averaging. With ``--clock-base`` the
+members step in lockstep on the machine's shared monotonic clock, as synchronous training does
+(nobody runs steps ahead of the others; without it members drift apart by their scheduling delays,
+and an urgent FAIL value's step is then often already completed by some, who refuse it).
 
 It logs JSON lines to ``--log-file``: ``ready``, every ``OperationCommitted`` (``op``) and
 ``ConfigurationCommitted`` (``config``) with the machine's timestamps, ``admitted``, ``removed``,
@@ -33,7 +36,7 @@ from typing import IO, Any
 import anyio
 
 from chaosp2p.api import open_peer
-from chaosp2p.protocols.membership import MembershipConfig
+from chaosp2p.protocols.membership import LinkDown, LinkUp, MembershipConfig
 from chaosp2p.protocols.negotiation import (
     Admitted,
     ConfigurationCommitted,
@@ -47,6 +50,82 @@ from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
 RUN = "bench-negotiation"
+PROFILER: Any = None
+PROTOCOL = "negotiation"
+
+
+class Trace:
+    """Per-message hop log (``--trace``): every negotiation message this peer queued, sent, received.
+
+    Records are ``[what, message type, peer, epoch, monotonic time, process CPU s]`` kept in memory
+    and written every half second (not per message: the log must not cost what it measures). A
+    SIGKILLed peer loses its last half second, which is after the operations it takes part in.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[list[Any]] = []
+
+    def add(self, what: str, kind: str, peer: object, epoch: int | None) -> None:
+        self.records.append([what, kind, str(peer)[:12], epoch, time.monotonic(), time.process_time()])
+
+    def flush(self) -> None:
+        if self.records:
+            with self.path.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in self.records)
+            self.records.clear()
+
+    def install(self, peer: Any) -> None:
+        """Wrap the negotiation driver's input, queueing and the connection's send (this process only)."""
+        from chaosp2p.protocols.negotiation import codec as negotiation_codec
+        from chaosp2p.transport.connection import Connection
+        from chaosp2p.wire.protocol_ids import ProtocolId
+
+        driver = peer.negotiation.driver
+        machine = driver.machine
+        receive, enqueue, send_message = machine.receive, driver._enqueue, Connection.send_message
+        handler = driver._handler_for(PROTOCOL)
+        names = {t: c.__name__ for t, c in negotiation_codec._classes.items()}
+
+        def traced_handler(connection: Any, body: bytes) -> None:
+            self.add("arrive", names.get(body[1], str(body[1])) if len(body) > 1 else "?", connection.remote_peer, None)
+            handler(connection, body)
+            self.add(
+                "handled", names.get(body[1], str(body[1])) if len(body) > 1 else "?", connection.remote_peer, None
+            )
+
+        def traced_receive(now: float, sender: Any, protocol: str, message: Any) -> Any:
+            self.add("in", type(message).__name__, sender, getattr(message, "epoch", None))
+            return receive(now, sender, protocol, message)
+
+        def traced_enqueue(outgoing: Any, *rest: Any) -> None:
+            message = outgoing.message
+            self.add("queue", type(message).__name__, outgoing.to, getattr(message, "epoch", None))
+            enqueue(outgoing, *rest)
+
+        async def traced_send(connection: Any, protocol_name: str, body: bytes, majors: tuple[int, ...] = (1,)) -> None:
+            await send_message(connection, protocol_name, body, majors)
+            if protocol_name == PROTOCOL:
+                kind = names.get(body[1], str(body[1])) if len(body) > 1 else "?"
+                self.add("sent", kind, connection.remote_peer, None)
+
+        send_nowait = Connection.try_send_message_nowait
+
+        def traced_send_nowait(
+            connection: Any, protocol_name: str, body: bytes, majors: tuple[int, ...] = (1,)
+        ) -> bool:
+            done = send_nowait(connection, protocol_name, body, majors)
+            if done and protocol_name == PROTOCOL:
+                kind = names.get(body[1], str(body[1])) if len(body) > 1 else "?"
+                self.add("sent", kind, connection.remote_peer, None)
+            return done
+
+        if hasattr(Connection, "try_send_message_nowait"):
+            Connection.try_send_message_nowait = traced_send_nowait  # type: ignore[method-assign]
+        machine.receive = traced_receive
+        driver._enqueue = traced_enqueue
+        Connection.send_message = traced_send  # type: ignore[method-assign]
+        peer.host.set_message_handler(ProtocolId(PROTOCOL, 1), traced_handler)
 
 
 class Log:
@@ -75,8 +154,17 @@ async def main(args: argparse.Namespace) -> None:
     if args.lan_membership:
         config = config.replace(membership=MembershipConfig.lan())
     log = Log(args.log_file)
+    trace = None if args.trace is None else Trace(args.trace)
     async with open_peer(config) as peer:
+        if trace is not None:
+            trace.install(peer)
         service = peer.negotiation
+        if not args.overlay_link_ops:
+            # The run's links change only through the explicit API (SIGUSR1/2): link changes the
+            # overlay detects (link replacement, heartbeats late on a loaded host) would otherwise
+            # make background operations that compete with the ones measured.
+            observe = service.observe
+            service.observe = lambda event: None if isinstance(event, LinkUp | LinkDown) else observe(event)  # type: ignore[method-assign]
         me = peer.peer_id
         events = peer.events()
         stop = anyio.Event()
@@ -117,17 +205,28 @@ async def main(args: argparse.Namespace) -> None:
                 elif isinstance(event, RemovedFromRun) and event.run == RUN:
                     log.write({"event": "removed", "reason": event.reason, "at": peer.clock.now()})
 
+        async def slot(step: int) -> None:
+            """Lockstep (``--clock-base``): wait for the start of ``step``'s slot on the shared clock."""
+            if args.clock_base is not None:
+                delay = args.clock_base + step * args.pace - time.monotonic()
+                if delay > 0:
+                    await anyio.sleep(delay)
+
         async def step_loop(first: int) -> None:
             step = first
             while True:
                 try:
+                    await slot(step)
                     await service.configuration_for_step(RUN, step)
                     resync = service.take_resync(RUN)
                     if resync is not None:
                         step = resync  # a commit voided steps we completed: redo from there
                         continue
                     service.report_step(RUN, entered=step)
-                    await anyio.sleep(args.pace)
+                    if args.clock_base is None:
+                        await anyio.sleep(args.pace)
+                    else:
+                        await slot(step + 1)
                     # A change accepted meanwhile may gate this very step: wait for its decision.
                     await service.configuration_for_step(RUN, step)
                     if service.take_resync(RUN) is not None:
@@ -180,7 +279,25 @@ async def main(args: argparse.Namespace) -> None:
                     log.write({"event": "link", "up": up, "other": str(other), "at": peer.clock.now()})
                     service.link_changed(me, other, up)
 
+        async def flush_trace(trace: Trace) -> None:
+            try:
+                while True:
+                    await anyio.sleep(0.5)
+                    trace.flush()
+            finally:
+                trace.flush()
+
+        async def dump_profile() -> None:
+            while True:
+                await anyio.sleep(1.0)
+                PROFILER.dump_stats(f"{os.environ['CHAOSP2P_BENCH_PROFILE']}.{os.getpid()}")  # stops it
+                PROFILER.enable()
+
         async with anyio.create_task_group() as tg:
+            if PROFILER is not None:
+                tg.start_soon(dump_profile)
+            if trace is not None:
+                tg.start_soon(flush_trace, trace)
             tg.start_soon(watch_events)
             tg.start_soon(signals)
             if args.found:
@@ -214,6 +331,26 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--lan-membership", action="store_true", help="lan failure-detection timers (fewer wake-ups per peer)"
     )
+    parser.add_argument(
+        "--clock-base",
+        type=float,
+        default=None,
+        help="lockstep: step k runs from BASE + k * pace to BASE + (k + 1) * pace on CLOCK_MONOTONIC (shared by "
+        "every process on the machine), as in synchronous training where members cross step boundaries together; "
+        "a late member catches up back to back (default: each member sleeps --pace per step on its own)",
+    )
+    parser.add_argument(
+        "--overlay-link-ops",
+        action="store_true",
+        help="also turn the overlay's own link changes into LINK operations (default: explicit API only)",
+    )
+    parser.add_argument("--trace", type=Path, default=None, help="write a per-message hop log here (JSON lines)")
+    parser.add_argument(
+        "--sched-batch",
+        action="store_true",
+        help="run under SCHED_BATCH: a peer woken by a message does not preempt the sender (loopback with "
+        "more processes than cores)",
+    )
     args = parser.parse_args(argv)
     if not args.found and not args.join:
         parser.error("--join is required unless --found")
@@ -222,6 +359,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse()
+    if arguments.sched_batch:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    profile_path = os.environ.get("CHAOSP2P_BENCH_PROFILE")  # a cProfile dump per process (diagnosis)
+    if profile_path:
+        import cProfile
+
+        PROFILER = cProfile.Profile(time.process_time)
+        PROFILER.enable()
     try:
         anyio.run(main, arguments, backend="trio")
     except KeyboardInterrupt:

@@ -28,13 +28,18 @@ decision latency.
 
 (b) Decision latency, real processes (``--parts real``): N ``_negotiation_peer.py`` processes on
     127.0.0.1 (negotiation and transport on the ``local`` profile; failure detection on lan timers
-    unless ``--local-membership``), each stepping a stand-in training loop every ``--pace`` s. Per
-    round: a newcomer joins, a member's link goes down and up (explicit API, SIGUSR1/SIGUSR2), a
-    member leaves (SIGTERM), another newcomer joins, a member is SIGKILLed. Latency = from the
-    operation's detected_at (the detecting process's CLOCK_MONOTONIC, one timeline on one machine)
-    until the last live member of the configuration it produced logged the commit; the time from
-    the trigger to detection (process start + RUN_INFO for a join, the failure detector for a kill)
-    is reported separately.
+    unless ``--local-membership``), stepping a stand-in training loop in lockstep on the shared
+    monotonic clock, one step per ``--pace`` s (``--free-steps``: each on its own). The run's links
+    change only through the explicit API (the overlay's own link changes are not turned into
+    operations, see the worker's ``--overlay-link-ops``). Per round: a newcomer joins, a member's
+    link goes down and up (SIGUSR1/SIGUSR2), a member leaves (SIGTERM), another newcomer joins, a
+    member is SIGKILLed. Latency = from the operation's detected_at (the earliest detecting process's
+    CLOCK_MONOTONIC, one timeline on one machine) until the last live member of the configuration it
+    produced logged the commit; the time from the trigger to detection (process start + RUN_INFO for
+    a join, the failure detector for a kill) is reported separately. Also measured per size: each
+    process's idle CPU (3 s with nothing negotiated), and the CPU all processes together spend per
+    decision (``--cpu-toggles`` link down/up pairs, minus the idle rate). ``--trace-dir`` keeps the
+    logs plus a per-message hop trace of every process and prints each decision's milestones.
 
 Sizes, commands and the figures of the last runs: README "Negotiation", benchmarks/results/.
 """
@@ -348,22 +353,62 @@ class RealPeer:
     gone: bool = False
     """Killed, or asked to leave: no longer expected to commit anything."""
 
+    _offset: int = 0
+    _cache: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
     def records(self) -> list[dict[str, Any]]:
-        out = []
+        """The log's records so far (read incrementally: the harness shares the peers' 2 cores)."""
         if self.log.exists():
-            for line in self.log.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line being written
-        return out
+            with self.log.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1  # a line being written waits for the next poll
+            for line in chunk[:end].splitlines():
+                self._cache.append(json.loads(line))
+            self._offset += end
+        return self._cache
+
+    def cpu_s(self) -> float:
+        """utime + stime of the process so far (0 once it is gone)."""
+        return process_cpu_s(self.process.pid)
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a live process used so far (0.0 once it is gone): the scheduler's nanosecond
+    run time of each of its threads (``/proc/PID/task/*/schedstat``), else utime + stime in ticks."""
+    try:
+        total = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+        if total:
+            return total / 1e9
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 class RealSwarm:
     """Peers on 127.0.0.1, each a process; triggers operations and times their decisions."""
 
-    def __init__(self, root: Path, *, pace_s: float, lan_membership: bool, rng: random.Random) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        pace_s: float,
+        lan_membership: bool,
+        rng: random.Random,
+        trace: bool = False,
+        worker_args: tuple[str, ...] = (),
+    ) -> None:
         self.root = root
+        self.worker_args = worker_args
+        self.clock_base = time.monotonic()
+        """Lockstep peers (``--clock-base``) step on slots counted from here."""
+        self.trace = trace
         self.pace_s = pace_s
         self.lan_membership = lan_membership
         self.rng = rng
@@ -376,6 +421,13 @@ class RealSwarm:
         command += ["--pace", str(self.pace_s)]
         if self.lan_membership:
             command.append("--lan-membership")
+        if self.trace:
+            command += ["--trace", str(self.root / f"{name}.trace")]
+        command += self.worker_args
+        if "--free-steps" in command:
+            command.remove("--free-steps")
+        else:
+            command += ["--clock-base", repr(self.clock_base)]
         if found:
             command.append("--found")
         else:
@@ -409,8 +461,9 @@ class RealSwarm:
         """Wait until an applied ``kind`` operation naming ``subject``, detected after ``since``
         (monotonic), was committed by every live member of the configuration it produced."""
         deadline = time.monotonic() + timeout_s
+        cpu_before = {p.name: p.cpu_s() for p in self.live()}
         while time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.1)  # the figures come from the peers' logs, not from when this poll sees them
             logs = {p.peer_id: p.records() for p in self.peers if p.peer_id}
             ops = [
                 r
@@ -440,9 +493,14 @@ class RealSwarm:
             proposed = applied[0]["proposed_at"]
             times = [committed[m] for m in members if m in alive]
             last = max((m for m in members if m in alive), key=lambda m: committed[m])
+            cpu_after = {p.name: p.cpu_s() for p in self.live()}
             return {
                 "kind": kind,
                 "members": len(members),
+                "detected_at": detected,
+                "last_commit_at": max(times),
+                "cpu_s_in_window": sum(cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before),
+                "window_s": time.monotonic() - since,
                 "epoch": epoch,
                 "trigger_to_detect_ms": 1e3 * (detected - since),
                 "detect_to_propose_ms": 1e3 * (proposed - detected),
@@ -458,8 +516,95 @@ class RealSwarm:
         return None
 
 
+def idle_cpu(swarm: RealSwarm, seconds: float) -> dict[str, float]:
+    """CPU per live process while nothing is negotiated (heartbeats, DHT, the stand-in step loop)."""
+    live = swarm.live()
+    before = {p.name: p.cpu_s() for p in live}
+    started = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - started
+    used = sorted((p.cpu_s() - before[p.name]) / elapsed for p in live if p.process.poll() is None)
+    return {
+        "seconds": elapsed,
+        "processes": len(used),
+        "per_process_p50_cpu_ms_per_s": 1e3 * statistics.median(used),
+        "per_process_max_cpu_ms_per_s": 1e3 * max(used),
+        "total_cores_busy": sum(used),
+    }
+
+
+def cpu_per_decision(swarm: RealSwarm, rng: random.Random, idle_cores: float, *, toggles: int) -> dict[str, Any]:
+    """CPU all processes together spend on one decision: ``toggles`` link down/up pairs, each
+    awaited, total CPU minus the idle rate over the same time, per decision."""
+    if toggles <= 0:
+        return {"cpu_ms_per_decision": float("nan"), "cpu_decisions": 0}
+    live = swarm.live()
+    before = {p.name: p.cpu_s() for p in live}
+    started = time.monotonic()
+    decided = 0
+    target = live[0]
+    for i in range(2 * toggles):
+        if i % 2 == 0:
+            target = rng.choice(live)  # down, then up again on the same member's link
+        since = time.monotonic()
+        target.process.send_signal(signal.SIGUSR2 if i % 2 else signal.SIGUSR1)
+        if swarm.measure("LINK_UP" if i % 2 else "LINK_DOWN", target.peer_id, since) is not None:
+            decided += 1
+    elapsed = time.monotonic() - started
+    used = sum(p.cpu_s() - before[p.name] for p in live if p.process.poll() is None)
+    return {
+        "cpu_decisions": decided,
+        "cpu_ms_per_decision": 1e3 * (used - idle_cores * elapsed) / max(decided, 1),
+        "cpu_window_s": elapsed,
+    }
+
+
+def hop_breakdown(trace_dir: Path, sample: dict[str, Any]) -> dict[str, Any]:
+    """Milestones of one measured decision from the peers' ``--trace`` logs, ms after detection.
+
+    For each (record, message type): the first and the last time any peer did it between detection
+    and the last commit (``queue``: the machine asked for it to be sent; ``sent``: the connection
+    wrote it; ``arrive``: the reader got it, before decoding; ``in``: the machine received it), and
+    the CPU every process spent in that window (from the records' process-CPU stamps).
+    """
+    start, end = sample["detected_at"] - 0.002, sample["last_commit_at"] + 0.002
+    epoch = sample["epoch"]
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    count: dict[str, int] = {}
+    cpu = 0.0
+    for path in trace_dir.glob("*.trace"):
+        inside = []
+        for line in path.read_text().splitlines():
+            what, kind, _peer, msg_epoch, at, cpu_s = json.loads(line)
+            if start <= at <= end and (msg_epoch is None or msg_epoch in (epoch, epoch - 1)):
+                inside.append((at, cpu_s))
+                key = f"{what} {kind}"
+                first[key] = min(first.get(key, at), at)
+                last[key] = max(last.get(key, at), at)
+                count[key] = count.get(key, 0) + 1
+        if len(inside) > 1:
+            cpu += inside[-1][1] - inside[0][1]
+    detected = sample["detected_at"]
+    return {
+        "milestones_ms": {
+            k: [round(1e3 * (first[k] - detected), 2), round(1e3 * (last[k] - detected), 2), count[k]]
+            for k in sorted(first, key=first.__getitem__)
+        },
+        "cpu_ms_between_first_and_last_message": round(1e3 * cpu, 2),
+    }
+
+
 def real_latency(
-    sizes: list[int], repeats: int, seed: int, *, pace_s: float, lan_membership: bool
+    sizes: list[int],
+    repeats: int,
+    seed: int,
+    *,
+    pace_s: float,
+    lan_membership: bool,
+    trace_dir: Path | None = None,
+    cpu_toggles: int = 5,
+    worker_args: tuple[str, ...] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Decision latency with real processes (see ``_negotiation_peer.py``); rows and raw samples."""
     rows: list[dict[str, Any]] = []
@@ -467,16 +612,34 @@ def real_latency(
     rng = random.Random(seed)
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix="chaosp2p-negotiation-") as tmp:
-            swarm = RealSwarm(Path(tmp), pace_s=pace_s, lan_membership=lan_membership, rng=rng)
+            root = Path(tmp) if trace_dir is None else trace_dir / f"n{n}"
+            root.mkdir(parents=True, exist_ok=True)
+            swarm = RealSwarm(
+                root,
+                pace_s=pace_s,
+                lan_membership=lan_membership,
+                rng=rng,
+                trace=trace_dir is not None,
+                worker_args=worker_args,
+            )
             found: list[dict[str, Any]] = []
             try:
                 swarm.start(found=True)
                 for _ in range(n - 1):
                     swarm.start()
                 time.sleep(4.0)  # let the links the overlay found settle into LINK_UP operations first
+                idle = idle_cpu(swarm, 3.0)
+                idle["size"] = n
+                print(f"  real n={n}: idle {idle}", flush=True)
+                idle.update(cpu_per_decision(swarm, rng, idle["total_cores_busy"], toggles=cpu_toggles))
+                print(f"  real n={n}: CPU per link decision {idle['cpu_ms_per_decision']:.1f} ms", flush=True)
 
                 def record(
-                    result: dict[str, Any] | None, kind: str, n: int = n, found: list[dict[str, Any]] = found
+                    result: dict[str, Any] | None,
+                    kind: str,
+                    n: int = n,
+                    found: list[dict[str, Any]] = found,
+                    root: Path = root,
                 ) -> None:
                     if result is None:
                         print(f"  real n={n} {kind}: no decision within the timeout", flush=True)
@@ -484,7 +647,10 @@ def real_latency(
                         return
                     result["size"] = n
                     found.append(result)
-                    time.sleep(0.3)
+                    time.sleep(0.5)  # let the last trace records reach their files
+                    if trace_dir is not None:
+                        result["hops"] = hop_breakdown(root, result)
+                        print(f"  real n={n} {kind}: {result['decision_ms']:.1f} ms {result['hops']}", flush=True)
 
                 for _ in range(repeats):
                     since = time.monotonic()
@@ -513,6 +679,7 @@ def real_latency(
             finally:
                 swarm.stop_all()
             samples.extend(found)
+            samples.append({"kind": "IDLE", **idle})
             for kind in ("JOIN", "LEAVE", "FAIL", "LINK_DOWN", "LINK_UP"):
                 got = [r for r in found if r["kind"] == kind and not r.get("missing")]
                 values = [r["decision_ms"] for r in got]
@@ -551,6 +718,20 @@ def main() -> None:
         help="real peers keep the local profile's 0.5 s failure detector (default: lan timers; with 16+ "
         "processes on 2 shared cores local's 50 ms probe deadlines fail live members)",
     )
+    parser.add_argument(
+        "--trace-dir", type=Path, default=None, help="keep the peers' logs here, with a per-message hop trace"
+    )
+    parser.add_argument(
+        "--cpu-toggles", type=int, default=5, help="link down/up pairs timed for CPU per decision (real)"
+    )
+    parser.add_argument(
+        "--free-steps",
+        action="store_true",
+        help="real peers step on their own (sleep --pace each) instead of in lockstep on the shared clock",
+    )
+    parser.add_argument(
+        "--sched-batch", action="store_true", help="peers run under SCHED_BATCH (no wakeup preemption; real)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", default=None)
     parser.add_argument("--quick", action="store_true", help="small sizes and few trials (a smoke run)")
@@ -562,7 +743,10 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     latency_sizes = [int(s) for s in args.latency_sizes.split(",") if s]
     real_sizes = [int(s) for s in args.real_sizes.split(",") if s]
-    out: dict[str, Any] = {"args": vars(args), "load_before": os.getloadavg()}
+    out: dict[str, Any] = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "load_before": os.getloadavg(),
+    }
 
     if "local" in parts:
         local = local_handling(sizes, args.trials, args.seed)
@@ -607,7 +791,15 @@ def main() -> None:
         )
     if "real" in parts:
         rows, samples = real_latency(
-            real_sizes, args.real_repeats, args.seed, pace_s=args.pace, lan_membership=not args.local_membership
+            real_sizes,
+            args.real_repeats,
+            args.seed,
+            pace_s=args.pace,
+            lan_membership=not args.local_membership,
+            trace_dir=args.trace_dir,
+            cpu_toggles=args.cpu_toggles,
+            worker_args=(("--sched-batch",) if args.sched_batch else ())
+            + (("--free-steps",) if args.free_steps else ()),
         )
         out["real_latency"] = rows
         out["real_samples"] = samples
