@@ -445,10 +445,11 @@ class Learning(MachineCore):
         since, incarnation = config.since_steps[i], config.incarnations[i]
         for older in reversed(rec.configs):
             if older.activation_step <= since:
-                if older.incarnation_of(peer) == incarnation:
+                # The newcomer trusts a configuration only from one of its members.
+                if older.incarnation_of(peer) == incarnation and older.has_member(self.local_peer):
                     return older.encode()
                 break
-        return self._encoded(rec)  # beyond our history: the newest is all we can give
+        return self._encoded(rec)  # beyond our history (or we joined later): the newest is all we can give
 
     def _on_run_info(self, now: float, sender: PeerID, msg: RunInfoReply) -> None:
         query = self._queries.pop(msg.request_id, None)
