@@ -178,6 +178,15 @@ async def main(args: argparse.Namespace) -> None:
         leaving = anyio.Event()
         admitted_step = 0
 
+        names: dict[PeerID, str] = {}
+
+        def name(peer: PeerID) -> str:
+            """``str(peer)`` (base58), cached: every commit logs all members while others still commit."""
+            text = names.get(peer)
+            if text is None:
+                text = names[peer] = str(peer)
+            return text
+
         async def watch_events() -> None:
             async for event in events:
                 if isinstance(event, OperationCommitted) and event.run == RUN:
@@ -185,9 +194,9 @@ async def main(args: argparse.Namespace) -> None:
                         {
                             "event": "op",
                             "kind": event.kind.name,
-                            "subject": str(event.subject),
+                            "subject": name(event.subject),
                             "other": None if event.other is None else str(event.other),
-                            "origin": str(event.origin),
+                            "origin": name(event.origin),
                             "epoch": event.epoch,
                             "detected_at": event.detected_at,
                             "proposed_at": event.proposed_at,
@@ -202,7 +211,7 @@ async def main(args: argparse.Namespace) -> None:
                         {
                             "event": "config",
                             "epoch": cfg.epoch,
-                            "members": [str(p) for p in cfg.peers],
+                            "members": [name(p) for p in cfg.peers],
                             "activation_step": cfg.activation_step,
                             "committed_at": event.committed_at,
                         }
