@@ -22,7 +22,7 @@ from chaosp2p.protocols.negotiation import (
     RunParams,
     RunState,
 )
-from chaosp2p.protocols.negotiation.messages import Commit, JoinRequest, SyncReply
+from chaosp2p.protocols.negotiation.messages import Commit, JoinRequest, Sync, SyncReply
 from chaosp2p.protocols.negotiation.paxos import coordinator
 from chaosp2p.protocols.negotiation.simswarm import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
@@ -88,6 +88,24 @@ def test_the_sponsor_passes_on_the_admitting_commit_the_proposer_could_not_deliv
     net.advance(0.5)
     assert conf(net, newcomer).digest == conf(net, lead).digest
     assert len([m for s, r, m in net.delivered if r == newcomer and full_commit(m)]) == 1
+
+
+def test_the_sponsor_passes_on_an_admission_it_learned_in_a_catch_up() -> None:
+    net, members, (newcomer,) = make_net(4)
+    lead = lead_of(net, members)
+    sponsor = next(p for p in members if p != lead)
+    other = next(p for p in members if p not in (lead, sponsor))
+    # Neither the proposer's COMMIT to the newcomer nor its COMMIT to the sponsor arrive (the
+    # sponsor's was slower than a member's SYNC beacon, say).
+    lost = lambda s, r, m: s == lead and r in (newcomer, sponsor) and isinstance(m, Commit)  # noqa: E731
+    net.call(newcomer, lambda m, now: m.request_join(now, RUN, sponsor, incarnation=1, throughput=1.0))
+    net.deliver(lost)
+    assert state(net, newcomer) is RunState.JOINING and conf(net, sponsor).epoch + 1 == conf(net, lead).epoch
+    beacon = Sync(run=RUN, epoch=conf(net, other).epoch, digest=conf(net, other).digest)
+    net.machines[sponsor].receive(net.now, other, "negotiation", beacon)
+    net.deliver(lost)  # SYNC_REQUEST, SYNC_REPLY, the sponsor's copy: no time passes
+    assert state(net, newcomer) is RunState.STABLE
+    assert conf(net, newcomer).digest == conf(net, lead).digest == conf(net, sponsor).digest
 
 
 def test_a_newcomer_admitted_by_a_replaced_configuration_catches_up_at_once() -> None:

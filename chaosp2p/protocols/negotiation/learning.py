@@ -94,16 +94,16 @@ class Learning(MachineCore):
         if not config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
-        learned = self._learn(now, rec, CommitRecord(epoch=msg.epoch, value=msg.value, digest=msg.digest), sender)
-        if learned and rec.sponsored and rec.config is not None:
-            self._pass_admissions(rec, config, msg)
+        self._learn(now, rec, CommitRecord(epoch=msg.epoch, value=msg.value, digest=msg.digest), sender)
 
-    def _pass_admissions(self, rec: RunRecord, old: Configuration, msg: Commit) -> None:
+    def _pass_admissions(self, rec: RunRecord, old: Configuration, record: CommitRecord) -> None:
         """Send the COMMIT we just applied, with its configuration, to the newcomers we sponsor that
         it admits. The proposer sends it too, but it may hold no connection or address for them
         yet (membership spreads a newcomer's address only over the next heartbeats); we do, since
         they asked us. It is the same decided value: the newcomer checks it like the proposer's
-        (spec sections 6 and 9)."""
+        (spec sections 6 and 9). Also when we learned it in a catch-up (SYNC_REPLY): the
+        proposer's copy to us may come after a member's SYNC beacon made us ask; a newcomer handed
+        a configuration already replaced asks us for the newer commits at once."""
         config = rec.config
         assert config is not None
         full: Commit | None = None
@@ -117,7 +117,9 @@ class Learning(MachineCore):
                 continue  # admitted earlier, by a commit we learned elsewhere: its retry serves it
             if full is None:
                 encoded = self._encoded(rec)
-                full = Commit(run=rec.run, epoch=msg.epoch, value=msg.value, digest=msg.digest, configuration=encoded)
+                full = Commit(
+                    run=rec.run, epoch=record.epoch, value=record.value, digest=record.digest, configuration=encoded
+                )
             self._send(peer, full)
 
     def _learn(self, now: float, rec: RunRecord, record: CommitRecord, sender: PeerID) -> bool:
@@ -137,6 +139,8 @@ class Learning(MachineCore):
             self._reject(rec.run, "digest_mismatch", sender)
             return False
         self._apply_commit(now, rec, record, new_config, results)
+        if rec.sponsored and rec.config is new_config:
+            self._pass_admissions(rec, config, record)
         return True
 
     def _apply_commit(
