@@ -154,6 +154,10 @@ async def main(args: argparse.Namespace) -> None:
     config = PeerConfig.local(bootstrap=args.join)
     if args.lan_membership:
         config = config.replace(membership=MembershipConfig.lan())
+    if args.proposer_backoff_s is not None:
+        config = config.replace(
+            negotiation=dataclasses.replace(config.negotiation, proposer_backoff_s=args.proposer_backoff_s)
+        )
     if not args.full_bandwidth_probes:
         # Nothing here uses bandwidth estimates: probe each new overlay link with the smallest
         # transfer that still counts as a sample (256 KB) instead of 4-8 MB, which cost 5-10 ms of
@@ -362,6 +366,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--full-bandwidth-probes", action="store_true", help="keep the profile's bandwidth-probe size (4-8 MB)"
+    )
+    parser.add_argument(
+        "--proposer-backoff-s",
+        type=float,
+        default=None,
+        help="NegotiationConfig.proposer_backoff_s (default: the local profile's 10 ms; with 16+ processes on 2 "
+        "cores the coordinator's ACCEPT often arrives later, and backup proposers then duel with it)",
     )
     parser.add_argument("--trace", type=Path, default=None, help="write a per-message hop log here (JSON lines)")
     parser.add_argument(

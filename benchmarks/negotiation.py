@@ -730,6 +730,12 @@ def main() -> None:
         help="real peers step on their own (sleep --pace each) instead of in lockstep on the shared clock",
     )
     parser.add_argument(
+        "--proposer-backoff-s",
+        type=float,
+        default=None,
+        help="real peers' NegotiationConfig.proposer_backoff_s (default: the local profile's)",
+    )
+    parser.add_argument(
         "--sched-batch", action="store_true", help="peers run under SCHED_BATCH (no wakeup preemption; real)"
     )
     parser.add_argument("--seed", type=int, default=1)
@@ -799,7 +805,8 @@ def main() -> None:
             trace_dir=args.trace_dir,
             cpu_toggles=args.cpu_toggles,
             worker_args=(("--sched-batch",) if args.sched_batch else ())
-            + (("--free-steps",) if args.free_steps else ()),
+            + (("--free-steps",) if args.free_steps else ())
+            + (() if args.proposer_backoff_s is None else ("--proposer-backoff-s", str(args.proposer_backoff_s))),
         )
         out["real_latency"] = rows
         out["real_samples"] = samples
