@@ -22,6 +22,7 @@ from chaosp2p.protocols.negotiation import (
 from chaosp2p.protocols.negotiation.configuration import (
     Configuration,
     check_operation,
+    eviction_cap,
     evictions,
     make_configuration,
     next_configuration,
@@ -94,6 +95,26 @@ def test_one_signer_is_not_enough_a_quorum_is(n: int, need: int) -> None:
     gone = new.departed_entry(subject.peer_id)
     assert gone is not None and (gone.incarnation, gone.activation_step) == (2, 12)
     assert sum(r.applied for r in results) == 1  # the first removes; the others find it gone
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def test_one_change_never_evicts_more_than_leaves_a_quorum(n: int) -> None:
+    # Signatures enough to evict every member (each by all the others) used to commit an empty
+    # configuration (found by the property test). One change evicts at most n - quorum members,
+    # the lowest raw ids; the other subjects' EVICTs are dropped and may be committed later.
+    config = config_of(n)
+    members = sorted(IDS[:n], key=lambda i: i.peer_id.raw)
+    batch = [evict(s, subject) for subject in members for s in members if s is not subject]
+    cap = eviction_cap(config)
+    assert cap == n - config.quorum
+    evicted = evictions(config, with_ids(*batch))
+    assert evicted == {m.peer_id.raw for m in members[:cap]}
+    new, results = next_configuration(config, with_ids(*batch), 12)
+    assert len(new) == n - cap >= config.quorum
+    assert [p.raw for p in new.peers] == [m.peer_id.raw for m in members[cap:]]
+    applied = [r.op.subject.raw for r in results if r.applied]
+    assert sorted(applied) == sorted(evicted)  # one applied EVICT per evicted subject
+    assert len(results) == len(batch)  # every other EVICT is reported, not applied
 
 
 def test_the_subject_cannot_refute_an_eviction_in_the_same_batch() -> None:

@@ -473,11 +473,24 @@ def eviction_signers(config: Configuration, ops: Iterable[tuple[bytes, Operation
     return signers
 
 
+def eviction_cap(config: Configuration) -> int:
+    """How many members one configuration change may evict: as many as leave a quorum of
+    ``config`` (honest members are a majority, so honest evictions never come near it; without
+    the cap, signatures enough to evict everyone would commit an empty configuration)."""
+    return len(config.peers) - quorum(config)
+
+
+def capped_evictions(config: Configuration, subjects: Iterable[bytes]) -> frozenset[bytes]:
+    """The first :func:`eviction_cap` of ``subjects`` (raw ids) by raw id: the ones one change evicts."""
+    return frozenset(sorted(subjects)[: eviction_cap(config)])
+
+
 def evictions(config: Configuration, ops: Iterable[tuple[bytes, Operation]]) -> frozenset[bytes]:
     """The subjects (raw ids) that ``ops`` evict from ``config``: those with EVICTs signed by at
-    least ``quorum(config)`` distinct members (the subject cannot sign its own)."""
+    least ``quorum(config)`` distinct members (the subject cannot sign its own), at most
+    :func:`eviction_cap` of them (the lowest raw ids; the others' EVICTs are dropped)."""
     need = quorum(config)
-    return frozenset(raw for raw, who in eviction_signers(config, ops).items() if len(who) >= need)
+    return capped_evictions(config, (raw for raw, who in eviction_signers(config, ops).items() if len(who) >= need))
 
 
 def _settle_evictions(
@@ -825,9 +838,11 @@ __all__ = [
     "MemberEntry",
     "RunParams",
     "batch_shares",
+    "capped_evictions",
     "check_operation",
     "compute_shares",
     "decode_configuration",
+    "eviction_cap",
     "eviction_signers",
     "evictions",
     "genesis_configuration",

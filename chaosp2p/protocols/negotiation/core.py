@@ -20,6 +20,7 @@ from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.negotiation.configuration import (
     AppliedOp,
     Configuration,
+    capped_evictions,
     check_operation,
 )
 from chaosp2p.protocols.negotiation.events import (
@@ -306,12 +307,14 @@ class MachineCore:
         return added
 
     def _evictable(self, rec: RunRecord) -> list[bytes]:
-        """Subjects (raw ids) whose pending EVICTs come from a quorum of distinct members."""
+        """Subjects (raw ids) whose pending EVICTs come from a quorum of distinct members, at most
+        as many as one change may evict (the others stay pending for the next epoch)."""
         config = rec.config
         if not rec.pending_evicts or config is None:
             return []
         need = config.quorum
-        return [raw for raw, signers in rec.pending_evicts.items() if len(signers) >= need]
+        signed = (raw for raw, signers in rec.pending_evicts.items() if len(signers) >= need)
+        return sorted(capped_evictions(config, signed))
 
     def _proposable(self, rec: RunRecord) -> bool:
         """Is anything pending that a fresh value would carry? EVICTs short of a quorum of signers
