@@ -104,7 +104,7 @@ class MachineDriver:
 
     def flush(self) -> None:
         """Send queued messages, forward events, and re-arm the timer."""
-        encoded: dict[int, bytes] = {}  # one message sent to many peers is encoded once
+        encoded: dict[tuple[int, int], bytes] = {}  # one message sent to many peers is encoded once
         for outgoing in self.machine.take_outgoing():
             self._enqueue(outgoing, encoded)
         take_events = getattr(self.machine, "take_events", None)
@@ -139,7 +139,7 @@ class MachineDriver:
                 await self._wake.wait()
 
     # ------------------------------------------------------------------ output to the network
-    def _enqueue(self, outgoing: Outgoing, encoded: dict[int, bytes] | None = None) -> None:
+    def _enqueue(self, outgoing: Outgoing, encoded: dict[tuple[int, int], bytes] | None = None) -> None:
         codec = self._codecs.get(outgoing.protocol)
         if codec is None:
             raise ChaosError(f"{self.name} sent on unregistered protocol {outgoing.protocol!r}")
@@ -166,12 +166,15 @@ class MachineDriver:
         self._task_group.start_soon(self._sender, outgoing.to, name=f"chaosp2p {self.name} sender")
 
     @staticmethod
-    def _encode(codec: MessageCodec, message: Any, encoded: dict[int, bytes] | None) -> bytes:
+    def _encode(codec: MessageCodec, message: Any, encoded: dict[tuple[int, int], bytes] | None) -> bytes:
         if encoded is None:
             return codec.encode(message)
-        body = encoded.get(id(message))  # the message objects outlive the flush: ids stay unique
+        # The message objects outlive the flush, so their ids stay unique; the codec is in the key
+        # in case one message object goes out on two protocols.
+        key = (id(codec), id(message))
+        body = encoded.get(key)
         if body is None:
-            body = encoded[id(message)] = codec.encode(message)
+            body = encoded[key] = codec.encode(message)
         return body
 
     def _send_now(self, peer: PeerID, protocol: str, body: bytes) -> bool:
