@@ -203,8 +203,20 @@ class MachineCore:
         if reason is not None:
             raise LocalProtocolError(f"negotiation: cannot raise {kind.name}: {reason}")
         self._add_pending(rec, ident, op)
-        self._announce(rec, (op,))
+        if kind is OpKind.FAIL and self._fail_in_flight(rec, subject):
+            # The value we accepted already fails this member: announcing our own FAIL would only
+            # cost the proposer a signature check on its critical path (every survivor observes
+            # the failure). It stays pending: it goes into our PROMISEs, our takeover (we accepted,
+            # so our decision timer runs) proposes it, and a commit without it re-announces it.
+            self._count("fail_announcements_held")
+        else:
+            self._announce(rec, (op,))
         self._ops_became_pending(now, rec)
+
+    def _fail_in_flight(self, rec: RunRecord, subject: PeerID) -> bool:
+        """Does the value this member accepted in the open instance FAIL ``subject``?"""
+        value = rec.accepted_value
+        return value is not None and any(op.kind is OpKind.FAIL and op.subject == subject for op in value.ops)
 
     def _add_pending(self, rec: RunRecord, ident: bytes, op: Operation) -> None:
         if op.kind is OpKind.JOIN:
@@ -272,6 +284,10 @@ class MachineCore:
         assert config is not None
         added = 0
         for op in ops:
+            if op.kind is OpKind.FAIL and rec.pending_fails.get(op.subject.raw):
+                # One FAIL per subject is enough: skip the others before the signature check, the
+                # costly part (every survivor of a failure may announce one).
+                continue
             ident = self._sigs.check(op)
             if ident is None:
                 self._reject(rec.run, "bad_signature", sender)
@@ -288,8 +304,6 @@ class MachineCore:
                 self._reject(rec.run, reason, sender)
                 continue
             if op.kind is OpKind.FAIL:
-                if rec.pending_fails.get(op.subject.raw):
-                    continue  # one FAIL per subject is enough; others would only cost verifications
                 if not self._fail_matters(rec, op):
                     continue  # about a member already gone for the steps we are at
                 if self._alive_inc.get(op.subject.raw, -1) > op.observed_incarnation:

@@ -283,9 +283,28 @@ class PaxosRoles(MachineCore):
         q = quorum(config)
         if len(prop.accepted_by) >= q:
             self._decide(now, rec)
-        elif len(prop.refused) >= len(config.peers) - q + 1:
+        elif len(prop.refused) + self._silent_subjects(rec) >= len(config.peers) - q + 1:
             # Too many members are past S for this value to be chosen at this ballot: look again.
             self._start_proposal(now, rec, fast=False)
+
+    def _silent_subjects(self, rec: RunRecord) -> int:
+        """Members of C_e that a fresh value FAILs and that have not answered: by ``refuses`` they
+        can never accept it at this ballot (alive, they refuse it; dead, they never answer), so
+        they count towards the restart threshold like refusals -- without waiting for a timeout.
+        An adopted value is accepted even by its subjects, so then nobody is counted. Restarting
+        phase 1 is always safe (a higher ballot); this only decides *when*. They are not added to
+        ``refusers`` (phase 1 waits for refusers' promises, and a dead subject sends none)."""
+        prop = rec.proposer
+        config = rec.config
+        value = prop.value
+        if prop.adopted or value is None or config is None:
+            return 0
+        subjects = {
+            op.subject.raw
+            for op in value.ops
+            if op.kind is OpKind.FAIL and config.has_member(op.subject)
+        }
+        return len(subjects - prop.accepted_by - prop.refused.keys())
 
     def _proposer_timeout(self, now: float, rec: RunRecord) -> None:
         prop = rec.proposer

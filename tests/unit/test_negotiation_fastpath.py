@@ -1,0 +1,110 @@
+"""Latency changes of the negotiation machine: who proposes when, and who announces what.
+
+Each test shows the message or round a change saves (it fails on the code before the change) and
+that the outcome -- the decided configuration -- is the one the slower path reached.
+"""
+
+from __future__ import annotations
+
+from chaosp2p.protocols.membership.events import MemberState
+from chaosp2p.protocols.negotiation import ProposerPhase, ResyncNeeded, RunState
+from chaosp2p.protocols.negotiation.messages import Accept, Accepted, OpsAnnounce, Prepare
+from chaosp2p.protocols.negotiation.simswarm import ManualNet
+from chaosp2p.wire.identity import PeerID
+from tests.unit.test_negotiation_machine import RUN, conf, make_net, of_type, report_all, roles, state
+
+
+def queued(net: ManualNet, sender: PeerID, kind: type) -> list[object]:
+    return [out.message for s, out in net.queue if s == sender and isinstance(out.message, kind)]
+
+
+def test_a_member_that_accepted_a_fail_holds_its_own_announcement() -> None:
+    net, peers = make_net(8)
+    coord, others = roles(net, peers)
+    victim, observers = others[0], others[1:]
+    report_all(net, peers, entered=3, completed=2)
+    net.crashed.add(victim)
+    # The coordinator observes the failure first and proposes at once (round 0); its ACCEPT reaches
+    # the others, their answers are lost for now.
+    net.call(coord, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
+    net.deliver(drop=lambda s, r, m: isinstance(m, Accepted))
+    for p in observers:
+        assert state(net, p) is RunState.GATED
+    # The coordinator announced its FAIL to the announce_fanout best proposers only: the others
+    # hold none pending, and would each raise and announce their own (one signature check each
+    # at the proposer). They raise it, but none announces it.
+    unaware = [p for p in observers if not net.machines[p].run_status(RUN).pending]
+    assert len(unaware) == len(observers) - 3
+    for p in observers:
+        net.call(p, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
+        assert queued(net, p, OpsAnnounce) == []
+        assert net.machines[p].run_status(RUN).pending  # kept pending, not forgotten
+    net.advance(1.0)  # the coordinator retries phase 2 and decides
+    final = conf(net, coord)
+    assert not final.has_member(victim) and final.activation_step == 3
+    for p in observers:
+        assert conf(net, p).digest == final.digest
+        assert not net.machines[p].run_status(RUN).pending  # the commit made the held FAILs void
+
+
+def test_held_fail_announcements_still_decide_when_the_proposer_dies() -> None:
+    net, peers = make_net(5)
+    coord, others = roles(net, peers)
+    victim, observers = others[0], others[1:]
+    report_all(net, peers, entered=3, completed=2)
+    net.crashed.add(victim)
+    net.call(coord, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
+    net.deliver(drop=lambda s, r, m: isinstance(m, Accepted))
+    for p in observers:
+        net.call(p, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
+    # The coordinator dies before deciding: the held FAILs must not be lost.
+    net.crashed.add(coord)
+    for p in observers:
+        net.call(p, lambda m, now: m.observe_member(now, coord, MemberState.FAILED, 0))
+    net.advance(3.0)
+    digests = {conf(net, p).digest for p in observers}
+    assert len(digests) == 1
+    final = conf(net, observers[0])
+    assert not final.has_member(victim) and not final.has_member(coord) and len(final) == 3
+
+
+def test_the_failed_subject_counts_towards_the_restart_threshold() -> None:
+    net, peers = make_net(4)
+    coord, others = roles(net, peers)
+    victim, follower, ahead = others
+    # The coordinator's fast value (S = its completed + 1 = 7) reaches a member that completed 7
+    # already: it refuses. With the victim unable ever to accept, the value cannot reach a quorum
+    # (3 of 4) at this ballot: the coordinator restarts phase 1 at once instead of after
+    # phase_timeout_s, re-proposes the value as adopted, and everyone accepts it.
+    for p in (coord, follower):
+        net.call(p, lambda m, now: m.report_step(now, RUN, entered=7, completed=6))
+    net.call(ahead, lambda m, now: m.report_step(now, RUN, entered=8, completed=7))
+    net.crashed.add(victim)
+    start = net.now
+    for p in (coord, follower, ahead):
+        net.call(p, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
+    net.deliver()
+    assert net.now == start  # no timer fired
+    final = conf(net, coord)
+    assert not final.has_member(victim) and final.activation_step == 7
+    assert {conf(net, p).digest for p in (coord, follower, ahead)} == {final.digest}
+    assert [e.step for e in of_type(net.take(ahead), ResyncNeeded)] == [7]
+    assert net.machines[coord].run_status(RUN).proposer is ProposerPhase.IDLE
+    assert any(isinstance(m, Prepare) for _, _, m in net.delivered)  # one phase-1 round, no timeout
+
+
+def test_an_adopted_value_does_not_count_its_subject_as_a_refuser() -> None:
+    # The subject of an adopted value's FAIL accepts it (it is not refused for that): restarting
+    # because of it would throw away a ballot that can still win.
+    net, peers = make_net(4)
+    coord, others = roles(net, peers)
+    victim = others[0]
+    machine = net.machines[coord]
+    report_all(net, peers, entered=3, completed=2)
+    net.call(coord, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
+    rec = machine._runs[RUN]
+    assert rec.proposer.phase is ProposerPhase.ACCEPTING
+    assert machine._silent_subjects(rec) == 1
+    rec.proposer.adopted = True
+    assert machine._silent_subjects(rec) == 0
+    assert queued(net, coord, Accept)
