@@ -80,7 +80,7 @@ def test_the_failed_subject_counts_towards_the_restart_threshold() -> None:
         net.call(p, lambda m, now: m.report_step(now, RUN, entered=7, completed=6))
     net.call(ahead, lambda m, now: m.report_step(now, RUN, entered=8, completed=7))
     net.crashed.add(victim)
-    start = net.now
+    start, seen = net.now, len(net.delivered)
     for p in (coord, follower, ahead):
         net.call(p, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
     net.deliver()
@@ -90,7 +90,7 @@ def test_the_failed_subject_counts_towards_the_restart_threshold() -> None:
     assert {conf(net, p).digest for p in (coord, follower, ahead)} == {final.digest}
     assert [e.step for e in of_type(net.take(ahead), ResyncNeeded)] == [7]
     assert net.machines[coord].run_status(RUN).proposer is ProposerPhase.IDLE
-    assert any(isinstance(m, Prepare) for _, _, m in net.delivered)  # one phase-1 round, no timeout
+    assert any(isinstance(m, Prepare) for _, _, m in net.delivered[seen:])  # one phase-1 round, no timeout
 
 
 def test_an_adopted_value_does_not_count_its_subject_as_a_refuser() -> None:
@@ -108,3 +108,36 @@ def test_an_adopted_value_does_not_count_its_subject_as_a_refuser() -> None:
     rec.proposer.adopted = True
     assert machine._silent_subjects(rec) == 0
     assert queued(net, coord, Accept)
+
+
+def test_a_leaving_coordinator_proposes_its_own_leave_at_round_0() -> None:
+    net, peers = make_net(4)
+    coord, others = roles(net, peers)
+    report_all(net, peers, entered=5, completed=4)
+    # The leaver is a live member until its LEAVE commits: as the coordinator it proposes it at
+    # round 0 (no PREPARE/PROMISE round, no backoff), instead of the next member running phase 1.
+    net.call(coord, lambda m, now: m.leave(now, RUN))
+    assert [m.ballot.round for m in queued(net, coord, Accept)] == [0] * len(others)  # type: ignore[attr-defined]
+    start, seen = net.now, len(net.delivered)
+    net.deliver()
+    assert net.now == start
+    assert not any(isinstance(m, Prepare) for _, _, m in net.delivered[seen:])
+    final = conf(net, others[0])
+    assert not final.has_member(coord) and len(final) == 3
+    assert {conf(net, p).digest for p in peers} == {final.digest}
+    assert state(net, coord) is RunState.REMOVED
+
+
+def test_members_rank_a_leaving_coordinator_first_and_other_leavers_last() -> None:
+    net, peers = make_net(5)
+    coord, others = roles(net, peers)
+    report_all(net, peers, entered=5, completed=4)
+    leaver = others[0]
+    net.call(coord, lambda m, now: m.leave(now, RUN))
+    net.call(leaver, lambda m, now: m.leave(now, RUN))
+    observer = others[1]
+    machine = net.machines[observer]
+    net.deliver(drop=lambda s, r, m: not isinstance(m, OpsAnnounce))  # only the announcements
+    rec = machine._runs[RUN]
+    ranked = machine._ranked(rec, 5, skip_self=True)
+    assert ranked[0] == coord and leaver not in ranked

@@ -402,7 +402,18 @@ class MachineCore:
     # ------------------------------------------------------------------ proposer ranking
 
     def _excluded(self, rec: RunRecord, raw: bytes) -> bool:
-        return raw in self._down or raw in rec.pending_removals
+        if raw in self._down:
+            return True
+        if raw not in rec.pending_removals:
+            return False
+        if rec.pending_fails.get(raw):
+            return True
+        # Only a LEAVE of it is pending: a leaver is a live member (an acceptor, and it may propose)
+        # until its LEAVE commits. Others step aside for it -- it may stop soon after -- except
+        # the epoch's coordinator, which proposes its own LEAVE at round 0 (no phase 1) instead
+        # of leaving the next member a phase 1 after its backoff.
+        config = rec.config
+        return config is None or not config.peers or config.peers[config.seed % len(config.peers)].raw != raw
 
     def _ranked(self, rec: RunRecord, limit: int, *, skip_self: bool) -> list[PeerID]:
         """The first ``limit`` proposers of the epoch's order that are not believed down or leaving."""
@@ -430,7 +441,7 @@ class MachineCore:
     def _rank_of_self(self, rec: RunRecord) -> int:
         """0 for the preferred proposer; capped at announce_fanout + 1."""
         cap = self.config.announce_fanout + 1
-        if rec.pending_removals.get(self.local_peer.raw):
+        if self._excluded(rec, self.local_peer.raw):
             return cap
         ranked = self._ranked(rec, cap, skip_self=False)
         for i, peer in enumerate(ranked):
