@@ -11,7 +11,7 @@ from chaosp2p.protocols.negotiation import ProposerPhase, ResyncNeeded, RunState
 from chaosp2p.protocols.negotiation.messages import Accept, Accepted, OpsAnnounce, Prepare
 from chaosp2p.protocols.negotiation.simswarm import ManualNet
 from chaosp2p.wire.identity import PeerID
-from tests.unit.test_negotiation_machine import RUN, conf, make_net, of_type, report_all, roles, state
+from tests.unit.test_negotiation_machine import CFG, RUN, conf, make_net, of_type, report_all, roles, state
 
 
 def queued(net: ManualNet, sender: PeerID, kind: type) -> list[object]:
@@ -141,3 +141,27 @@ def test_members_rank_a_leaving_coordinator_first_and_other_leavers_last() -> No
     rec = machine._runs[RUN]
     ranked = machine._ranked(rec, 5, skip_self=True)
     assert ranked[0] == coord and leaver not in ranked
+
+
+def test_accepts_go_to_the_backup_proposers_first() -> None:
+    net, peers = make_net(8)
+    coord, others = roles(net, peers)
+    report_all(net, peers, entered=5, completed=4)
+    for rate in (2.0, 3.0, 4.0, 5.0):
+        # An epoch whose proposer order is not the member order (else the test would show nothing).
+        coord, others = roles(net, peers)
+        machine = net.machines[coord]
+        backups = machine._ranked(machine._runs[RUN], CFG.announce_fanout + 1, skip_self=True)
+        if backups != sorted(others, key=lambda p: p.raw)[: len(backups)]:
+            break
+        net.call(others[0], lambda m, now, r=rate: m.set_throughput(now, RUN, r))
+        net.deliver()
+    else:
+        raise AssertionError("no epoch with a rotated proposer order")
+    net.call(coord, lambda m, now: m.set_throughput(now, RUN, 7.0))
+    order = [out.to for s, out in net.queue if s == coord and isinstance(out.message, Accept)]
+    assert sorted(order, key=lambda p: p.raw) == sorted(others, key=lambda p: p.raw)
+    assert order[: len(backups)] == backups
+    net.deliver()
+    final = conf(net, coord)
+    assert final.throughputs[final.index_of(coord)] == 7.0

@@ -273,7 +273,8 @@ class PaxosRoles(MachineCore):
             prop.refused[me] = refused
             prop.refusers.add(me)
         accept = Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value, adopted=prop.adopted)
-        self._disseminate(config, accept)
+        # The best-ranked members first: they are the ones whose backoff may end soon.
+        self._disseminate(config, accept, self._ranked(rec, self.config.announce_fanout + 1, skip_self=True))
         self._check_phase2(now, rec)
 
     def _check_phase2(self, now: float, rec: RunRecord) -> None:
