@@ -165,3 +165,22 @@ def test_accepts_go_to_the_backup_proposers_first() -> None:
     net.deliver()
     final = conf(net, coord)
     assert final.throughputs[final.index_of(coord)] == 7.0
+
+
+def test_prepares_go_to_the_backup_proposers_first() -> None:
+    net, peers = make_net(8)
+    report_all(net, peers, entered=5, completed=4)
+    coord, others = roles(net, peers)
+    members = sorted(peers, key=lambda p: p.raw)
+    assert coord != members[0]  # the proposer order is rotated (else the test would show nothing)
+    proposer = others[0]
+    machine = net.machines[proposer]
+    rec = machine._runs[RUN]
+    machine.set_throughput(net.now, RUN, 9.0)
+    machine.take_outgoing()
+    machine._start_proposal(net.now, rec, fast=False)  # phase 1, as after its backoff
+    backups = machine._ranked(rec, CFG.announce_fanout + 1, skip_self=True)
+    assert backups[0] == coord
+    order = [out.to for out in machine.take_outgoing() if isinstance(out.message, Prepare)]
+    assert sorted(order, key=lambda p: p.raw) == [p for p in members if p != proposer]
+    assert order[: len(backups)] == backups

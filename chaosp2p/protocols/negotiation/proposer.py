@@ -137,7 +137,13 @@ class PaxosRoles(MachineCore):
             step_time_s=rec.step_time_s,
         )
         prop.promised_entered, prop.promised_completed = rec.entered, rec.completed
-        self._broadcast(config.peers, Prepare(run=rec.run, epoch=config.epoch + 1, ballot=ballot))
+        # The best-ranked members first, as for ACCEPT (_send_accepts): they are the other
+        # proposers whose backoff may end while the rest of the copies are still being sent.
+        prepare = Prepare(run=rec.run, epoch=config.epoch + 1, ballot=ballot)
+        first = self._ranked(rec, self.config.announce_fanout + 1, skip_self=True)
+        early = {p.raw for p in first}
+        self._broadcast(first, prepare)
+        self._broadcast([p for p in config.peers if p.raw not in early], prepare)
         if len(prop.promises) >= quorum(config):
             self._phase1_done(now, rec, force=True)
 
