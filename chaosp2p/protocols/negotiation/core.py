@@ -45,6 +45,7 @@ from chaosp2p.protocols.negotiation.operations import (
 )
 from chaosp2p.protocols.negotiation.paxos import (
     RunRecord,
+    coordinator,
 )
 from chaosp2p.protocols.negotiation.state import (
     MEMBER_STATES,
@@ -412,8 +413,8 @@ class MachineCore:
         # until its LEAVE commits. Others step aside for it -- it may stop soon after -- except
         # the epoch's coordinator, which proposes its own LEAVE at round 0 (no phase 1) instead
         # of leaving the next member a phase 1 after its backoff.
-        config = rec.config
-        return config is None or not config.peers or config.peers[config.seed % len(config.peers)].raw != raw
+        leader = None if rec.config is None else coordinator(rec.config)
+        return leader is None or leader.raw != raw
 
     def _ranked(self, rec: RunRecord, limit: int, *, skip_self: bool) -> list[PeerID]:
         """The first ``limit`` proposers of the epoch's order that are not believed down or leaving."""
