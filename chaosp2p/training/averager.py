@@ -84,7 +84,7 @@ from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
 from chaosp2p.training.reduce_plan import Shard, plan_shards
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
-from chaosp2p.training.shard_reduce import decode, storage_dtype
+from chaosp2p.training.shard_reduce import all_finite, decode, storage_dtype
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
@@ -469,9 +469,8 @@ class Averager:
         stream.set_receive_window(self.config.window_bytes)
         await self._receive_values(round_, stream, region, wire)
         # An owner averages validated contributions, so its shard is finite unless it is faulty or
-        # malicious: never let such values into the caller's model. (float32 sum first: ~8 ms per
-        # 100 MB; only a non-finite sum, which large finite values can also give, is checked exactly.)
-        if not math.isfinite(float(region.sum())) and not bool(np.isfinite(region).all()):
+        # malicious: never let such values into the caller's model.
+        if not all_finite(region):
             raise RemoteProtocolError("non-finite values (NaN or infinity) in its averaged shard")
 
     async def _receive_values(self, round_: RoundState, stream: Stream, region: np.ndarray, wire: WireDtype) -> None:

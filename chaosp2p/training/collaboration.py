@@ -67,6 +67,7 @@ from chaosp2p.training.feed import SnapshotWaiters, UpdateFeed
 from chaosp2p.training.flat import FlatParameters, layout_digest, parameter_digest
 from chaosp2p.training.messages import PROTOCOL, FetchUpdate, SnapshotReply, SnapshotRequest, UpdateHeader, codec
 from chaosp2p.training.outer import OuterState
+from chaosp2p.training.shard_reduce import all_finite
 from chaosp2p.training.vouch import Vouch, choose_vouched_state, read_vouches, sign_vouch, vouched_reply
 from chaosp2p.wire.identity import PeerID
 
@@ -548,7 +549,7 @@ class AsyncCollaboration:
                         if header.numel != out.size or header.step != step or header.config_digest != config.digest:
                             raise RemoteProtocolError(f"{member} answered with a different update")
                         await stream.receive_into(out.data.cast("B"))
-                if not math.isfinite(float(out.sum())) and not bool(np.isfinite(out).all()):
+                if not all_finite(out):
                     # Averages of validated contributions are finite: this member's are not usable.
                     raise RemoteProtocolError(f"{member} answered with non-finite values")
             except (ChaosError, TimeoutError) as exc:

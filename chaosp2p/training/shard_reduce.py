@@ -25,6 +25,7 @@ infinities, which the owner then excludes like any non-finite contribution.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,12 @@ _BF16_NAN_SAFE_MAX = np.uint32(0xFFFF7FFF)
 """Largest bit pattern whose rounding increment cannot wrap around 2**32 (everything above is a NaN)."""
 _UPPER_HALF = 1 if sys.byteorder == "little" else 0
 """Index of a float32's upper 16 bits among its two uint16 halves."""
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """No NaN or infinity in ``values`` (a float32 sum first, ~8 ms per 100 MB; only a non-finite
+    sum, which large finite values can also give, is checked element by element)."""
+    return math.isfinite(float(values.sum())) or bool(np.isfinite(values).all())
 
 
 def storage_dtype(wire: WireDtype) -> type[np.generic]:

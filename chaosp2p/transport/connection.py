@@ -321,11 +321,16 @@ class Connection:
 
     async def send_message(self, protocol_name: str, body: bytes, majors: tuple[int, ...] = (1,)) -> None:
         """Send a datagram-style message (one record, no stream) on ``protocol_name``."""
+        payload = self._message_payload(protocol_name, body, majors)
+        await self._send_record(FrameType.MESSAGE, Flag.NONE, 0, 0, payload)
+
+    def _message_payload(self, protocol_name: str, body: bytes, majors: tuple[int, ...]) -> bytes:
+        """The record payload of a datagram-style message: [negotiated protocol, body]."""
         protocol = self._choose(protocol_name, majors)
         payload = pack([str(protocol), body])
         if len(payload) > self.config.max_record_bytes:
             raise ValueError("message larger than one record")
-        await self._send_record(FrameType.MESSAGE, Flag.NONE, 0, 0, payload)
+        return payload
 
     def try_send_message_nowait(self, protocol_name: str, body: bytes, majors: tuple[int, ...] = (1,)) -> bool:
         """Send a datagram-style message now, from the calling task, if nothing else is writing.
@@ -346,14 +351,8 @@ class Connection:
             or self._links is not None
         ):
             return False
-        protocol = self._choose(protocol_name, majors)
-        payload = pack([str(protocol), body])
-        length = len(payload)
-        if length > self.config.max_record_bytes:
-            raise ValueError("message larger than one record")
-        header = RecordHeader(length, FrameType.MESSAGE, Flag.NONE, 0, 0).pack()
-        sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
-        self._sealer.seal_into(header, memoryview(payload), sealed)
+        payload = self._message_payload(protocol_name, body, majors)
+        header, sealed = self._seal_record(FrameType.MESSAGE, Flag.NONE, 0, 0, memoryview(payload))
         # From here the record is sealed (its nonce used): it must reach the wire whole or the
         # connection must close.
         try:
@@ -366,7 +365,7 @@ class Connection:
         if sent < len(header) + len(sealed):
             self._unsent = (header + bytes(sealed))[sent:]
             self._task_group.start_soon(self._flush_unsent)
-        self._count_sent(FrameType.MESSAGE, length)
+        self._count_sent(FrameType.MESSAGE, len(payload))
         return True
 
     async def _flush_unsent(self) -> None:
@@ -517,15 +516,24 @@ class Connection:
             delay = self._links.delay_for(self.remote_peer)
             if delay is None and self._delayed:
                 delay = 0.0  # never overtake held records: the receiver's nonces must arrive in order
-        header = RecordHeader(length, kind, flags, stream_id, value).pack()
-        sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
-        self._sealer.seal_into(header, payload, sealed)
+        header, sealed = self._seal_record(kind, flags, stream_id, value, payload)
         if delay is not None:
             self._hold(header, sealed, delay)
             self._count_sent(kind, length)
             return
         await self._send_locked((header, sealed))
         self._count_sent(kind, length)
+
+    def _seal_record(
+        self, kind: FrameType, flags: Flag, stream_id: int, value: int, payload: memoryview
+    ) -> tuple[bytes, memoryview]:
+        """The record's header and its sealed payload, in the send buffer (valid until the next
+        record is sealed; the caller holds the send lock or writes it before yielding)."""
+        length = len(payload)
+        header = RecordHeader(length, kind, flags, stream_id, value).pack()
+        sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
+        self._sealer.seal_into(header, payload, sealed)
+        return header, sealed
 
     async def _send_locked(self, buffers: tuple[bytes | memoryview, ...]) -> None:
         """Write ``buffers`` after any unsent tail of a record (the send lock is held)."""

@@ -3,7 +3,9 @@ sockets in one process: delivered whole and in order, also when the socket buffe
 
 from __future__ import annotations
 
-import anyio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 
 from chaosp2p.transport.config import TransportConfig
@@ -26,16 +28,18 @@ CONFIG = TransportConfig(
 )
 
 
-async def test_an_idle_connection_sends_at_once_and_in_order_with_queued_sends() -> None:
+@asynccontextmanager
+async def blob_connection() -> AsyncIterator[tuple[Connection, list[bytes]]]:
+    """A client connection to a server that collects every "blob" message body it receives."""
     received: list[bytes] = []
-
-    def collect(connection: Connection, body: bytes) -> None:
-        received.append(body)
-
     async with open_host(Identity.generate(), CONFIG) as server, open_host(Identity.generate(), CONFIG) as client:
-        server.set_message_handler(ProtocolId("blob", 1), collect)
+        server.set_message_handler(ProtocolId("blob", 1), lambda connection, body: received.append(body))
         addr = await server.listen("/ip4/127.0.0.1/tcp/0")
-        connection = await client.connect(addr)
+        yield await client.connect(addr), received
+
+
+async def test_an_idle_connection_sends_at_once_and_in_order_with_queued_sends() -> None:
+    async with blob_connection() as (connection, received):
         assert connection.try_send_message_nowait("blob", b"first")
         await connection.send_message("blob", b"second")  # the awaited path after a direct one
         assert connection.try_send_message_nowait("blob", b"third")
@@ -46,42 +50,22 @@ async def test_an_idle_connection_sends_at_once_and_in_order_with_queued_sends()
 async def test_a_full_socket_buffer_keeps_records_whole_and_in_order() -> None:
     """Far more than the kernel buffers at once, sent without yielding: some records go out in
     parts (their tail waits for the next writer), later ones fall back to the awaited path."""
-    received: list[bytes] = []
-    gate = anyio.Event()
-
-    def collect(connection: Connection, body: bytes) -> None:
-        received.append(body)
-
-    async with open_host(Identity.generate(), CONFIG) as server, open_host(Identity.generate(), CONFIG) as client:
-        server.set_message_handler(ProtocolId("blob", 1), collect)
-        addr = await server.listen("/ip4/127.0.0.1/tcp/0")
-        connection = await client.connect(addr)
+    async with blob_connection() as (connection, received):
         count, size = 400, 60_000
         bodies = [bytes([i % 251]) * size + i.to_bytes(4, "big") for i in range(count)]
         direct = deferred = 0
-
-        async def sender() -> None:
-            nonlocal direct, deferred
-            for body in bodies:
-                if connection.try_send_message_nowait("blob", body):
-                    direct += 1
-                else:
-                    deferred += 1
-                    await connection.send_message("blob", body)
-            gate.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(sender)
-            await eventually(lambda: len(received) == count, timeout_s=60)
-        assert gate.is_set()
+        for body in bodies:
+            if connection.try_send_message_nowait("blob", body):
+                direct += 1
+            else:
+                deferred += 1
+                await connection.send_message("blob", body)
+        await eventually(lambda: len(received) == count, timeout_s=60)
         assert received == bodies
         assert direct > 0 and deferred > 0  # both paths (and a partial write between them) were taken
 
 
 async def test_a_closed_connection_refuses_the_direct_path() -> None:
-    async with open_host(Identity.generate(), CONFIG) as server, open_host(Identity.generate(), CONFIG) as client:
-        server.set_message_handler(ProtocolId("blob", 1), lambda connection, body: None)
-        addr = await server.listen("/ip4/127.0.0.1/tcp/0")
-        connection = await client.connect(addr)
+    async with blob_connection() as (connection, _):
         await connection.aclose("done")
         assert not connection.try_send_message_nowait("blob", b"late")

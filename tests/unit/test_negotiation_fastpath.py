@@ -18,16 +18,22 @@ def queued(net: ManualNet, sender: PeerID, kind: type) -> list[object]:
     return [out.message for s, out in net.queue if s == sender and isinstance(out.message, kind)]
 
 
-def test_a_member_that_accepted_a_fail_holds_its_own_announcement() -> None:
-    net, peers = make_net(8)
+def fail_accepted_unanswered(n: int) -> tuple[ManualNet, PeerID, PeerID, list[PeerID]]:
+    """A run of ``n`` at step 3 whose member ``victim`` crashed: the coordinator observed it first
+    and proposed its FAIL at once (round 0); the ACCEPT reached every observer, whose answers are
+    lost for now. (net, coordinator, victim, observers)."""
+    net, peers = make_net(n)
     coord, others = roles(net, peers)
-    victim, observers = others[0], others[1:]
+    victim, observers = others[0], list(others[1:])
     report_all(net, peers, entered=3, completed=2)
     net.crashed.add(victim)
-    # The coordinator observes the failure first and proposes at once (round 0); its ACCEPT reaches
-    # the others, their answers are lost for now.
     net.call(coord, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
     net.deliver(drop=lambda s, r, m: isinstance(m, Accepted))
+    return net, coord, victim, observers
+
+
+def test_a_member_that_accepted_a_fail_holds_its_own_announcement() -> None:
+    net, coord, victim, observers = fail_accepted_unanswered(8)
     for p in observers:
         assert state(net, p) is RunState.GATED
     # The coordinator announced its FAIL to the announce_fanout best proposers only: the others
@@ -48,13 +54,7 @@ def test_a_member_that_accepted_a_fail_holds_its_own_announcement() -> None:
 
 
 def test_held_fail_announcements_still_decide_when_the_proposer_dies() -> None:
-    net, peers = make_net(5)
-    coord, others = roles(net, peers)
-    victim, observers = others[0], others[1:]
-    report_all(net, peers, entered=3, completed=2)
-    net.crashed.add(victim)
-    net.call(coord, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
-    net.deliver(drop=lambda s, r, m: isinstance(m, Accepted))
+    net, coord, victim, observers = fail_accepted_unanswered(5)
     for p in observers:
         net.call(p, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
     # The coordinator dies before deciding: the held FAILs must not be lost.

@@ -32,7 +32,9 @@ from chaosp2p.protocols.negotiation.configuration_columns import (
     INSERT,
     SET,
     MemberEdits,
+    departed_rows,
     digest_of,
+    link_rows,
     pack_columns,
 )
 from chaosp2p.protocols.negotiation.operations import (
@@ -264,10 +266,10 @@ class Configuration:
             list(self.incarnations),
             list(self.throughputs),
             list(self.since_steps),
-            [[lk.a.raw, lk.b.raw, lk.up, float(lk.bandwidth_bytes_per_s), float(lk.rtt_s)] for lk in self.links],
+            link_rows(self),
             [self.params.global_batch, self.params.mode, self.params.local_steps],
             self.seed,
-            [[d.peer_id.raw, d.incarnation, d.epoch, d.activation_step] for d in self.departed],
+            departed_rows(self),
         ]
 
     def packed_columns(self) -> tuple[bytes, ...]:

@@ -111,6 +111,16 @@ def splice_column(old: bytes, old_n: int, edits: Sequence[Edit], values: Sequenc
     return array_header(n) + body[start:]
 
 
+def link_rows(config: Configuration) -> list[list[Any]]:
+    """The body's links item: one [a, b, up, bandwidth, rtt] row per link."""
+    return [[lk.a.raw, lk.b.raw, lk.up, float(lk.bandwidth_bytes_per_s), float(lk.rtt_s)] for lk in config.links]
+
+
+def departed_rows(config: Configuration) -> list[list[Any]]:
+    """The body's departed item: one [peer, incarnation, epoch, activation step] row per entry."""
+    return [[d.peer_id.raw, d.incarnation, d.epoch, d.activation_step] for d in config.departed]
+
+
 def digest_of(prefix: bytes, columns: Iterable[bytes]) -> bytes:
     """SHA-256 of ``prefix`` followed by the packed pieces (no concatenated copy)."""
     digest = hashlib.sha256(prefix)
@@ -139,14 +149,9 @@ def pack_columns(config: Configuration, spliced_from: tuple[Configuration, Membe
         incs = splice_column(old[2], n, edits[1], config.incarnations, numeric=True)
         thrs = splice_column(old[3], n, edits[2], config.throughputs, numeric=True)
         since = splice_column(old[4], n, edits[3], config.since_steps, numeric=True)
-    if prev is not None and config.links is prev.links:
-        links = prev.packed_columns()[5]
-    else:
-        links = pack(
-            [[lk.a.raw, lk.b.raw, lk.up, float(lk.bandwidth_bytes_per_s), float(lk.rtt_s)] for lk in config.links]
-        )
-    if prev is not None and config.departed is prev.departed:
-        departed = prev.packed_columns()[7]
-    else:
-        departed = pack([[d.peer_id.raw, d.incarnation, d.epoch, d.activation_step] for d in config.departed])
+    # Links and departed entries are shared objects when unchanged: their pieces are too.
+    same_links = prev is not None and config.links is prev.links
+    links = prev.packed_columns()[5] if prev is not None and same_links else pack(link_rows(config))
+    same_departed = prev is not None and config.departed is prev.departed
+    departed = prev.packed_columns()[7] if prev is not None and same_departed else pack(departed_rows(config))
     return (head, ids, incs, thrs, since, links, tail, departed)

@@ -8,7 +8,6 @@ decisions, catch-up and joins (``learning.py``) build on it; ``machine.py`` puts
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -502,6 +501,15 @@ class MachineCore:
                 sent += 1
         self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + sent
 
+    def _broadcast_first(self, first: Sequence[PeerID], peers: Iterable[PeerID], message: Message) -> None:
+        """Send ``message`` to ``first``, then to the rest of ``peers`` (the driver sends in order)."""
+        if not first:
+            self._broadcast(peers, message)
+            return
+        early = {p.raw for p in first}
+        self._broadcast(first, message)
+        self._broadcast([p for p in peers if p.raw not in early], message)
+
     def _disseminate(self, config: Configuration, message: Accept | Commit, first: Sequence[PeerID] = ()) -> None:
         """Send ``message`` to every member but us: directly in small runs, else through relays.
 
@@ -511,46 +519,27 @@ class MachineCore:
         a phase 1 that duels with it."""
         peers = config.peers
         if len(peers) <= self.config.relay_threshold + 1:
-            if first:
-                early = {p.raw for p in first}
-                self._broadcast(first, message)
-                self._broadcast([p for p in peers if p.raw not in early], message)
-            else:
-                self._broadcast(peers, message)
+            self._broadcast_first(first, peers, message)
             return
         me = config.index_of(self.local_peer)  # the members are sorted: no O(n) scan to skip us
         targets = list(peers) if me < 0 else [*peers[:me], *peers[me + 1 :]]
         size = math.isqrt(len(targets) - 1) + 1
         down = self._down
-        out = self._outgoing
-        relayed = message.relayed
-        sent = 0
         for start in range(0, len(targets), size):
             group = targets[start : start + size]
             relay = group[0]
             if down and relay.raw in down:
                 relay = next((p for p in group if p.raw not in down), relay)
             rest = group[1:] if relay is group[0] else [p for p in group if p is not relay]
-            out.append(Outgoing(to=relay, protocol=PROTOCOL, message=relayed(tuple(rest))))
-            sent += 1
-        self._counts["messages_sent"] = self._counts.get("messages_sent", 0) + sent
+            self._send(relay, message.relayed(tuple(rest)))
 
     def _forward(self, rec: RunRecord, sender: PeerID, message: Accept | Commit) -> None:
         """Pass on a relayed ACCEPT/COMMIT to the members it names (only for members of C_e)."""
         config = rec.config
         if not message.relay_to or config is None or not config.has_member(sender):
             return
-        me = self.local_peer.raw
-        raws = config.ids()
-        n = len(raws)
-        targets = []
-        for peer in message.relay_to:
-            raw = peer.raw
-            if raw != me:
-                i = bisect.bisect_left(raws, raw)
-                if i < n and raws[i] == raw:  # still a member of C_e
-                    targets.append(peer)
-        self._broadcast(targets, message.relayed(()))
+        # _broadcast skips us; only those still members of C_e get it.
+        self._broadcast([p for p in message.relay_to if config.has_member(p)], message.relayed(()))
 
     def _count(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1

@@ -64,10 +64,15 @@ codec = MessageCodec(PROTOCOL, NegotiationMessageType)
 """Encoder/decoder for every negotiation message."""
 
 
+def _check_step(value: int, what: str) -> None:
+    """A step a peer reports: -1 (none yet) up to MAX_STEP."""
+    if not -1 <= value <= MAX_STEP:
+        raise reject(f"{what} step out of range: {value}")
+
+
 def _check_progress(entered: int, completed: int, step_time_s: float) -> None:
-    for value, what in ((entered, "entered"), (completed, "completed")):
-        if not -1 <= value <= MAX_STEP:
-            raise reject(f"{what} step out of range: {value}")
+    _check_step(entered, "entered")
+    _check_step(completed, "completed")
     if not (math.isfinite(step_time_s) and 0.0 <= step_time_s <= WIRE_MAX_STEP_TIME_S):
         raise reject(f"step time out of range: {step_time_s!r}")
 
@@ -281,7 +286,7 @@ class RefusePast(Message):
         """Bounds."""
         check_run(self.run)
         check_uint(self.epoch, "epoch")
-        _check_progress(-1, self.completed, 0.0)
+        _check_step(self.completed, "completed")
 
 
 @codec.register(NegotiationMessageType.COMMIT)

@@ -237,7 +237,7 @@ def activation_step(
             # the newest newcomer's admission step would leave it stuck forever (found by the
             # property test: the only members that had completed steps crashed). Anyone that did
             # complete S refuses the value, which raises S.
-            return max(min((e for e in entered if e >= 0), default=0), 0)
+            return min((e for e in entered if e >= 0), default=0)
         # The first step nobody completed: the survivors redo it without the failed member. No
         # lower bound from C_e: if C_e activates later, the urgent value supersedes it (the
         # configuration governing a step is the newest one activating at or before it; members

@@ -137,13 +137,8 @@ class PaxosRoles(MachineCore):
             step_time_s=rec.step_time_s,
         )
         prop.promised_entered, prop.promised_completed = rec.entered, rec.completed
-        # The best-ranked members first, as for ACCEPT (_send_accepts): they are the other
-        # proposers whose backoff may end while the rest of the copies are still being sent.
         prepare = Prepare(run=rec.run, epoch=config.epoch + 1, ballot=ballot)
-        first = self._ranked(rec, self.config.announce_fanout + 1, skip_self=True)
-        early = {p.raw for p in first}
-        self._broadcast(first, prepare)
-        self._broadcast([p for p in config.peers if p.raw not in early], prepare)
+        self._broadcast_first(self._backups(rec), config.peers, prepare)
         if len(prop.promises) >= quorum(config):
             self._phase1_done(now, rec, force=True)
 
@@ -279,9 +274,14 @@ class PaxosRoles(MachineCore):
             prop.refused[me] = refused
             prop.refusers.add(me)
         accept = Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value, adopted=prop.adopted)
-        # The best-ranked members first: they are the ones whose backoff may end soon.
-        self._disseminate(config, accept, self._ranked(rec, self.config.announce_fanout + 1, skip_self=True))
+        self._disseminate(config, accept, self._backups(rec))
         self._check_phase2(now, rec)
+
+    def _backups(self, rec: RunRecord) -> list[PeerID]:
+        """The other proposers of the epoch, best-ranked first: PREPARE and ACCEPT go to them
+        before the rest, since their backoff may end while the other copies are still being sent
+        (and then they start a phase 1 that duels with ours)."""
+        return self._ranked(rec, self.config.announce_fanout + 1, skip_self=True)
 
     def _check_phase2(self, now: float, rec: RunRecord) -> None:
         config = rec.config
@@ -306,11 +306,7 @@ class PaxosRoles(MachineCore):
         value = prop.value
         if prop.adopted or value is None or config is None:
             return 0
-        subjects = {
-            op.subject.raw
-            for op in value.ops
-            if op.kind is OpKind.FAIL and config.has_member(op.subject)
-        }
+        subjects = {op.subject.raw for op in value.ops if op.kind is OpKind.FAIL and config.has_member(op.subject)}
         return len(subjects - prop.accepted_by - prop.refused.keys())
 
     def _proposer_timeout(self, now: float, rec: RunRecord) -> None:
