@@ -142,8 +142,9 @@ async def test_a_member_serving_another_state_is_refused_and_the_vouched_state_l
                 await newcomer.train(target)
         # Bit-exact: from its admission on, the newcomer's parameters equal every member's.
         for step in range(admitted, admitted + EXTRA_STEPS):
-            digests = {m.digests[step] for m in (founder, honest, liar, newcomer)}
-            assert len(digests) == 1, f"members differ after step {step}"
+            roles = {"founder": founder, "honest": honest, "liar": liar, "newcomer": newcomer}
+            by_role = {role: m.digests.get(step) for role, m in roles.items()}
+            assert len(set(by_role.values())) == 1, f"members differ after step {step}: {by_role}"
         assert liar.collab.lied_about, "the liar was never asked for a snapshot"
         (joined,) = [r for r in newcomer.collab.take_events() if r.get("event") == "joined"]
         assert str(liar.peer.peer_id) in joined["refused"], joined
