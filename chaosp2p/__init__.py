@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from chaosp2p._version import __version__
 from chaosp2p.errors import (
     AdmissionDenied,
     ChaosError,
@@ -25,8 +26,6 @@ from chaosp2p.errors import (
     StreamReset,
     TransferError,
 )
-
-__version__ = "0.1.0"
 
 # name -> module that defines it; resolved lazily by __getattr__ below.
 _LAZY = {

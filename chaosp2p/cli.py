@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from chaosp2p import __version__
+from chaosp2p._version import __version__
 from chaosp2p.api import open_peer
 from chaosp2p.cli_common import (
     BACKENDS,

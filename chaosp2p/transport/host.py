@@ -31,7 +31,7 @@ import anyio
 import anyio.abc
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from chaosp2p import __version__
+from chaosp2p._version import __version__
 from chaosp2p.clock import Clock, MonotonicClock
 from chaosp2p.errors import (
     AdmissionDenied,
