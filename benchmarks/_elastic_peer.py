@@ -38,7 +38,7 @@ STARTED = time.time()  # before torch is imported: a restarted process pays for 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from chaosp2p.training.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file  # noqa: E402
+from chaosp2p.trainers.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file  # noqa: E402
 
 RUN = "elastic-mlp"
 DATA_SEED = 13

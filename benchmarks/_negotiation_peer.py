@@ -36,7 +36,8 @@ from typing import IO, Any
 
 import anyio
 
-from chaosp2p.api import open_peer
+from chaosp2p.api.async_peer import open_peer
+from chaosp2p.errors import RunRemoved
 from chaosp2p.protocols.membership import LinkDown, LinkUp, MembershipConfig
 from chaosp2p.protocols.negotiation import (
     Admitted,
@@ -46,7 +47,6 @@ from chaosp2p.protocols.negotiation import (
     RunParams,
 )
 from chaosp2p.runtime.config import PeerConfig
-from chaosp2p.runtime.negotiation_service import RunRemoved
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 

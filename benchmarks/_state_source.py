@@ -16,7 +16,7 @@ import anyio
 from _state_data import model_and_adam_state
 
 from chaosp2p import PeerConfig, SnapshotStore, open_peer
-from chaosp2p.cli_common import announce_ready
+from chaosp2p.cli.common import announce_ready
 from chaosp2p.transport.config import TransportConfig
 
 

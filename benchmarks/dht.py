@@ -42,7 +42,7 @@ import anyio
 from _processes import PeerProcess, ProcessGroup, poll, profile_argument
 
 from chaosp2p import PeerConfig, open_peer
-from chaosp2p.api import AsyncPeer
+from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.dht import DHTConfig, GetResult, StoreResult
 from chaosp2p.dht.simcluster import DHTSimCluster, run_churn_scenario
 from chaosp2p.errors import ChaosError

@@ -1,6 +1,6 @@
 """Failure end to end: from ``kill -9`` of a member until training resumes at the survivors.
 
-Starts N digits peers (``python -m chaosp2p.training.digits``, real processes on 127.0.0.1, the
+Starts N digits peers (``python -m chaosp2p.trainers.digits``, real processes on 127.0.0.1, the
 ``local`` profile), waits until all of them train as one run, SIGKILLs one member mid-run and reads
 the survivors' metrics files:
 
@@ -33,7 +33,7 @@ def start(
 ) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any]]:
     ready = workdir / f"{name}.ready"
     metrics = workdir / f"{name}.jsonl"
-    command = [sys.executable, "-m", "chaosp2p.training.digits", "--steps", "1000000", "--batch", "64"]
+    command = [sys.executable, "-m", "chaosp2p.trainers.digits", "--steps", "1000000", "--batch", "64"]
     command += ["--pace", str(pace), "--ready-file", str(ready), "--metrics-file", str(metrics)]
     for addr in join:
         command += ["--join", addr]

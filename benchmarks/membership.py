@@ -56,7 +56,7 @@ from _common import print_table, write_json
 from _processes import PeerProcess, ProcessGroup, poll, profile_argument
 
 from chaosp2p import PeerConfig, open_peer
-from chaosp2p.api import AsyncPeer
+from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.errors import ChaosError, LocalProtocolError
 from chaosp2p.protocols.membership import (
     LinkDown,

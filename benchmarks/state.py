@@ -50,7 +50,7 @@ from _state_data import model_and_adam_state
 from _tcp_baseline import receive as tcp_receive
 
 from chaosp2p import PeerConfig, open_peer
-from chaosp2p.api import AsyncPeer
+from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.errors import ChaosError
 from chaosp2p.protocols.transfer import SourceEstimate, TransferProgress
 from chaosp2p.protocols.transfer_config import TransferConfig

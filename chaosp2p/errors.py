@@ -109,6 +109,14 @@ class ChecksumMismatch(TransferError):
     """Bytes received for a chunk do not match the hash the manifest promised."""
 
 
+class RunRemoved(ChaosError):
+    """This peer is no longer a member of a training run (removed while partitioned, or it left)."""
+
+
+class TrainingError(ChaosError):
+    """A collaboration cannot go on (for example: joining never found a member of the run)."""
+
+
 __all__ = [
     "AdmissionDenied",
     "ChaosError",
@@ -125,6 +133,8 @@ __all__ = [
     "RequestTimeout",
     "RoundAborted",
     "RoundMismatch",
+    "RunRemoved",
     "StreamReset",
+    "TrainingError",
     "TransferError",
 ]

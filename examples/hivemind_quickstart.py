@@ -43,7 +43,7 @@ else:
     import chaosp2p.hivemind as hivemind  # the one line that differs from hivemind's quickstart
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # chaosp2p's helpers, also for --real-hivemind
-from chaosp2p.training.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
+from chaosp2p.trainers.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
 
 try:
     from tqdm.auto import tqdm

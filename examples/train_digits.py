@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from chaosp2p.training.digits import parser as peer_parser
-from chaosp2p.training.digits import run_peer, train_one_process
+from chaosp2p.trainers.digits import parser as peer_parser
+from chaosp2p.trainers.digits import run_peer, train_one_process
 
 
 def launch(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from torch import nn
 
 import chaosp2p
 from chaosp2p.protocols.membership.config import MembershipConfig
-from chaosp2p.training.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
+from chaosp2p.trainers.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
 
 RUN = "transformer"
 DATA_SEED = 11

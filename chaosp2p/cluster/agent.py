@@ -23,11 +23,11 @@ from typing import IO, Any
 
 import anyio
 
-from chaosp2p.api import open_peer
-from chaosp2p.cli_common import load_config
+from chaosp2p.api.async_peer import open_peer
+from chaosp2p.cli.common import PeerOptions, load_config
 from chaosp2p.protocols.membership import MembershipConfig
 from chaosp2p.runtime.config import PeerConfig
-from chaosp2p.training.script import add_peer_arguments, write_ready_file
+from chaosp2p.trainers.script import add_peer_arguments, write_ready_file
 
 
 def event_record(event: object) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def _plain(value: object) -> Any:
 
 def peer_config(profile: str, join: list[str]) -> PeerConfig:
     """The profile, listening on a free loopback port, bootstrapping from ``join``."""
-    config = load_config(profile, listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=tuple(join))
+    config = load_config(PeerOptions(profile=profile, listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=tuple(join)))
     if profile == "local":
         config = config.replace(membership=MembershipConfig.lan())
     return config

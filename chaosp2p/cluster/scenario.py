@@ -56,7 +56,7 @@ MAX_DURATION_S = 24 * 3600.0
 MAX_DELAY_MS = 60_000.0
 MAX_PEERS = 256
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
-RUN_ALIASES = {"digits": "chaosp2p.training.digits"}
+RUN_ALIASES = {"digits": "chaosp2p.trainers.digits"}
 """Short names for the training examples a scenario may run."""
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 

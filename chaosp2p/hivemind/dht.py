@@ -25,7 +25,7 @@ from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
 if TYPE_CHECKING:
-    from chaosp2p.sync import Peer
+    from chaosp2p.api.blocking_peer import Peer
 
 log = logging.getLogger("chaosp2p.hivemind")
 
@@ -92,7 +92,7 @@ class DHT:
     # ------------------------------------------------------------------ lifecycle
     def run_in_background(self, await_ready: bool = True, timeout: float | None = None) -> None:
         """Start the peer (listening and bootstrapping). It is ready when this returns."""
-        from chaosp2p.sync import Peer
+        from chaosp2p.api.blocking_peer import Peer
 
         if self._peer is not None:
             raise LocalProtocolError("this DHT is already running")

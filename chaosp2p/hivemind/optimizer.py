@@ -48,8 +48,8 @@ from chaosp2p.hivemind.arguments import OptimizerSettings, optimizer_settings
 from chaosp2p.hivemind.dht import DHT
 
 if TYPE_CHECKING:
-    from chaosp2p.training.blocking import Collaboration
-    from chaosp2p.training.collaboration import StepStatistics
+    from chaosp2p.api.blocking_collaboration import Collaboration
+    from chaosp2p.training.collab_core import StepStatistics
 
 log = logging.getLogger("chaosp2p.hivemind")
 
@@ -288,7 +288,7 @@ class Optimizer(torch.optim.Optimizer):
         dht.on_shutdown(self.shutdown)
 
     def _start_collaboration(self, dht: DHT) -> Collaboration:
-        from chaosp2p.training.blocking import Collaboration
+        from chaosp2p.api.blocking_collaboration import Collaboration
 
         config = self.settings.collaboration_config(dht.config.profile)
         joining = bool(dht.config.bootstrap)

@@ -130,6 +130,10 @@ class DHTService:
         """The DHT machine's counters."""
         return self.machine.statistics()
 
+    def contacts(self) -> list[PeerID]:
+        """The peers in this peer's routing table (whom to ask when the membership view is young)."""
+        return [entry.peer_id for entry in self.machine.routing_table]
+
     @property
     def ready(self) -> bool:
         """True once the routing table knows at least one other peer."""

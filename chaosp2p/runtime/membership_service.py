@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 
 from chaosp2p.clock import Clock
-from chaosp2p.errors import ChaosError
+from chaosp2p.errors import ChaosError, LocalProtocolError
 from chaosp2p.protocols.membership import (
     LinkDown,
     LinkUp,
@@ -118,6 +118,26 @@ class MembershipService:
     def state_of(self, peer: PeerID) -> MemberState | None:
         """What this peer believes about ``peer``."""
         return self.machine.state_of(peer)
+
+    def dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
+        """Where ``peer`` can be dialled, as far as this peer's view knows (best first)."""
+        return list(self.machine.dial_addrs(peer))
+
+    def own_incarnation(self) -> int:
+        """This peer's current incarnation (a newcomer's JOIN names it)."""
+        for member in self.machine.members():
+            if member.peer_id == self._host.peer_id:
+                return member.incarnation
+        raise LocalProtocolError("this peer is missing from its own membership view")
+
+    def advertise_observer(self) -> None:
+        """Publish zero resources: an observer (the dashboard) offers no compute, so no scheduler
+        counts on it."""
+        self.driver.call(
+            lambda now: self.machine.set_local_resources(
+                now, cpu_cores=0, memory_bytes=0, gpus=0, gpu_memory_bytes=0, train_samples_per_s=0.0
+            )
+        )
 
     def link_estimate(self, peer: PeerID) -> tuple[float | None, float | None]:
         """(bandwidth bytes/s, RTT s) of our link to ``peer``, if it is one of ours."""

@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 
 from chaosp2p.clock import Clock
-from chaosp2p.errors import ChaosError, LocalProtocolError
+from chaosp2p.errors import LocalProtocolError, RunRemoved
 from chaosp2p.protocols.membership import LinkDown, LinkUp, MemberState, PeerFailed, PeerJoined, PeerLeft
 from chaosp2p.protocols.negotiation import (
     Admitted,
@@ -50,10 +50,6 @@ ROUTINE_REJECTIONS = frozenset({"stale_ballot", "old_epoch", "stale_fail", "unso
 LINK_SETTLE_INTERVALS = 30
 """A link change becomes an operation once it held for this many heartbeat intervals: flapping
 heartbeats on a loaded host would otherwise make a new configuration every few steps."""
-
-
-class RunRemoved(ChaosError):
-    """This peer is no longer a member of the run (removed while partitioned, or it left)."""
 
 
 class NegotiationService:
@@ -216,6 +212,10 @@ class NegotiationService:
         return self._admitted.pop(run)
 
     # ------------------------------------------------------------------ stepping
+    def governing(self, run: str, step: int) -> Configuration | None:
+        """The configuration governing ``step`` now, or None while a pending change gates it."""
+        return self.machine.config_for_step(run, step)
+
     async def configuration_for_step(self, run: str, step: int) -> Configuration:
         """The configuration governing ``step``; waits while a pending change gates it."""
         while True:

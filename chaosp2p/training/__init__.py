@@ -1,5 +1,8 @@
 """Training: collaborations, averaging rounds over the encrypted transport, batch balancing.
 
+A collaboration talks to its peer only through the :class:`TrainingPort`; the blocking
+``Collaboration`` for plain scripts lives beside ``Peer`` in :mod:`chaosp2p.api`.
+
 Names are resolved lazily (PEP 562) so that importing :mod:`chaosp2p.training` costs nothing until a
 name is used, and never imports torch.
 """
@@ -9,19 +12,24 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from chaosp2p._moved import moved_name
+
 if TYPE_CHECKING:
+    from chaosp2p.errors import TrainingError
     from chaosp2p.training.average_messages import RoundPhase, RoundTag
     from chaosp2p.training.averager import Averager, AveragerConfig, Exclusion, RoundStats
-    from chaosp2p.training.blocking import Collaboration
-    from chaosp2p.training.collaboration import AsyncCollaboration, StepStatistics, TrainingError
+    from chaosp2p.training.collab_core import StepStatistics
+    from chaosp2p.training.collaboration import AsyncCollaboration
     from chaosp2p.training.config import CollaborationConfig
+    from chaosp2p.training.port import RunGates, TrainingPort
     from chaosp2p.training.reduce_plan import ReducePlan, Shard, plan_shards
 
 _LAZY = {
     "AsyncCollaboration": "chaosp2p.training.collaboration",
-    "StepStatistics": "chaosp2p.training.collaboration",
-    "TrainingError": "chaosp2p.training.collaboration",
-    "Collaboration": "chaosp2p.training.blocking",
+    "StepStatistics": "chaosp2p.training.collab_core",
+    "TrainingError": "chaosp2p.errors",
+    "TrainingPort": "chaosp2p.training.port",
+    "RunGates": "chaosp2p.training.port",
     "CollaborationConfig": "chaosp2p.training.config",
     "Averager": "chaosp2p.training.averager",
     "AveragerConfig": "chaosp2p.training.averager",
@@ -38,7 +46,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return moved_name(__name__, name)
     return getattr(importlib.import_module(module), name)
 
 
@@ -46,15 +54,16 @@ __all__ = [
     "AsyncCollaboration",
     "Averager",
     "AveragerConfig",
-    "Collaboration",
     "CollaborationConfig",
     "Exclusion",
     "ReducePlan",
     "RoundPhase",
     "RoundStats",
     "RoundTag",
+    "RunGates",
     "Shard",
     "StepStatistics",
     "TrainingError",
+    "TrainingPort",
     "plan_shards",
 ]

@@ -1,65 +1,117 @@
 """Per-peer training services: the averager, the collaboration protocol, snapshots for newcomers.
 
-A peer may take part in several runs; each has one :class:`AsyncCollaboration`. The protocols they
-need are registered here when the peer is built -- before it accepts connections, because a
-connection's HELLO advertises the protocols the peer speaks -- and requests are routed to the
-collaboration of the run they name. A request for a run this peer does not train is refused with
+A peer may take part in several runs; each has one collaboration
+(:class:`~chaosp2p.training.collaboration.AsyncCollaboration`). The protocols they need are
+registered here when the peer is built -- before it accepts connections, because a connection's
+HELLO advertises the protocols the peer speaks -- and requests are routed to the collaboration of
+the run they name (seen here as a :class:`Collaborator`). A request for a run this peer does not train is refused with
 a reason, never an error that would close the connection.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from chaosp2p.errors import RemoteProtocolError
+import numpy as np
+
+from chaosp2p.errors import LocalProtocolError, RemoteProtocolError
 from chaosp2p.state.snapshot import SnapshotStore
 from chaosp2p.training.averager import Averager
+from chaosp2p.training.feed import UpdateFeed
 from chaosp2p.training.messages import (
     PROTOCOL_ID,
     FetchUpdate,
     ObserveAccepted,
     ObserveRequest,
     Refused,
+    SnapshotReply,
     SnapshotRequest,
     UpdateHeader,
     codec,
 )
+from chaosp2p.training.port import TrainingPort
 from chaosp2p.transport.stream import Stream
-
-if TYPE_CHECKING:
-    from chaosp2p.runtime.node import Node
-    from chaosp2p.training.collaboration import AsyncCollaboration
 
 log = logging.getLogger("chaosp2p.training")
 
 SNAPSHOTS_KEPT = 2
+"""Snapshots a training peer keeps for newcomers (the store it serves from)."""
+
+
+class Collaborator(Protocol):
+    """What the service routes collab requests to: one run's collaboration on this peer."""
+
+    @property
+    def run(self) -> str:
+        """The run it trains."""
+        ...
+
+    @property
+    def layout(self) -> bytes:
+        """Digest of its model's parameter names, shapes and dtypes."""
+        ...
+
+    @property
+    def step_index(self) -> int:
+        """The next step it runs."""
+        ...
+
+    @property
+    def feed(self) -> UpdateFeed:
+        """Its averaged updates, streamed to observing newcomers."""
+        ...
+
+    @property
+    def numel(self) -> int:
+        """Elements of its flat parameter buffer."""
+        ...
+
+    async def handle_snapshot_request(self, request: SnapshotRequest) -> SnapshotReply:
+        """Answer a newcomer's snapshot request once the step is served."""
+        ...
+
+    def applied_update(self, step: int, config_digest: bytes) -> tuple[int, np.ndarray] | None:
+        """(epoch, update) it applied at ``step`` under ``config_digest``, if kept."""
+        ...
+
+    async def leave(self, *, timeout_s: float = ...) -> None:
+        """Leave the run gracefully."""
+        ...
 
 
 class TrainingService:
-    """Everything a peer needs to train with others; ``peer.training``."""
+    """Everything a peer needs to train with others; ``peer.training``.
 
-    def __init__(self, node: Node) -> None:
-        self._node = node
-        self.averager = Averager(node.host, node.clock)
-        self.store = SnapshotStore(node.config.transfer, keep_latest=SNAPSHOTS_KEPT)
-        self._collaborations: dict[str, AsyncCollaboration] = {}
+    ``averager`` is the peer's averaging engine and ``store`` the snapshots it serves to
+    newcomers; the service registers the collab protocol through ``port``.
+    """
+
+    def __init__(self, port: TrainingPort, *, averager: Averager, store: SnapshotStore) -> None:
+        self.port = port
+        self.averager = averager
+        self.store = store
+        self._collaborations: dict[str, Collaborator] = {}
         # No idle timeout: an observe stream is quiet while training pauses, and a snapshot request
         # waits for its step; both end with the newcomer's stream (or the peer).
-        node.host.set_stream_handler(PROTOCOL_ID, self._serve, idle_timeout_s=None)
+        port.serve_streams(PROTOCOL_ID, self._serve, idle_timeout_s=None)
 
-    def register(self, collaboration: AsyncCollaboration) -> None:
+    def register(self, collaboration: Collaborator) -> None:
         """Route requests about ``collaboration.run`` to it."""
         if collaboration.run in self._collaborations:
             raise RemoteProtocolError(f"this peer already trains run {collaboration.run!r}")
         self._collaborations[collaboration.run] = collaboration
 
-    def unregister(self, collaboration: AsyncCollaboration) -> None:
-        """Stop routing requests to ``collaboration``."""
+    def unregister(self, collaboration: Collaborator) -> None:
+        """Stop routing requests to ``collaboration`` and free what the averager kept for its run."""
         if self._collaborations.get(collaboration.run) is collaboration:
             del self._collaborations[collaboration.run]
+            try:
+                self.averager.forget_run(collaboration.run)
+            except LocalProtocolError:  # a round still runs (a step() racing leave()): it frees nothing
+                log.debug("run %r: kept the averager's memory, a round is still in progress", collaboration.run)
 
-    def collaborations(self) -> list[AsyncCollaboration]:
+    def collaborations(self) -> list[Collaborator]:
         """The runs this peer trains."""
         return list(self._collaborations.values())
 
@@ -80,7 +132,7 @@ class TrainingService:
                 reason = "this peer does not train that run" if collaboration is None else "different model"
                 await stream.send_message(codec, Refused(reason=reason), eof=True)
                 return
-            accepted = ObserveAccepted(completed=max(collaboration.step_index - 1, 0), numel=collaboration.flat.numel)
+            accepted = ObserveAccepted(completed=max(collaboration.step_index - 1, 0), numel=collaboration.numel)
             await stream.send_message(codec, accepted)
             log.info("newcomer %s observes run %r from step %d", stream.remote_peer, request.run, accepted.completed)
             await collaboration.feed.serve(stream)

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from chaosp2p import PeerConfig
-from chaosp2p.cli_common import announce_ready
+from chaosp2p.cli.common import announce_ready
 from chaosp2p.runtime.node import Node, open_node
 from chaosp2p.runtime.status import RunStatusInfo, StatusReport
 from chaosp2p.transport.host import Host

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import chaosp2p  # noqa: E402
-from chaosp2p.api import AsyncPeer  # noqa: E402
+from chaosp2p.api.async_peer import AsyncPeer  # noqa: E402
 from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig, TrainingError  # noqa: E402
 
@@ -46,7 +46,9 @@ class Member:
         self.seed = seed
         model, optimizer = _model()
         config = CollaborationConfig.local(global_batch=GLOBAL_BATCH, round_timeout_min_s=3.0)
-        self.collab = AsyncCollaboration(peer, run=RUN, model=model, optimizer=optimizer, config=config)
+        self.collab = AsyncCollaboration(
+            peer.training_port, peer.training, run=RUN, model=model, optimizer=optimizer, config=config
+        )
         self.digests: dict[int, str] = {}
         self.members: dict[int, int] = {}
         self.compute_s = 0.005  # stands in for compute, so joins overlap training
@@ -172,7 +174,9 @@ async def test_diloco_members_hold_identical_global_parameters_after_each_outer_
             model, optimizer = _model()
             config = CollaborationConfig.local(global_batch=GLOBAL_BATCH, mode="diloco", local_steps=3)
             member = Member(peer, index)
-            member.collab = AsyncCollaboration(peer, run=RUN, model=model, optimizer=optimizer, config=config)
+            member.collab = AsyncCollaboration(
+                peer.training_port, peer.training, run=RUN, model=model, optimizer=optimizer, config=config
+            )
             members.append(member)
         await members[0].collab.start(found=True)
 

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from chaosp2p import PeerConfig, open_peer
-from chaosp2p.api import AsyncPeer
+from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.dht import DHT_CODEC, make_record, signed_key
 from chaosp2p.dht.messages import Store
 from chaosp2p.errors import ConfigError

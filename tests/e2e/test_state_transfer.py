@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from chaosp2p import PeerConfig, open_peer
-from chaosp2p.api import AsyncPeer
+from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.errors import TransferError
 from chaosp2p.protocols.transfer import TransferProgress
 from chaosp2p.state.checkpoint_file import read_checkpoint

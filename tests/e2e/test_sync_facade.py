@@ -44,7 +44,7 @@ def test_newcomer_loads_model_and_adam_and_continues_identically() -> None:
             train(fresh_model, fresh_optimizer, steps=3, seed=20)
             for a, b in zip(model.parameters(), fresh_model.parameters(), strict=True):
                 assert torch.equal(a, b)
-            assert {m.peer_id for m in newcomer.members()} >= {veteran._running.peer_id}
+            assert {m.peer_id for m in newcomer.members()} >= {veteran.async_peer.peer_id}
 
 
 def test_numpy_state_without_torch_and_errors_after_shutdown() -> None:

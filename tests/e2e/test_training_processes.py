@@ -1,6 +1,6 @@
 """Training runs of real peer processes (the digits task) through joins, a SIGKILL and SIGTERM.
 
-Each peer is ``python -m chaosp2p.training.digits`` on 127.0.0.1 with the ``local`` profile; the
+Each peer is ``python -m chaosp2p.trainers.digits`` on 127.0.0.1 with the ``local`` profile; the
 metrics files they write (one JSON line per step, with the configuration digest, epoch, members
 and a hash of the parameters) are what the assertions read. Every process is stopped at the end.
 """
@@ -30,7 +30,7 @@ class Trainer:
         self.ready = workdir / f"{name}.ready"
         self.metrics = workdir / f"{name}.jsonl"
         self.log = workdir / f"{name}.log"
-        command = [sys.executable, "-m", "chaosp2p.training.digits", "--steps", str(steps), "--batch", "48"]
+        command = [sys.executable, "-m", "chaosp2p.trainers.digits", "--steps", str(steps), "--batch", "48"]
         command += ["--pace", str(pace), "--ready-file", str(self.ready), "--metrics-file", str(self.metrics)]
         for addr in join:
             command += ["--join", addr]

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import chaosp2p  # noqa: E402
-from chaosp2p.api import AsyncPeer  # noqa: E402
+from chaosp2p.api.async_peer import AsyncPeer  # noqa: E402
 from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.state.torch_adapter import publish_torch  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig  # noqa: E402

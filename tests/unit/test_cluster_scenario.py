@@ -65,7 +65,7 @@ def test_a_scenario_parses_into_peers_links_and_a_schedule() -> None:
     scenario = parse_scenario(GOOD, "good.toml")
     assert [p.name for p in scenario.peers] == ["a", "w1", "w2", "late"]
     assert [p.name for p in scenario.initial_peers] == ["a", "w1", "w2"]
-    assert scenario.peer("a").run == "chaosp2p.training.digits"
+    assert scenario.peer("a").run == "chaosp2p.trainers.digits"
     assert scenario.peer("a").args == ("--steps", "50")
     assert scenario.peer("w1").is_bare
     assert scenario.link_between("w2", "a") == LinkSpec(bandwidth_bytes_per_s=100e6 / 8, delay_s=0.0, loss=0.01)
@@ -93,7 +93,7 @@ def test_the_shipped_churn_demo_is_valid() -> None:
     actions = {e.action for e in scenario.events}
     assert {Action.JOIN, Action.LEAVE, Action.KILL, Action.STALL, Action.CUT} <= actions
     assert len(scenario.peers) == 6
-    assert all(p.run == "chaosp2p.training.digits" for p in scenario.peers)
+    assert all(p.run == "chaosp2p.trainers.digits" for p in scenario.peers)
 
 
 def _error(text: str) -> str:

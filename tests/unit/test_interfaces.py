@@ -6,7 +6,7 @@ import ipaddress
 import socket
 
 import chaosp2p
-from chaosp2p.cli_common import DEFAULT_PROFILE, load_config
+from chaosp2p.cli.common import DEFAULT_PROFILE, PeerOptions, load_config
 from chaosp2p.transport.host import _advertised
 from chaosp2p.transport.interfaces import interface_addresses
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -34,14 +34,14 @@ def test_ipv6_wildcard_never_announces_link_local_or_the_wildcard() -> None:
 
 def test_the_commands_default_to_a_profile_other_hosts_can_reach() -> None:
     assert DEFAULT_PROFILE == "lan"
-    peer = load_config(DEFAULT_PROFILE)
+    peer = load_config(PeerOptions(profile=DEFAULT_PROFILE))
     assert peer.profile == "lan" and peer.listen == ("/ip4/0.0.0.0/tcp/4001",)
     # state serve/pull: the same profile on a free port, so they can run beside a peer on 4001
-    assert load_config(DEFAULT_PROFILE, any_port=True).listen == ("/ip4/0.0.0.0/tcp/0",)
-    assert load_config(DEFAULT_PROFILE, any_port=True, listen=("/ip4/0.0.0.0/tcp/9",)).listen == (
+    assert load_config(PeerOptions(profile=DEFAULT_PROFILE), any_port=True).listen == ("/ip4/0.0.0.0/tcp/0",)
+    assert load_config(PeerOptions(profile=DEFAULT_PROFILE, listen=("/ip4/0.0.0.0/tcp/9",)), any_port=True).listen == (
         "/ip4/0.0.0.0/tcp/9",
     )
-    assert load_config("local").listen == ("/ip4/127.0.0.1/tcp/0",)
+    assert load_config(PeerOptions(profile="local")).listen == ("/ip4/127.0.0.1/tcp/0",)
 
 
 def test_the_blocking_facade_defaults_to_lan_on_every_interface() -> None:

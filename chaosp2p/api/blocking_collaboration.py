@@ -17,18 +17,20 @@ members' state and catching up first). ``found=`` overrides that choice.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from chaosp2p.api.blocking_peer import Peer
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.training.collaboration import AsyncCollaboration, StepStatistics
 from chaosp2p.training.config import CollaborationConfig
 
-if TYPE_CHECKING:
-    from chaosp2p.sync import Peer
-
 
 class Collaboration:
-    """Train one model with the members of ``run``, from synchronous code (see the module docstring)."""
+    """Train one model with the members of ``run``, from synchronous code (see the module docstring).
+
+    The blocking twin of :class:`chaosp2p.training.AsyncCollaboration`, running on a
+    :class:`chaosp2p.Peer`'s event loop.
+    """
 
     def __init__(
         self,
@@ -42,21 +44,23 @@ class Collaboration:
         timeout: float | None = None,
     ) -> None:
         self._peer = peer
-        running = peer._running
+        running = peer.async_peer
         chosen = config or CollaborationConfig.profile_named(running.config.profile)
-        self._collab = AsyncCollaboration(running, run=run, model=model, optimizer=optimizer, config=chosen)
+        self._collab = AsyncCollaboration(
+            running.training_port, running.training, run=run, model=model, optimizer=optimizer, config=chosen
+        )
         if found is None:
             found = not peer.config.bootstrap
-        self.start_step: int = peer._call(partial(self._collab.start, found=found, timeout_s=timeout))
+        self.start_step: int = peer.call(partial(self._collab.start, found=found, timeout_s=timeout))
         """The step training starts from (0 for the founder, the admission step for a newcomer)."""
 
     def step(self, samples: int) -> StepStatistics:
         """Average this step's gradients among the members and step the optimizer."""
-        return self._peer._call(self._collab.step, samples)  # type: ignore[no-any-return]
+        return self._peer.call(self._collab.step, samples)
 
     def leave(self, timeout: float = 30.0) -> None:
         """Leave the run gracefully (the members go on without this peer)."""
-        self._peer._call(partial(self._collab.leave, timeout_s=timeout))
+        self._peer.call(partial(self._collab.leave, timeout_s=timeout))
 
     @property
     def step_index(self) -> int:

@@ -1,7 +1,8 @@
 """The public async API: :func:`open_peer` and :class:`AsyncPeer`.
 
-An :class:`AsyncPeer` is a :class:`~chaosp2p.runtime.node.Node` (transport, DHT, membership,
-status) that can also serve and load training state::
+An :class:`AsyncPeer` is the peer to hold in async code (plain scripts hold the blocking
+:class:`chaosp2p.Peer`). It is a :class:`~chaosp2p.runtime.node.Node` (transport, DHT, membership,
+negotiation, status) that can also serve and load training state and train with others::
 
     async with chaosp2p.open_peer(chaosp2p.PeerConfig.local(bootstrap=[addr])) as peer:
         await peer.serve_state(store, runs=["run-a"])           # as a source
@@ -19,29 +20,42 @@ from typing import Any
 import anyio.abc
 import numpy as np
 
+from chaosp2p.api.training_port import PeerTrainingPort
 from chaosp2p.clock import Clock
 from chaosp2p.protocols.transfer import SnapshotCatalog
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import Node, open_node
 from chaosp2p.state.download import ProgressCallback
 from chaosp2p.state.service import LoadedState, StateService, load_into_torch
+from chaosp2p.state.snapshot import SnapshotStore
+from chaosp2p.training.averager import Averager
 from chaosp2p.training.collaboration import AsyncCollaboration
 from chaosp2p.training.config import CollaborationConfig
-from chaosp2p.training.service import TrainingService
+from chaosp2p.training.service import SNAPSHOTS_KEPT, TrainingService
 from chaosp2p.transport.host import Host
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.multiaddr import Multiaddr
 
 
 class AsyncPeer(Node):
-    """A running peer of a swarm. Create it with :func:`open_peer`."""
+    """A running peer of a swarm, for async code. Create it with :func:`open_peer`.
+
+    Plain (synchronous) training scripts hold a :class:`chaosp2p.Peer` instead, which runs one of
+    these on a background event loop.
+    """
 
     def __init__(
         self, *, config: PeerConfig, host: Host, task_group: anyio.abc.TaskGroup, clock: Clock, rng: random.Random
     ) -> None:
         super().__init__(config=config, host=host, task_group=task_group, clock=clock, rng=rng)
         self.state = StateService(self, config.transfer)
-        self.training = TrainingService(self)
+        self.training_port = PeerTrainingPort(self, self.state)
+        """What training needs from this peer (:class:`~chaosp2p.training.port.TrainingPort`)."""
+        self.training = TrainingService(
+            self.training_port,
+            averager=Averager(host, clock),
+            store=SnapshotStore(config.transfer, keep_latest=SNAPSHOTS_KEPT),
+        )
         """The averager and the collaboration protocol (registered before the peer accepts)."""
 
     async def collaborate(
@@ -61,7 +75,9 @@ class AsyncPeer(Node):
         (also done when the peer shuts down).
         """
         chosen = config or CollaborationConfig.profile_named(self.config.profile)
-        collaboration = AsyncCollaboration(self, run=run, model=model, optimizer=optimizer, config=chosen)
+        collaboration = AsyncCollaboration(
+            self.training_port, self.training, run=run, model=model, optimizer=optimizer, config=chosen
+        )
         await collaboration.start(found=found, timeout_s=timeout_s)
         return collaboration
 

@@ -17,19 +17,20 @@ from rich.console import Console
 from rich.table import Table
 
 from chaosp2p._version import __version__
-from chaosp2p.api import open_peer
-from chaosp2p.cli_common import (
+from chaosp2p.api.async_peer import open_peer
+from chaosp2p.cli.cluster import cluster as cluster_command
+from chaosp2p.cli.common import (
     BACKENDS,
+    PeerOptions,
     announce_ready,
     fail,
     load_config,
     peer_options,
     setup_logging,
 )
-from chaosp2p.cli_state import state as state_commands
-from chaosp2p.cluster.command import cluster as cluster_command
-from chaosp2p.dashboard.command import dashboard as dashboard_command
-from chaosp2p.dashboard.command import dashboard_config, http_token_option, maybe_dashboard
+from chaosp2p.cli.dashboard import dashboard as dashboard_command
+from chaosp2p.cli.dashboard import dashboard_config, http_token_option, maybe_dashboard
+from chaosp2p.cli.state import state as state_commands
 from chaosp2p.dashboard.config import DashboardConfig
 from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.runtime.config import PeerConfig
@@ -65,28 +66,21 @@ def main() -> None:
 )
 @http_token_option
 def peer(
-    listen: tuple[str, ...],
-    bootstrap: tuple[str, ...],
-    identity_path: str | None,
-    swarm_key_path: str | None,
-    profile: str,
+    peer: PeerOptions,
     ready_file: str | None,
     log_level: str,
-    backend: str,
     http: str | None,
     http_token: str | None,
 ) -> None:
     """Run a peer until interrupted (Ctrl-C or SIGTERM shut it down cleanly)."""
     setup_logging(log_level)
     try:
-        config = load_config(
-            profile, listen=listen, bootstrap=bootstrap, identity_path=identity_path, swarm_key_path=swarm_key_path
-        )
+        config = load_config(peer)
     except ConfigError as exc:
         fail(str(exc))
     dashboard = dashboard_config(http, http_token, role="peer")
     try:
-        anyio.run(_run_peer, config, ready_file, dashboard, backend=backend)
+        anyio.run(_run_peer, config, ready_file, dashboard, backend=peer.backend)
     except ChaosError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -210,7 +204,7 @@ def swarm_key(path: str) -> None:
 @main.command()
 def demo() -> None:
     """Train a model with a local swarm on loopback: joins, a leave and a crash, narrated."""
-    from chaosp2p.demo import run_demo
+    from chaosp2p.cli.demo import run_demo
 
     setup_logging("error")
     try:

@@ -1,8 +1,8 @@
 """The digits task: an MLP on scikit-learn's bundled digits, trained by the members of a run.
 
 Used by ``examples/train_digits.py`` and ``chaosp2p demo``; runnable as a peer with
-``python -m chaosp2p.training.digits [--join ADDR] [--steps N] ...`` (the shared example flags, see
-:mod:`chaosp2p.training.script`). Each step's global batch is drawn from a seed and the step number
+``python -m chaosp2p.trainers.digits [--join ADDR] [--steps N] ...`` (the shared example flags, see
+:mod:`chaosp2p.trainers.script`). Each step's global batch is drawn from a seed and the step number
 and split among the members by their batch shares in the agreed configuration; gradients are
 averaged weighted by samples, so the swarm follows the trajectory of one process training on the
 same batches (:func:`train_one_process` is that baseline). Besides one line per step, the metrics
@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
+from chaosp2p.api.blocking_peer import Peer
 from chaosp2p.protocols.membership import MembershipConfig
 from chaosp2p.runtime.config import PeerConfig
-from chaosp2p.sync import Peer
-from chaosp2p.training.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
+from chaosp2p.trainers.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
 
 RUN = "digits-mlp"
 DATA_SEED = 7

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import anyio
 import click
@@ -19,7 +21,6 @@ from chaosp2p.wire.multiaddr import Multiaddr
 
 console = Console(stderr=True)
 BACKENDS = ("trio", "asyncio")
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def setup_logging(level: str) -> None:
@@ -38,18 +39,40 @@ DEFAULT_PROFILE = "lan"
 host's routable addresses, LAN timings. ``local`` (loopback, fast timers) is for the demo and tests."""
 
 
-def load_config(profile: str, *, any_port: bool = False, **changes: Any) -> PeerConfig:
-    """A PeerConfig from a built-in profile name or a TOML file, with command-line changes on top.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerOptions:
+    """The options every command that runs a peer takes (see :func:`peer_options`)."""
+
+    profile: str = DEFAULT_PROFILE
+    """A built-in profile name or a TOML profile file."""
+    listen: tuple[str, ...] = ()
+    bootstrap: tuple[str, ...] = ()
+    identity_path: str | None = None
+    swarm_key_path: str | None = None
+    backend: str = "trio"
+
+
+def load_config(options: PeerOptions, *, any_port: bool = False) -> PeerConfig:
+    """A PeerConfig from a built-in profile name or a TOML file, with the command line's options on top.
 
     ``any_port``: without ``--listen``, a built-in profile listens on a free port instead of its
     fixed one (for short-lived commands that may run beside a ``chaosp2p peer`` on the same host).
     """
-    changes = {k: v for k, v in changes.items() if v not in (None, ())}
+    profile = options.profile
     if profile.endswith(".toml") or Path(profile).is_file():
-        return PeerConfig.from_toml(profile, **changes)
-    config = PeerConfig.profile_named(profile, **changes)
-    if any_port and "listen" not in changes:
-        config = config.replace(listen=[str(Multiaddr(a.host_kind, a.host, 0)) for a in config.listen_addrs()])
+        config = PeerConfig.from_toml(profile)
+    else:
+        config = PeerConfig.profile_named(profile)
+        if any_port and not options.listen:
+            config = config.replace(listen=[str(Multiaddr(a.host_kind, a.host, 0)) for a in config.listen_addrs()])
+    if options.listen:
+        config = config.replace(listen=options.listen)
+    if options.bootstrap:
+        config = config.replace(bootstrap=options.bootstrap)
+    if options.identity_path is not None:
+        config = config.replace(identity_path=options.identity_path)
+    if options.swarm_key_path is not None:
+        config = config.replace(swarm_key_path=options.swarm_key_path)
     return config
 
 
@@ -59,8 +82,11 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def peer_options(function: F) -> F:
-    """Options of every command that runs a peer: addresses, identity, admission, profile, backend."""
+def peer_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of every command that runs a peer: addresses, identity, admission, profile, backend.
+
+    The decorated command receives them as one ``peer: PeerOptions`` argument.
+    """
     options = [
         click.option(
             "--listen",
@@ -100,9 +126,32 @@ def peer_options(function: F) -> F:
         ),
         click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS)),
     ]
+
+    @functools.wraps(function)
+    def command(
+        *args: Any,
+        listen: tuple[str, ...],
+        bootstrap: tuple[str, ...],
+        identity_path: str | None,
+        swarm_key_path: str | None,
+        profile: str,
+        backend: str,
+        **others: Any,  # the command's own options, passed through by click
+    ) -> Any:
+        peer = PeerOptions(
+            profile=profile,
+            listen=listen,
+            bootstrap=bootstrap,
+            identity_path=identity_path,
+            swarm_key_path=swarm_key_path,
+            backend=backend,
+        )
+        return function(*args, peer=peer, **others)
+
+    wrapped: Callable[..., Any] = command
     for option in reversed(options):
-        function = option(function)
-    return function
+        wrapped = option(wrapped)
+    return wrapped
 
 
 async def announce_ready(peer_id: object, addrs: Sequence[Multiaddr], ready_file: str | None) -> None:

@@ -16,7 +16,7 @@ import anyio
 import click
 from rich.markup import escape
 
-from chaosp2p.cli_common import announce_ready, fail, load_config, peer_options, setup_logging
+from chaosp2p.cli.common import PeerOptions, announce_ready, fail, load_config, peer_options, setup_logging
 from chaosp2p.dashboard.config import DashboardConfig
 from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.runtime.config import PeerConfig
@@ -66,16 +66,6 @@ async def maybe_dashboard(node: Any, config: DashboardConfig | None) -> AsyncIte
         yield
 
 
-def advertise_observer(node: Any) -> None:
-    """Publish zero resources: an observer offers no compute, so no scheduler counts on it."""
-    membership = node.membership
-    membership.driver.call(
-        lambda now: membership.machine.set_local_resources(
-            now, cpu_cores=0, memory_bytes=0, gpus=0, gpu_memory_bytes=0, train_samples_per_s=0.0
-        )
-    )
-
-
 @click.command()
 @peer_options
 @click.option(
@@ -97,12 +87,7 @@ def advertise_observer(node: Any) -> None:
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
 def dashboard(
-    listen: tuple[str, ...],
-    bootstrap: tuple[str, ...],
-    identity_path: str | None,
-    swarm_key_path: str | None,
-    profile: str,
-    backend: str,
+    peer: PeerOptions,
     http: str,
     http_token: str | None,
     ready_file: str | None,
@@ -110,17 +95,15 @@ def dashboard(
 ) -> None:
     """Join a swarm as an observer (it trains nothing) and serve a live web dashboard of it."""
     setup_logging(log_level)
-    if not bootstrap:
+    if not peer.bootstrap:
         fail("the dashboard watches an existing swarm: give --bootstrap MULTIADDR")
     try:
-        config = load_config(
-            profile, listen=listen, bootstrap=bootstrap, identity_path=identity_path, swarm_key_path=swarm_key_path
-        )
+        config = load_config(peer)
     except ConfigError as exc:
         fail(str(exc))
     settings = dashboard_config(http, http_token, role="observer")
     try:
-        anyio.run(_run_observer, config, settings, ready_file, backend=backend)
+        anyio.run(_run_observer, config, settings, ready_file, backend=peer.backend)
     except ChaosError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -132,7 +115,7 @@ async def _run_observer(config: PeerConfig, settings: DashboardConfig | None, re
 
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_node(config, node_class=Node) as node:
-            advertise_observer(node)
+            node.membership.advertise_observer()
             async with maybe_dashboard(node, settings):
                 await announce_ready(node.peer_id, node.addrs, ready_file)
                 async for signum in signals:

@@ -1,7 +1,7 @@
 """``chaosp2p demo``: a local swarm trains one model together through a join, a leave and a crash.
 
 Everything runs on 127.0.0.1 with the built-in ``local`` profile. Peers are real processes running
-the digits task (:mod:`chaosp2p.training.digits`: an MLP on scikit-learn's bundled digits); the
+the digits task (:mod:`chaosp2p.trainers.digits`: an MLP on scikit-learn's bundled digits); the
 demo narrates what they report -- nothing is staged:
 
 1. three peers start; one founds the run, two join it (each downloads the members' model + Adam
@@ -91,7 +91,7 @@ def peer_processes(workdir: Path) -> Iterator[dict[str, DemoPeer]]:
 def start(peers: dict[str, DemoPeer], name: str, workdir: Path, join: list[str]) -> DemoPeer:
     """Start one digits peer and wait until it listens."""
     ready = workdir / f"{name}.ready"
-    command = [sys.executable, "-m", "chaosp2p.training.digits", "--steps", str(STEPS), "--batch", str(BATCH)]
+    command = [sys.executable, "-m", "chaosp2p.trainers.digits", "--steps", str(STEPS), "--batch", str(BATCH)]
     command += ["--profile", "local"]  # the demo is one machine; the CLI's default (lan) is for real hosts
     command += ["--pace", str(PACE_S), "--ready-file", str(ready), "--metrics-file", str(workdir / f"{name}.jsonl")]
     for addr in join:
@@ -239,7 +239,7 @@ def run_demo(console: Console) -> None:
         )
         finals = [next((r for r in reversed(peers[n].records()) if "accuracy" in r), None) for n in ("a", "d")]
         if all(finals):
-            from chaosp2p.training.digits import train_one_process
+            from chaosp2p.trainers.digits import train_one_process
 
             accuracy = sum(f["accuracy"] for f in finals if f) / 2
             baseline = train_one_process(last + 1, BATCH)

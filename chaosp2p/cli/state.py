@@ -20,8 +20,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from chaosp2p.api import open_peer
-from chaosp2p.cli_common import announce_ready, console, fail, load_config, peer_options, setup_logging
+from chaosp2p.api.async_peer import open_peer
+from chaosp2p.cli.common import PeerOptions, announce_ready, console, fail, load_config, peer_options, setup_logging
 from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.protocols.transfer import DropReason, TransferProgress
 from chaosp2p.protocols.transfer_messages import MANIFEST_DIGEST_BYTES
@@ -47,13 +47,11 @@ def state() -> None:
     help="Write {peer_id, addrs} as JSON here once serving.",
 )
 @peer_options
-def serve(
-    checkpoint: str, run: str, step: int, ready_file: str | None, backend: str, profile: str, **peer: Any
-) -> None:
+def serve(checkpoint: str, run: str, step: int, ready_file: str | None, peer: PeerOptions) -> None:
     """Serve CHECKPOINT (.npz, .pt) as run RUN's state to newcomers until interrupted."""
     setup_logging("info")
     try:
-        config = load_config(profile, any_port=True, **peer)
+        config = load_config(peer, any_port=True)
         flat = read_checkpoint(checkpoint)
         store = SnapshotStore(config.transfer)
         info = store.publish(run, step, flat)
@@ -65,7 +63,7 @@ def serve(
         highlight=False,
     )
     try:
-        anyio.run(_serve, config, store, run, ready_file, backend=backend)
+        anyio.run(_serve, config, store, run, ready_file, backend=peer.backend)
     except ChaosError as exc:
         fail(str(exc))
 
@@ -126,9 +124,7 @@ def pull(
     resume_path: str | None,
     timeout_s: float,
     as_json: bool,
-    backend: str,
-    profile: str,
-    **peer: Any,
+    peer: PeerOptions,
 ) -> None:
     """Fetch run RUN's state from several peers in parallel and write it to --out.
 
@@ -136,7 +132,7 @@ def pull(
     anything else is reported and not used. --digest and --trust pin the state.
     """
     setup_logging("warning")
-    if not sources and not peer.get("bootstrap"):
+    if not sources and not peer.bootstrap:
         fail("give --bootstrap (to find the run's sources in the DHT) or --source")
     try:
         digest = _parse_digest(digest_hex)
@@ -145,9 +141,20 @@ def pull(
         fail(str(exc))
     pins = _Pins(digest=digest, trusted=trust)
     try:
-        config = load_config(profile, any_port=True, **peer)
+        config = load_config(peer, any_port=True)
         summary = anyio.run(
-            _pull, config, run, out, step, sources, max_sources, pins, resume_path, timeout_s, as_json, backend=backend
+            _pull,
+            config,
+            run,
+            out,
+            step,
+            sources,
+            max_sources,
+            pins,
+            resume_path,
+            timeout_s,
+            as_json,
+            backend=peer.backend,
         )
     except TimeoutError:
         fail(f"the pull did not finish within {timeout_s:g} s")

@@ -13,26 +13,29 @@
     peer.shutdown()
 
 The peer runs on its own event loop in a background thread (anyio's blocking portal, trio
-backend); every method here is a thread-safe call into it.
+backend); every method here is a thread-safe call into it. This is the peer to hold in synchronous
+code; async code holds the :class:`chaosp2p.AsyncPeer` it wraps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio.from_thread
 
-from chaosp2p.api import AsyncPeer, open_peer
+from chaosp2p.api.async_peer import AsyncPeer, open_peer
 from chaosp2p.errors import ConfigError, LocalProtocolError
 from chaosp2p.protocols.membership import Member, Topology
 from chaosp2p.protocols.transfer import TransferProgress
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.state.service import LoadedState, load_into_torch
 from chaosp2p.state.snapshot import SnapshotStore
+
+T = TypeVar("T")
 
 
 class Peer:
@@ -91,13 +94,18 @@ class Peer:
     ) -> None:
         self.shutdown()
 
-    def _call(self, function: Callable[..., Any], *args: Any) -> Any:
+    def call(self, function: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await function(*args)`` on the peer's event loop and return its result.
+
+        For blocking facades built on this peer (:class:`chaosp2p.Collaboration` is one).
+        """
         if self._portal is None or self._peer is None:
             raise LocalProtocolError("the peer is not running (call start())")
         return self._portal.call(function, *args)
 
     @property
-    def _running(self) -> AsyncPeer:
+    def async_peer(self) -> AsyncPeer:
+        """The :class:`AsyncPeer` this facade runs; use it only from code on its event loop (:meth:`call`)."""
         if self._peer is None:
             raise LocalProtocolError("the peer is not running (call start())")
         return self._peer
@@ -106,24 +114,24 @@ class Peer:
     @property
     def peer_id(self) -> str:
         """This peer's PeerID (``12D3KooW...``)."""
-        return str(self._running.peer_id)
+        return str(self.async_peer.peer_id)
 
     @property
     def addrs(self) -> list[str]:
         """Multiaddrs other peers can bootstrap from."""
-        return [str(a) for a in self._running.addrs]
+        return [str(a) for a in self.async_peer.addrs]
 
     def members(self) -> tuple[Member, ...]:
         """The membership view (thread-safe snapshot)."""
-        return self._call(_sync, self._running.members)  # type: ignore[no-any-return]
+        return self.call(_on_loop, self.async_peer.members)
 
     def topology(self) -> Topology:
         """Members and links with RTT and bandwidth (thread-safe snapshot)."""
-        return self._call(_sync, self._running.topology)  # type: ignore[no-any-return]
+        return self.call(_on_loop, self.async_peer.topology)  # type: ignore[no-any-return]
 
     def report_throughput(self, samples_per_s: float) -> None:
         """Tell the cluster monitor how fast this peer trains."""
-        self._call(_sync, self._running.report_throughput, samples_per_s)
+        self.call(_on_loop, self.async_peer.report_throughput, samples_per_s)
 
     # ------------------------------------------------------------------ state
     def publish_state(self, model: Any, optimizer: Any = None, *, step: int) -> None:
@@ -132,14 +140,14 @@ class Peer:
 
         publish_torch(self.store, self.run, step, model, optimizer)
         if not self._serving:
-            self._call(partial(self._running.serve_state, self.store, runs=[self.run]))
+            self.call(partial(self.async_peer.serve_state, self.store, runs=[self.run]))
             self._serving = True
 
     def publish_arrays(self, arrays: dict[str, Any], *, step: int) -> None:
         """Like :meth:`publish_state` for plain numpy arrays (no torch needed)."""
         self.store.publish(self.run, step, arrays)
         if not self._serving:
-            self._call(partial(self._running.serve_state, self.store, runs=[self.run]))
+            self.call(partial(self.async_peer.serve_state, self.store, runs=[self.run]))
             self._serving = True
 
     def load_state_from_peers(
@@ -168,10 +176,11 @@ class Peer:
     def _load(self, timeout: float | None, progress: Callable[[TransferProgress], None] | None) -> LoadedState:
         if timeout is not None and timeout <= 0:
             raise ConfigError("timeout must be positive (or None)")
-        return self._call(_load_with_deadline, self._running, self.run, timeout, progress)  # type: ignore[no-any-return]
+        return self.call(_load_with_deadline, self.async_peer, self.run, timeout, progress)
 
 
-async def _sync(function: Callable[..., Any], *args: Any) -> Any:
+async def _on_loop(function: Callable[..., T], *args: Any) -> T:
+    """Call a plain function on the peer's event loop (its state is only touched from there)."""
     return function(*args)
 
 

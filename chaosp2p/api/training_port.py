@@ -1,0 +1,94 @@
+"""The peer's side of the training port: :class:`~chaosp2p.training.port.TrainingPort` served by its services.
+
+Each group of the port is answered by the service that owns it, never by a protocol machine:
+gates by the negotiation service, addresses by the membership and DHT services, streams by the
+transport host, providers by the state service. This adapter only routes; it decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from chaosp2p.clock import Clock
+from chaosp2p.protocols.membership import MemberState
+from chaosp2p.runtime.negotiation_service import NegotiationService
+from chaosp2p.runtime.node import Node
+from chaosp2p.state.service import LoadedState, StateService
+from chaosp2p.state.snapshot import SnapshotStore
+from chaosp2p.training.port import EventQueue, StreamHandler
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import Identity, PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+from chaosp2p.wire.protocol_ids import ProtocolId
+
+_LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+class PeerTrainingPort:
+    """The training port of one running peer (``AsyncPeer.training_port``)."""
+
+    def __init__(self, node: Node, state: StateService) -> None:
+        self._node = node
+        self._state = state
+
+    @property
+    def peer_id(self) -> PeerID:
+        """This peer."""
+        return self._node.peer_id
+
+    @property
+    def identity(self) -> Identity:
+        """This peer's key."""
+        return self._node.host.identity
+
+    @property
+    def clock(self) -> Clock:
+        """The peer's clock."""
+        return self._node.clock
+
+    @property
+    def profile(self) -> str:
+        """The peer's profile name."""
+        return self._node.config.profile
+
+    @property
+    def runs(self) -> NegotiationService:
+        """The negotiation service: the runs' configurations and step gates."""
+        return self._node.negotiation
+
+    def subscribe(self) -> EventQueue:
+        """Every peer event from now on."""
+        return self._node.events()
+
+    def dial_addrs(self, peer: PeerID) -> Sequence[Multiaddr]:
+        """Where ``peer`` can be dialled, from the membership view."""
+        return self._node.membership.dial_addrs(peer)
+
+    def run_contacts(self) -> list[PeerID]:
+        """Live members, then connected peers, then DHT contacts; each once."""
+        live = [m.peer_id for m in self._node.members() if m.state in _LIVE]
+        ordered = dict.fromkeys([*live, *self._node.connected_peers(), *self._node.dht.contacts()])
+        return list(ordered)
+
+    def own_incarnation(self) -> int:
+        """This peer's membership incarnation."""
+        return self._node.membership.own_incarnation()
+
+    async def open_stream(self, peer: PeerID, protocol: str) -> Stream:
+        """A new stream of ``protocol`` to ``peer``, connecting through its known addresses if needed."""
+        connection = await self._node.host.connection_to(peer, self.dial_addrs(peer))
+        return connection.open_stream(protocol)
+
+    def serve_streams(
+        self, protocol: ProtocolId | str, handler: StreamHandler, *, idle_timeout_s: float | None
+    ) -> None:
+        """Hand inbound streams of ``protocol`` to ``handler``."""
+        self._node.host.set_stream_handler(protocol, handler, idle_timeout_s=idle_timeout_s)
+
+    async def serve_state(self, store: SnapshotStore, *, runs: Iterable[str]) -> None:
+        """Offer ``store`` to newcomers and announce this peer as a provider of ``runs``."""
+        await self._state.serve(store, runs=runs)
+
+    async def load_state(self, run: str, *, step: int, sources: Sequence[str], digest: bytes | None) -> LoadedState:
+        """Pull ``run`` at ``step`` from ``sources`` in parallel, pinned to ``digest``."""
+        return await self._state.load(run, step=step, sources=sources, digest=digest)

@@ -1,0 +1,63 @@
+"""Serving newcomers: snapshots of a requested step, vouched for by this member.
+
+Theory of operation
+-------------------
+A newcomer asks every member for a snapshot of a step a little ahead of the run
+(:mod:`chaosp2p.training.joining`). A member remembers the request (``SnapshotWaiters``) and, when
+it completes that step, publishes its model and optimizer state in the peer's snapshot store (from
+a worker thread, while training goes on), signs a vouch over (run, step, state digest, digest of
+the configuration that governed the step) and answers with it. A request for a step already past
+is answered with what happened to it; one for another model architecture is refused. The answer
+never waits on anything but the member's own progress, and the newcomer decides whom to load from.
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.to_thread
+
+from chaosp2p.protocols.negotiation import Configuration
+from chaosp2p.state.torch_adapter import publish_torch
+from chaosp2p.training.collab_core import VOUCHES_KEPT, CollaborationCore
+from chaosp2p.training.messages import SnapshotReply, SnapshotRequest
+from chaosp2p.training.vouch import sign_vouch, vouched_reply
+
+
+class ServingNewcomers(CollaborationCore):
+    """The member role towards newcomers (see the module docstring)."""
+
+    async def _publish_snapshot(self, step: int, config: Configuration) -> None:
+        module, optimizer = self._snapshot_target()
+        store = self.service.store
+        info = await anyio.to_thread.run_sync(lambda: publish_torch(store, self.run, step, module, optimizer))
+        # Vouch for it: signed (run, step, state digest, configuration that governed the step).
+        vouch = sign_vouch(
+            self.port.identity, run=self.run, step=step, state_digest=info.digest, config_digest=config.digest
+        )
+        self._vouches[step] = (vouch, config)
+        while len(self._vouches) > VOUCHES_KEPT:
+            del self._vouches[next(iter(self._vouches))]
+        if not self._serving:
+            await self.port.serve_state(store, runs=[self.run])
+            self._serving = True
+        self.snapshots.done(step, True)
+
+    async def handle_snapshot_request(self, request: SnapshotRequest) -> SnapshotReply:
+        """A newcomer wants a snapshot of ``request.step``: answer once it is served, or why not."""
+        if request.layout != self.layout:
+            return SnapshotReply(ok=False, step=request.step, reason="different model architecture")
+        if request.step < self.step_index:
+            ok = self.snapshots.outcome(request.step)
+            return self._snapshot_reply(request, "" if ok else "already past that step")
+        event = self.snapshots.want(request.step)
+        await event.wait()
+        ok = self.snapshots.outcome(request.step)
+        return self._snapshot_reply(request, "" if ok else "the step was skipped")
+
+    def _snapshot_reply(self, request: SnapshotRequest, refusal: str) -> SnapshotReply:
+        """``ok`` with our vouch for the snapshot of ``request.step``, or the ``refusal``."""
+        found = None if refusal else self._vouches.get(request.step)
+        if found is None:
+            return SnapshotReply(ok=False, step=request.step, reason=refusal or "no vouch for that step")
+        vouch, config = found
+        return vouched_reply(vouch, config, asker_config_digest=request.config_digest)
