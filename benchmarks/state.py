@@ -53,7 +53,7 @@ from chaosp2p import PeerConfig, open_peer
 from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.errors import ChaosError
 from chaosp2p.protocols.transfer import SourceEstimate, TransferProgress
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.scheduling import (
     ShardPlan,
     Source,

@@ -49,7 +49,7 @@ _LAZY = {
     "PeerDisconnected": "chaosp2p.runtime.node",
     "BootstrapFailed": "chaosp2p.runtime.node",
     "SnapshotStore": "chaosp2p.state.snapshot",
-    "TransferConfig": "chaosp2p.protocols.transfer_config",
+    "TransferConfig": "chaosp2p.protocols.transfer.config",
     "TransferProgress": "chaosp2p.protocols.transfer",
     "DHTConfig": "chaosp2p.dht.config",
     "TransportConfig": "chaosp2p.transport.config",
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from chaosp2p.api.blocking_peer import Peer
     from chaosp2p.dht.config import DHTConfig
     from chaosp2p.protocols.transfer import TransferProgress
-    from chaosp2p.protocols.transfer_config import TransferConfig
+    from chaosp2p.protocols.transfer.config import TransferConfig
     from chaosp2p.runtime.config import PeerConfig
     from chaosp2p.runtime.node import BootstrapFailed, PeerConnected, PeerDisconnected, request_status
     from chaosp2p.state.snapshot import SnapshotStore

@@ -24,7 +24,7 @@ from chaosp2p.api.async_peer import open_peer
 from chaosp2p.cli.common import PeerOptions, announce_ready, console, fail, load_config, peer_options, setup_logging
 from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.protocols.transfer import DropReason, TransferProgress
-from chaosp2p.protocols.transfer_messages import MANIFEST_DIGEST_BYTES
+from chaosp2p.protocols.transfer.messages import MANIFEST_DIGEST_BYTES
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.state.checkpoint_file import read_checkpoint, write_checkpoint
 from chaosp2p.state.snapshot import SnapshotStore

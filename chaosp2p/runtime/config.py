@@ -25,7 +25,7 @@ from chaosp2p.dht.config import DHTConfig
 from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.wire.multiaddr import Multiaddr
 

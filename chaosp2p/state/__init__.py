@@ -5,7 +5,7 @@ Importing this package never imports torch; use :mod:`chaosp2p.state.torch_adapt
 """
 
 from chaosp2p.protocols.transfer import ResumeRecord, SourceProgress, TransferProgress
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.state.buffers import StagingBuffer
 from chaosp2p.state.manifest import (
     BufferSpec,

@@ -20,7 +20,7 @@ import numpy as np
 
 from chaosp2p.errors import ConfigError, LocalProtocolError, TransferError
 from chaosp2p.protocols.transfer import Completed, PayloadKind, PayloadSlot
-from chaosp2p.protocols.transfer_messages import Manifest
+from chaosp2p.protocols.transfer.messages import Manifest
 from chaosp2p.state.manifest import FlatState, array_views, as_bytes, verify_chunks
 from chaosp2p.state.snapshot import Allocator, default_allocator
 

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 
 
 def available_memory_bytes() -> int | None:

@@ -52,8 +52,8 @@ from chaosp2p.protocols.transfer import (
     SourcePenalised,
     TransferProgress,
 )
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import codec as TRANSFER_CODEC
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import codec as TRANSFER_CODEC
 from chaosp2p.state.buffers import StagingBuffer
 from chaosp2p.state.capacity import staging_capacity
 from chaosp2p.state.frames import receive_transfer_message

@@ -3,15 +3,15 @@
 A transport frame may be up to ``max_frame_bytes`` (1 MiB) and the generic decoder lets a frame's
 containers be that large. No transfer control message comes close (a full version list is about
 6 KiB), so transfer streams read their frames here instead: the length prefix is checked against
-:data:`~chaosp2p.protocols.transfer_messages.WIRE_MAX_FRAME_BYTES` before the body is read, and the
-body is decoded by :func:`~chaosp2p.protocols.transfer_messages.decode_message`, which refuses an
+:data:`~chaosp2p.protocols.transfer.messages.WIRE_MAX_FRAME_BYTES` before the body is read, and the
+body is decoded by :func:`~chaosp2p.protocols.transfer.messages.decode_message`, which refuses an
 oversized count from its msgpack header before anything is built.
 """
 
 from __future__ import annotations
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.protocols.transfer_messages import WIRE_MAX_FRAME_BYTES, decode_message
+from chaosp2p.protocols.transfer.messages import WIRE_MAX_FRAME_BYTES, decode_message
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.framing import LENGTH_PREFIX
 from chaosp2p.wire.messages import Message

@@ -1,6 +1,6 @@
 """Snapshot manifests: laying out named arrays in one byte space, chunk hashing and verification.
 
-The manifest dataclasses and their wire codec live in :mod:`chaosp2p.protocols.transfer_messages`
+The manifest dataclasses and their wire codec live in :mod:`chaosp2p.protocols.transfer.messages`
 (the protocol layer needs them and may not import this package); this module re-exports them and
 adds what only a peer with real arrays needs: a deterministic layout (names sorted, each buffer
 aligned to :data:`ALIGN_BYTES`, gaps zero), chunk hashing over a contiguous buffer, and typed
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chaosp2p.errors import ConfigError
-from chaosp2p.protocols.transfer_messages import (
+from chaosp2p.protocols.transfer.messages import (
     DIGEST_BYTES,
     DTYPE_ITEMSIZE,
     BufferSpec,

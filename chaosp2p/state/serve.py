@@ -27,8 +27,8 @@ from chaosp2p.protocols.transfer import (
     SnapshotCatalog,
     SourceSession,
 )
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import (
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import (
     PROTOCOL_ID,
     ErrorReply,
     GetChunks,
@@ -37,7 +37,7 @@ from chaosp2p.protocols.transfer_messages import (
     GetVersions,
     TransferErrorCode,
 )
-from chaosp2p.protocols.transfer_messages import codec as TRANSFER_CODEC
+from chaosp2p.protocols.transfer.messages import codec as TRANSFER_CODEC
 from chaosp2p.state.frames import receive_transfer_message
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host

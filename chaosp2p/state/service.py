@@ -21,7 +21,7 @@ import numpy as np
 from chaosp2p.errors import ChaosError, ConfigError, TransferError
 from chaosp2p.protocols.membership import MemberState
 from chaosp2p.protocols.transfer import Completed, ShardPlanner, SnapshotCatalog, TransferProgress
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.runtime.node import Node
 from chaosp2p.state.download import ProgressCallback, PullResult, SourceAddress, StagingFactory, pull_state
 from chaosp2p.state.manifest import FlatState

@@ -31,8 +31,8 @@ import numpy as np
 
 from chaosp2p.errors import ConfigError, LocalProtocolError
 from chaosp2p.protocols.transfer import PinnedSnapshot, SnapshotCatalog
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import BufferSpec, Manifest, VersionInfo, encode_manifest, manifest_digest
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import BufferSpec, Manifest, VersionInfo, encode_manifest, manifest_digest
 from chaosp2p.state.manifest import FlatState, as_bytes, build_manifest, layout_buffers, storage_dtype
 from chaosp2p.state.memory import allocate_bytes
 

@@ -30,7 +30,7 @@ import msgpack
 import numpy as np
 
 from chaosp2p.errors import ConfigError, TransferError
-from chaosp2p.protocols.transfer_messages import DTYPE_ITEMSIZE
+from chaosp2p.protocols.transfer.messages import DTYPE_ITEMSIZE
 from chaosp2p.state.manifest import FlatState, storage_dtype
 from chaosp2p.state.snapshot import SnapshotInfo, SnapshotStore
 

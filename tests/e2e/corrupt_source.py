@@ -17,7 +17,7 @@ import numpy as np
 from chaosp2p import PeerConfig, open_peer
 from chaosp2p.cli.common import announce_ready
 from chaosp2p.protocols.transfer import PinnedSnapshot
-from chaosp2p.protocols.transfer_messages import VersionInfo
+from chaosp2p.protocols.transfer.messages import VersionInfo
 from chaosp2p.state.checkpoint_file import read_checkpoint
 from chaosp2p.state.manifest import Manifest
 from chaosp2p.state.snapshot import SnapshotStore

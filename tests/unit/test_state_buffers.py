@@ -10,7 +10,7 @@ import pytest
 
 from chaosp2p.errors import ConfigError, LocalProtocolError, TransferError
 from chaosp2p.protocols.transfer import Completed, PayloadKind, PayloadSlot, ResumeRecord
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.state.buffers import StagingBuffer
 from chaosp2p.state.manifest import Manifest
 from chaosp2p.state.progress import format_bytes, format_progress

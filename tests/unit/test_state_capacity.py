@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.state.capacity import available_memory_bytes, staging_capacity
 
 

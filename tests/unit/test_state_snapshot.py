@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from chaosp2p.errors import ConfigError, LocalProtocolError
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.state.manifest import (
     ALIGN_BYTES,
     FlatState,

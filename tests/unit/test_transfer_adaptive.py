@@ -23,8 +23,8 @@ from chaosp2p.protocols.transfer import (
     SourceEstimate,
     SourceSession,
 )
-from chaosp2p.protocols.transfer.states import CHUNK_TRANSITIONS, ChunkInput, advance
-from chaosp2p.protocols.transfer_messages import CancelRequest, ErrorReply, GetChunks, GetManifest, TransferErrorCode
+from chaosp2p.protocols.transfer.messages import CancelRequest, ErrorReply, GetChunks, GetManifest, TransferErrorCode
+from chaosp2p.protocols.transfer.transitions import CHUNK_TRANSITIONS, ChunkInput, advance
 from chaosp2p.state.snapshot import SnapshotStore
 
 from .test_transfer_pull import (

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chaosp2p.errors import ConfigError, RemoteProtocolError
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import (
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import (
     DTYPE_ITEMSIZE,
     WIRE_MAX_FRAME_BYTES,
     BufferSpec,

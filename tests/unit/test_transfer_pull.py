@@ -45,8 +45,8 @@ from chaosp2p.protocols.transfer import (
     SourceSession,
     TransferProgress,
 )
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import (
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import (
     DataHeader,
     ErrorReply,
     GetChunks,

@@ -12,8 +12,8 @@ import pytest
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.transfer import OutgoingPayload, RequestQueue, SkippedRequest, SourceSession
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import (
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import (
     CancelRequest,
     DataHeader,
     ErrorReply,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from chaosp2p.errors import ConfigError, RemoteProtocolError
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import (
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import (
     DIGEST_BYTES,
     MANIFEST_DIGEST_BYTES,
     Manifest,

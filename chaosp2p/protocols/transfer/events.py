@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from chaosp2p.errors import TransferError
-from chaosp2p.protocols.transfer_messages import Manifest
+from chaosp2p.protocols.transfer.messages import Manifest
 from chaosp2p.wire.identity import PeerID
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from chaosp2p.protocols.transfer_messages import VersionInfo
+from chaosp2p.protocols.transfer.messages import VersionInfo
 from chaosp2p.wire.identity import PeerID
 
 

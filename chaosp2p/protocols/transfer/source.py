@@ -21,15 +21,14 @@ slow chunks elsewhere and cancels the loser).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
-from chaosp2p.protocols.transfer.payload import OutgoingPayload
-from chaosp2p.protocols.transfer_config import TransferConfig
-from chaosp2p.protocols.transfer_messages import (
+from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.protocols.transfer.messages import (
     PROTOCOL,
     WIRE_MAX_VERSIONS,
     CancelRequest,
@@ -46,6 +45,7 @@ from chaosp2p.protocols.transfer_messages import (
     VersionInfo,
     VersionsReply,
 )
+from chaosp2p.protocols.transfer.payload import OutgoingPayload
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 
@@ -134,22 +134,10 @@ class SourceSession:
         Raises :class:`RemoteProtocolError` if ``message`` is not a request (close the stream).
         """
         self._requests += 1
-        if isinstance(message, SkippedRequest):
-            return [self._error(sender, message.request_id, TransferErrorCode.CANCELLED, "cancelled")]
-        if isinstance(message, CancelRequest):
-            return []  # it reached us in order: what it names is answered already
-        if isinstance(message, GetVersions):
-            return [self._versions(sender, message)]
-        if isinstance(message, GetManifest):
-            return [self._manifest(now, sender, message)]
-        if isinstance(message, (GetChunks, GetRange)):
-            return [self._data(now, sender, message)]
-        if isinstance(message, ReleaseLease):
-            lease = self._leases.pop((sender, message.lease_id), None)
-            if lease is not None:
-                lease.pin.release()
-            return []
-        raise RemoteProtocolError(f"{PROTOCOL}: a source does not accept {type(message).__name__}")
+        handler = _RESPONDERS.get(type(message))
+        if handler is None:
+            raise RemoteProtocolError(f"{PROTOCOL}: a source does not accept {type(message).__name__}")
+        return handler(self, now, sender, message)
 
     def receive(self, now: float, sender: PeerID, protocol: str, message: Message) -> None:
         """:class:`MessageMachine` form of :meth:`respond` (replies are queued for ``take_outgoing``)."""
@@ -202,12 +190,27 @@ class SourceSession:
             to=sender, protocol=PROTOCOL, message=ErrorReply(request_id=request_id, code=code, detail=detail)
         )
 
-    def _versions(self, sender: PeerID, msg: GetVersions) -> Outgoing:
+    def _on_skipped(self, now: float, sender: PeerID, msg: SkippedRequest) -> list[Outgoing]:
+        return [self._error(sender, msg.request_id, TransferErrorCode.CANCELLED, "cancelled")]
+
+    def _on_cancel(self, now: float, sender: PeerID, msg: CancelRequest) -> list[Outgoing]:
+        return []  # it reached us in order: what it names is answered already
+
+    def _on_release(self, now: float, sender: PeerID, msg: ReleaseLease) -> list[Outgoing]:
+        lease = self._leases.pop((sender, msg.lease_id), None)
+        if lease is not None:
+            lease.pin.release()
+        return []
+
+    def _on_versions(self, now: float, sender: PeerID, msg: GetVersions) -> list[Outgoing]:
         versions = self.catalog.versions(msg.run)
         if versions is None:
-            return self._error(sender, msg.request_id, TransferErrorCode.UNKNOWN_RUN, f"no run {msg.run!r}")
+            return [self._error(sender, msg.request_id, TransferErrorCode.UNKNOWN_RUN, f"no run {msg.run!r}")]
         reply = VersionsReply(request_id=msg.request_id, run=msg.run, versions=tuple(versions)[:WIRE_MAX_VERSIONS])
-        return Outgoing(to=sender, protocol=PROTOCOL, message=reply)
+        return [Outgoing(to=sender, protocol=PROTOCOL, message=reply)]
+
+    def _on_manifest(self, now: float, sender: PeerID, msg: GetManifest) -> list[Outgoing]:
+        return [self._manifest(now, sender, msg)]
 
     def _manifest(self, now: float, sender: PeerID, msg: GetManifest) -> Outgoing:
         if msg.lease_id is not None:
@@ -248,30 +251,22 @@ class SourceSession:
             return OutgoingPayload(to=sender, protocol=PROTOCOL, message=reply, payload=memoryview(body))
         return Outgoing(to=sender, protocol=PROTOCOL, message=reply)
 
-    def _data(self, now: float, sender: PeerID, msg: GetChunks | GetRange) -> Outgoing:
+    def _on_chunks(self, now: float, sender: PeerID, msg: GetChunks) -> list[Outgoing]:
+        return [self._data(now, sender, msg, _chunk_span)]
+
+    def _on_range(self, now: float, sender: PeerID, msg: GetRange) -> list[Outgoing]:
+        return [self._data(now, sender, msg, _byte_span)]
+
+    def _data(self, now: float, sender: PeerID, msg: GetChunks | GetRange, span: _Span) -> Outgoing:
         lease = self._leases.get((sender, msg.lease_id))
         if lease is None:
             return self._error(sender, msg.request_id, TransferErrorCode.NO_LEASE, "no such lease")
         if (lease.run, lease.step) != (msg.run, msg.step):
             return self._error(sender, msg.request_id, TransferErrorCode.BAD_REQUEST, "lease is for another snapshot")
-        manifest = lease.pin.manifest
-        if isinstance(msg, GetChunks):
-            count = manifest.chunk_count
-            if msg.first_chunk >= count or msg.chunk_count > count - msg.first_chunk:
-                return self._error(
-                    sender, msg.request_id, TransferErrorCode.OUT_OF_RANGE, f"snapshot has {count} chunks"
-                )
-            offset = msg.first_chunk * manifest.chunk_bytes
-            end = min((msg.first_chunk + msg.chunk_count) * manifest.chunk_bytes, manifest.total_bytes)
-        else:
-            offset, end = msg.offset, msg.offset + msg.length
-            if end > manifest.total_bytes:
-                return self._error(
-                    sender,
-                    msg.request_id,
-                    TransferErrorCode.OUT_OF_RANGE,
-                    f"snapshot has {manifest.total_bytes} bytes",
-                )
+        bounds = span(lease.pin.manifest, msg)
+        if isinstance(bounds, str):
+            return self._error(sender, msg.request_id, TransferErrorCode.OUT_OF_RANGE, bounds)
+        offset, end = bounds
         length = end - offset
         if length > self.config.max_request_bytes:
             return self._error(
@@ -284,6 +279,25 @@ class SourceSession:
         self._bytes_served += length
         header = DataHeader(request_id=msg.request_id, offset=offset, length=length)
         return OutgoingPayload(to=sender, protocol=PROTOCOL, message=header, payload=lease.pin.data[offset:end])
+
+
+_Span = Callable[[Manifest, Any], tuple[int, int] | str]
+"""The bytes ``[offset, end)`` of the snapshot a data request names, or why it names bytes outside it."""
+
+
+def _chunk_span(manifest: Manifest, msg: GetChunks) -> tuple[int, int] | str:
+    count = manifest.chunk_count
+    if msg.first_chunk >= count or msg.chunk_count > count - msg.first_chunk:
+        return f"snapshot has {count} chunks"
+    offset = msg.first_chunk * manifest.chunk_bytes
+    return offset, min((msg.first_chunk + msg.chunk_count) * manifest.chunk_bytes, manifest.total_bytes)
+
+
+def _byte_span(manifest: Manifest, msg: GetRange) -> tuple[int, int] | str:
+    end = msg.offset + msg.length
+    if end > manifest.total_bytes:
+        return f"snapshot has {manifest.total_bytes} bytes"
+    return msg.offset, end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -323,3 +337,15 @@ class RequestQueue:
     def pop(self) -> Message | SkippedRequest | None:
         """The next request to answer, or ``None``."""
         return self._items.popleft() if self._items else None
+
+
+_RESPONDERS: dict[type, Callable[[SourceSession, float, PeerID, Any], list[Outgoing]]] = {
+    SkippedRequest: SourceSession._on_skipped,
+    CancelRequest: SourceSession._on_cancel,
+    GetVersions: SourceSession._on_versions,
+    GetManifest: SourceSession._on_manifest,
+    GetChunks: SourceSession._on_chunks,
+    GetRange: SourceSession._on_range,
+    ReleaseLease: SourceSession._on_release,
+}
+"""How a source answers each request (anything else is a protocol violation: close the stream)."""

@@ -11,10 +11,10 @@ import enum
 from dataclasses import dataclass, field
 
 from chaosp2p.protocols.base import Outgoing
+from chaosp2p.protocols.transfer.messages import PROTOCOL, ReleaseLease, VersionInfo
 from chaosp2p.protocols.transfer.payload import PayloadSlot
 from chaosp2p.protocols.transfer.planner import SourceEstimate
-from chaosp2p.protocols.transfer.states import SOURCE_TRANSITIONS, SourceInput, SourceState, advance
-from chaosp2p.protocols.transfer_messages import PROTOCOL, ReleaseLease, VersionInfo
+from chaosp2p.protocols.transfer.transitions import SOURCE_TRANSITIONS, SourceInput, SourceState, advance
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 

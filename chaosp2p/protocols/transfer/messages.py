@@ -35,7 +35,7 @@ import msgpack
 import xxhash
 
 from chaosp2p.errors import ConfigError, RemoteProtocolError
-from chaosp2p.protocols.transfer_config import TransferConfig
+from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.messages import Message, MessageCodec
 from chaosp2p.wire.protocol_ids import ProtocolId
