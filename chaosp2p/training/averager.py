@@ -69,7 +69,7 @@ from chaosp2p.errors import (
     RoundMismatch,
     StreamReset,
 )
-from chaosp2p.training.average_messages import (
+from chaosp2p.protocols.averaging.messages import (
     PROTOCOL,
     PROTOCOL_ID,
     Contribution,
@@ -80,11 +80,11 @@ from chaosp2p.training.average_messages import (
     WireDtype,
     codec,
 )
+from chaosp2p.protocols.averaging.plan import Shard, plan_shards
+from chaosp2p.protocols.averaging.shard_reduce import all_finite, decode, storage_dtype
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
-from chaosp2p.training.reduce_plan import Shard, plan_shards
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
-from chaosp2p.training.shard_reduce import all_finite, decode, storage_dtype
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream

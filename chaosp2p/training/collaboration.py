@@ -56,19 +56,26 @@ from chaosp2p.errors import (
     RoundMismatch,
     TransferError,
 )
+from chaosp2p.protocols.averaging.contributions import InvalidStreaks
+from chaosp2p.protocols.averaging.messages import RoundPhase, RoundTag
+from chaosp2p.protocols.averaging.shard_reduce import all_finite
+from chaosp2p.protocols.collab.messages import (
+    PROTOCOL,
+    FetchUpdate,
+    SnapshotReply,
+    SnapshotRequest,
+    UpdateHeader,
+    codec,
+)
+from chaosp2p.protocols.collab.vouch import Vouch, choose_vouched_state, read_vouches, sign_vouch, vouched_reply
 from chaosp2p.protocols.negotiation import Configuration, OperationCommitted, RunParams, ring_order
 from chaosp2p.runtime.events import Subscription
 from chaosp2p.runtime.negotiation_service import RunRemoved
-from chaosp2p.training.average_messages import RoundPhase, RoundTag
 from chaosp2p.training.catchup import UpdateReceiver
 from chaosp2p.training.config import CollaborationConfig
-from chaosp2p.training.contributions import InvalidStreaks
 from chaosp2p.training.feed import SnapshotWaiters, UpdateFeed
 from chaosp2p.training.flat import FlatParameters, layout_digest, parameter_digest
-from chaosp2p.training.messages import PROTOCOL, FetchUpdate, SnapshotReply, SnapshotRequest, UpdateHeader, codec
 from chaosp2p.training.outer import OuterState
-from chaosp2p.training.shard_reduce import all_finite
-from chaosp2p.training.vouch import Vouch, choose_vouched_state, read_vouches, sign_vouch, vouched_reply
 from chaosp2p.wire.identity import PeerID
 
 if TYPE_CHECKING:

@@ -13,9 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.state.snapshot import SnapshotStore
-from chaosp2p.training.averager import Averager
-from chaosp2p.training.messages import (
+from chaosp2p.protocols.collab.messages import (
     PROTOCOL_ID,
     FetchUpdate,
     ObserveAccepted,
@@ -25,6 +23,8 @@ from chaosp2p.training.messages import (
     UpdateHeader,
     codec,
 )
+from chaosp2p.state.snapshot import SnapshotStore
+from chaosp2p.training.averager import Averager
 from chaosp2p.transport.stream import Stream
 
 if TYPE_CHECKING:

@@ -22,11 +22,11 @@ torch = pytest.importorskip("torch")
 
 import chaosp2p  # noqa: E402
 from chaosp2p.api import AsyncPeer  # noqa: E402
+from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest  # noqa: E402
+from chaosp2p.protocols.collab.vouch import sign_vouch, vouched_reply  # noqa: E402
 from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.state.torch_adapter import publish_torch  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig  # noqa: E402
-from chaosp2p.training.messages import SnapshotReply, SnapshotRequest  # noqa: E402
-from chaosp2p.training.vouch import sign_vouch, vouched_reply  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 RUN = "vouched-run"

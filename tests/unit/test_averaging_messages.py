@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.training.average_messages import (
+from chaosp2p.protocols.averaging.messages import (
     WIRE_MAX_ELEMENTS,
     Contribution,
     Exclusion,

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from chaosp2p.errors import RemoteProtocolError, TransferError
-from chaosp2p.protocols.negotiation import Configuration, RunParams
-from chaosp2p.protocols.negotiation.configuration import make_configuration
-from chaosp2p.training.messages import SnapshotReply, SnapshotRequest, codec
-from chaosp2p.training.vouch import (
+from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest, codec
+from chaosp2p.protocols.collab.vouch import (
     StateNotVouched,
     Vouch,
     choose_vouched_state,
@@ -20,6 +18,8 @@ from chaosp2p.training.vouch import (
     sign_vouch,
     vouch_statement,
 )
+from chaosp2p.protocols.negotiation import Configuration, RunParams
+from chaosp2p.protocols.negotiation.configuration import make_configuration
 from chaosp2p.wire.identity import Identity
 
 RUN = "run-v"
