@@ -6,9 +6,8 @@ Run ``python tests/unit/test_averaging_vectors.py`` to print the blocks for the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,8 +31,9 @@ from chaosp2p.protocols.averaging import (
 )
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
+from tests.spec_blocks import named_lines
 
-SPEC = Path(__file__).resolve().parents[2] / "protocols" / "averaging.md"
+SPEC = "averaging.md"
 
 PEERS = {name: Identity.from_seed(bytes([seed]) * 32).peer_id for name, seed in (("A", 1), ("B", 2), ("C", 3))}
 A, B, C = PEERS["A"], PEERS["B"], PEERS["C"]
@@ -42,86 +42,49 @@ TAG = RoundTag(run="run-a", epoch=3, config_digest=bytes(range(32)), step=42)
 NON_FINITE = "non-finite values (NaN or infinity)"
 
 
+def answer(start: int, stop: int, total_weight: float, included: tuple[PeerID, ...], **rest: Any) -> Result:
+    """An OK answer for the float32 shard ``start..stop``."""
+    return Result(
+        status=ResultStatus.OK,
+        start=start,
+        stop=stop,
+        wire_dtype=WireDtype.FLOAT32,
+        payload_bytes=4 * (stop - start),
+        total_weight=total_weight,
+        included=included,
+        **rest,
+    )
+
+
 def vector_messages() -> dict[str, Message]:
     """Every message vector by name."""
+    contribution = Contribution(
+        tag=TAG, total_elements=1000, start=0, stop=512, wire_dtype=WireDtype.FLOAT32, weight=32.0, payload_bytes=2048
+    )
+    observer = dataclasses.replace(
+        contribution,
+        tag=dataclasses.replace(TAG, phase=RoundPhase.OUTER, attempt=1),
+        start=512,
+        stop=1000,
+        wire_dtype=WireDtype.BFLOAT16,
+        weight=0.0,
+        payload_bytes=0,
+    )
     return {
-        "Contribution": Contribution(
-            tag=TAG,
-            total_elements=1000,
-            start=0,
-            stop=512,
-            wire_dtype=WireDtype.FLOAT32,
-            weight=32.0,
-            payload_bytes=2048,
-        ),
-        "ContributionObserver": Contribution(
-            tag=RoundTag(
-                run="run-a", epoch=3, config_digest=bytes(range(32)), step=42, phase=RoundPhase.OUTER, attempt=1
-            ),
-            total_elements=1000,
-            start=512,
-            stop=1000,
-            wire_dtype=WireDtype.BFLOAT16,
-            weight=0.0,
-            payload_bytes=0,
-        ),
-        "ResultOk": Result(
-            status=ResultStatus.OK,
-            start=0,
-            stop=512,
-            wire_dtype=WireDtype.FLOAT32,
-            payload_bytes=2048,
-            total_weight=96.0,
-            included=(B, A, C),
-        ),
-        "ResultExcluded": Result(
-            status=ResultStatus.OK,
-            start=512,
-            stop=1000,
-            wire_dtype=WireDtype.FLOAT32,
-            payload_bytes=1952,
-            total_weight=64.0,
-            excluded=(Exclusion(peer=C, reason=NON_FINITE),),
-            included=(B, A),
-        ),
-        "ResultRevision": Result(
-            status=ResultStatus.OK,
-            start=0,
-            stop=512,
-            wire_dtype=WireDtype.FLOAT32,
-            payload_bytes=2048,
-            total_weight=64.0,
-            included=(B, A),
-            revision=1,
-        ),
+        "Contribution": contribution,
+        "ContributionObserver": observer,
+        "ResultOk": answer(0, 512, 96.0, (B, A, C)),
+        "ResultExcluded": answer(512, 1000, 64.0, (B, A), excluded=(Exclusion(peer=C, reason=NON_FINITE),)),
+        "ResultRevision": answer(0, 512, 64.0, (B, A), revision=1),
         "ResultRefused": Result(status=ResultStatus.REFUSED, detail="payload of 100 bytes, expected 2048"),
-        "ResultMismatch": Result(
-            status=ResultStatus.MISMATCH, detail="round run-a@e3/s42/gradients/00010203 already completed here"
-        ),
+        "ResultMismatch": Result(status=ResultStatus.MISMATCH, detail=f"round {TAG} already completed here"),
         "ResultAborted": Result(status=ResultStatus.ABORTED, detail="timed out", missing=(C,)),
     }
 
 
-def block(kind: str) -> list[str]:
-    """The non-empty lines of the one ```kind block of the spec."""
-    blocks = re.findall(rf"^```{kind}\n(.*?)^```", SPEC.read_text(encoding="utf-8"), flags=re.M | re.S)
-    assert len(blocks) == 1, f"protocols/averaging.md must hold exactly one ```{kind} block"
-    return [line for line in blocks[0].splitlines() if line.strip() and not line.startswith("#")]
-
-
-def named_lines(kind: str) -> dict[str, str]:
-    """``name rest`` lines of a block, by name (names unique)."""
-    out: dict[str, str] = {}
-    for line in block(kind):
-        name, rest = line.split(" ", 1)
-        assert name not in out, f"duplicate vector {name}"
-        out[name] = rest
-    return out
-
-
 # ---------------------------------------------------------------------- messages
 def test_spec_lists_exactly_the_known_message_vectors() -> None:
-    assert set(named_lines("vectors")) == set(vector_messages())
+    assert set(named_lines(SPEC, "vectors")) == set(vector_messages())
 
 
 def test_every_message_type_and_status_has_a_vector() -> None:
@@ -134,7 +97,7 @@ def test_every_message_type_and_status_has_a_vector() -> None:
 @pytest.mark.parametrize("name", sorted(vector_messages()))
 def test_message_vector_encodes_and_decodes(name: str) -> None:
     expected = vector_messages()[name]
-    data = bytes.fromhex(named_lines("vectors")[name])
+    data = bytes.fromhex(named_lines(SPEC, "vectors")[name])
     assert codec.encode(expected) == data
     assert codec.decode(data, max_bytes=1 << 20) == expected
 
@@ -142,7 +105,7 @@ def test_message_vector_encodes_and_decodes(name: str) -> None:
 # ---------------------------------------------------------------------- the reduce plan
 def plan_cases() -> dict[str, dict[str, Any]]:
     """The plan vectors of the spec, parsed (members are named A, B, C)."""
-    return {name: json.loads(rest) for name, rest in named_lines("plan-vectors").items()}
+    return {name: json.loads(rest) for name, rest in named_lines(SPEC, "plan-vectors").items()}
 
 
 def compute_plan(case: dict[str, Any]) -> list[list[int]]:
@@ -173,7 +136,7 @@ def from_bits(patterns: list[str], wire: WireDtype) -> np.ndarray:
 
 def dtype_cases() -> dict[str, dict[str, Any]]:
     """The wire-format vectors of the spec, parsed."""
-    return {name: json.loads(rest) for name, rest in named_lines("dtype-vectors").items()}
+    return {name: json.loads(rest) for name, rest in named_lines(SPEC, "dtype-vectors").items()}
 
 
 @pytest.mark.parametrize("name", sorted(dtype_cases()))
@@ -193,7 +156,7 @@ def test_wire_format_vector(name: str) -> None:
 # ---------------------------------------------------------------------- the owner's arithmetic
 def reduce_cases() -> dict[str, dict[str, Any]]:
     """The shard-arithmetic vectors of the spec, parsed."""
-    return {name: json.loads(rest) for name, rest in named_lines("reduce-vectors").items()}
+    return {name: json.loads(rest) for name, rest in named_lines(SPEC, "reduce-vectors").items()}
 
 
 def run_reduce(case: dict[str, Any], *, reverse: bool = False) -> tuple[np.ndarray, ShardReducer]:

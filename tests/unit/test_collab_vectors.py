@@ -5,32 +5,17 @@ Run ``python tests/unit/test_collab_vectors.py`` to print the vectors block for 
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
-from chaosp2p.protocols.collab import (
-    FetchUpdate,
-    ObserveAccepted,
-    ObserveRequest,
-    Refused,
-    SnapshotReply,
-    SnapshotRequest,
-    UpdateHeader,
-    Vouch,
-    choose_vouched_state,
-    codec,
-    read_vouches,
-    sign_vouch,
-    vouched_reply,
-)
+from chaosp2p.protocols import collab
+from chaosp2p.protocols.collab import SnapshotReply, Vouch, codec, sign_vouch, vouched_reply
 from chaosp2p.protocols.negotiation import Configuration, RunParams
 from chaosp2p.protocols.negotiation.configuration import make_configuration
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.messages import Message
+from tests.spec_blocks import named_lines
 
-SPEC = Path(__file__).resolve().parents[2] / "protocols" / "collab.md"
+SPEC = "collab.md"
 
 IA, IB = (Identity.from_seed(bytes([seed]) * 32) for seed in (1, 2))
 RUN = "run-a"
@@ -59,29 +44,21 @@ def vector_messages() -> dict[str, Message]:
     config = configuration()
     vouch_a = sign_vouch(IA, run=RUN, step=STEP, state_digest=STATE_DIGEST, config_digest=config.digest)
     return {
-        "ObserveRequest": ObserveRequest(run=RUN, layout=LAYOUT),
-        "ObserveAccepted": ObserveAccepted(completed=40, numel=1000),
-        "UpdateHeader": UpdateHeader(step=41, epoch=3, config_digest=config.digest, numel=1000),
-        "SnapshotRequest": SnapshotRequest(run=RUN, step=STEP, layout=LAYOUT, config_digest=config.digest),
+        "ObserveRequest": collab.ObserveRequest(run=RUN, layout=LAYOUT),
+        "ObserveAccepted": collab.ObserveAccepted(completed=40, numel=1000),
+        "UpdateHeader": collab.UpdateHeader(step=41, epoch=3, config_digest=config.digest, numel=1000),
+        "SnapshotRequest": collab.SnapshotRequest(run=RUN, step=STEP, layout=LAYOUT, config_digest=config.digest),
         "SnapshotReplyVouched": vouched_reply(vouch_a, config, asker_config_digest=config.digest),
         "SnapshotReplyWithConfiguration": vouched_reply(vouch_a, config, asker_config_digest=b""),
         "SnapshotReplyRefused": SnapshotReply(ok=False, step=STEP, reason="already past that step"),
-        "FetchUpdate": FetchUpdate(run=RUN, step=41, config_digest=config.digest),
-        "Refused": Refused(reason="this peer does not train that run"),
+        "FetchUpdate": collab.FetchUpdate(run=RUN, step=41, config_digest=config.digest),
+        "Refused": collab.Refused(reason="this peer does not train that run"),
     }
 
 
 def spec_vectors() -> dict[str, str]:
-    blocks = re.findall(r"^```vectors\n(.*?)^```", SPEC.read_text(encoding="utf-8"), flags=re.M | re.S)
-    assert len(blocks) == 1, "protocols/collab.md must hold exactly one ```vectors block"
-    out: dict[str, str] = {}
-    for line in blocks[0].splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        name, hexdata = line.split()
-        assert name not in out, f"duplicate vector {name}"
-        out[name] = hexdata
-    return out
+    """The spec's message vectors: hex by name."""
+    return named_lines(SPEC, "vectors")
 
 
 def test_spec_lists_exactly_the_known_vectors() -> None:
@@ -120,10 +97,10 @@ def test_the_vouches_in_the_vectors_verify_and_a_quorum_of_them_is_chosen() -> N
     # A's reply and B's (signed the same way) make a quorum of the two-member configuration.
     vouch_b = sign_vouch(IB, run=RUN, step=STEP, state_digest=STATE_DIGEST, config_digest=config.digest)
     b_reply = vouched_reply(vouch_b, config, asker_config_digest=config.digest)
-    vouches, cited = read_vouches(
+    vouches, cited = collab.read_vouches(
         [(IA.peer_id, replies[0]), (IB.peer_id, b_reply)], run=RUN, anchor=config, max_members=64, max_links=64
     )
-    chosen = choose_vouched_state(vouches, run=RUN, step=STEP, anchor=config, configurations=cited)
+    chosen = collab.choose_vouched_state(vouches, run=RUN, step=STEP, anchor=config, configurations=cited)
     assert chosen.state_digest == STATE_DIGEST and chosen.vouchers == tuple(sorted([IA.peer_id, IB.peer_id]))
 
 
