@@ -51,7 +51,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
     import anyio
 
     from chaosp2p.clock import MonotonicClock
-    from chaosp2p.training.average_messages import RoundTag
+    from chaosp2p.protocols.averaging.messages import RoundTag
     from chaosp2p.training.averager import Averager
     from chaosp2p.training.averager_config import AveragerConfig
     from chaosp2p.transport.config import TransportConfig

@@ -34,6 +34,17 @@ MOVED_MODULES: dict[str, str] = {
     "chaosp2p.cli_common": "chaosp2p.cli.common",
     "chaosp2p.cli_state": "chaosp2p.cli.state",
     "chaosp2p.demo": "chaosp2p.cli.demo",
+    "chaosp2p.cluster.command": "chaosp2p.cli.cluster",
+    "chaosp2p.dashboard.command": "chaosp2p.cli.dashboard",
+    "chaosp2p.protocols.transfer_messages": "chaosp2p.protocols.transfer.messages",
+    "chaosp2p.protocols.transfer_config": "chaosp2p.protocols.transfer.config",
+    "chaosp2p.protocols.transfer.states": "chaosp2p.protocols.transfer.transitions",
+    "chaosp2p.training.average_messages": "chaosp2p.protocols.averaging.messages",
+    "chaosp2p.training.reduce_plan": "chaosp2p.protocols.averaging.plan",
+    "chaosp2p.training.shard_reduce": "chaosp2p.protocols.averaging.shard_reduce",
+    "chaosp2p.training.contributions": "chaosp2p.protocols.averaging.contributions",
+    "chaosp2p.training.messages": "chaosp2p.protocols.collab.messages",
+    "chaosp2p.training.vouch": "chaosp2p.protocols.collab.vouch",
 }
 """Old module path -> the module that holds its code now."""
 

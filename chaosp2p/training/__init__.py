@@ -16,13 +16,13 @@ from chaosp2p._moved import moved_name
 
 if TYPE_CHECKING:
     from chaosp2p.errors import TrainingError
-    from chaosp2p.training.average_messages import RoundPhase, RoundTag
+    from chaosp2p.protocols.averaging.messages import RoundPhase, RoundTag
+    from chaosp2p.protocols.averaging.plan import ReducePlan, Shard, plan_shards
     from chaosp2p.training.averager import Averager, AveragerConfig, Exclusion, RoundStats
     from chaosp2p.training.collab_core import StepStatistics
     from chaosp2p.training.collaboration import AsyncCollaboration
     from chaosp2p.training.config import CollaborationConfig
     from chaosp2p.training.port import RunGates, TrainingPort
-    from chaosp2p.training.reduce_plan import ReducePlan, Shard, plan_shards
 
 _LAZY = {
     "AsyncCollaboration": "chaosp2p.training.collaboration",
@@ -35,11 +35,11 @@ _LAZY = {
     "AveragerConfig": "chaosp2p.training.averager",
     "Exclusion": "chaosp2p.training.averager",
     "RoundStats": "chaosp2p.training.averager",
-    "RoundPhase": "chaosp2p.training.average_messages",
-    "RoundTag": "chaosp2p.training.average_messages",
-    "ReducePlan": "chaosp2p.training.reduce_plan",
-    "Shard": "chaosp2p.training.reduce_plan",
-    "plan_shards": "chaosp2p.training.reduce_plan",
+    "RoundPhase": "chaosp2p.protocols.averaging.messages",
+    "RoundTag": "chaosp2p.protocols.averaging.messages",
+    "ReducePlan": "chaosp2p.protocols.averaging.plan",
+    "Shard": "chaosp2p.protocols.averaging.plan",
+    "plan_shards": "chaosp2p.protocols.averaging.plan",
 }
 
 

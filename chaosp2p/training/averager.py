@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :meth:`Averager.all_reduce` runs one *round* (identified by a :class:`RoundTag`) as a butterfly
-(see :mod:`chaosp2p.training.reduce_plan` for why): the buffer is cut into one shard per member,
+(see :mod:`chaosp2p.protocols.averaging.plan` for why): the buffer is cut into one shard per member,
 every member sends each owner its slice of that owner's shard, each owner validates and averages
 what it received, and sends the averaged shard back to everyone. A member plays two roles at once:
 
@@ -12,9 +12,9 @@ what it received, and sends the averaged shard back to everyone. A member plays 
   record buffer), then read the owner's :class:`Result` and receive the averaged shard straight
   into the same slice of the caller's buffer (the connection decrypts records in place);
 * *owner*: inbound streams arrive through the stream handler; their payloads are received into a
-  preallocated staging array per contributor, chunk by chunk, and
-  :class:`~chaosp2p.training.shard_reduce.ShardReducer` reduces each chunk once all contributions
-  of it are in. The averaged shard goes to every contributor -- the same bytes, so every member
+  preallocated staging array per contributor, chunk by chunk, and the
+  :class:`~chaosp2p.protocols.averaging.shard_reduce.ShardReducer` reduces each chunk once all
+  contributions of it are in. The averaged shard goes to every contributor -- the same bytes, so every member
   ends the round with an identical buffer.
 
 Contributions that reach an owner before it started the round (members arrive at different
@@ -69,7 +69,7 @@ from chaosp2p.errors import (
     RoundMismatch,
     StreamReset,
 )
-from chaosp2p.training.average_messages import (
+from chaosp2p.protocols.averaging.messages import (
     PROTOCOL,
     PROTOCOL_ID,
     Contribution,
@@ -80,11 +80,11 @@ from chaosp2p.training.average_messages import (
     WireDtype,
     codec,
 )
+from chaosp2p.protocols.averaging.plan import Shard, plan_shards
+from chaosp2p.protocols.averaging.shard_reduce import all_finite, decode, storage_dtype
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
-from chaosp2p.training.reduce_plan import Shard, plan_shards
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
-from chaosp2p.training.shard_reduce import all_finite, decode, storage_dtype
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream

@@ -17,7 +17,7 @@ import anyio.abc
 import numpy as np
 
 from chaosp2p.errors import ChaosError, RemoteProtocolError, TransferError
-from chaosp2p.training.messages import ObserveAccepted, ObserveRequest, Refused, UpdateHeader, codec
+from chaosp2p.protocols.collab.messages import ObserveAccepted, ObserveRequest, Refused, UpdateHeader, codec
 from chaosp2p.transport.stream import Stream
 
 

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chaosp2p.errors import ConfigError, LocalProtocolError
+from chaosp2p.protocols.averaging.contributions import InvalidStreaks
+from chaosp2p.protocols.collab.vouch import Vouch
 from chaosp2p.protocols.negotiation import Configuration, OperationCommitted, ring_order
 from chaosp2p.training.config import CollaborationConfig
-from chaosp2p.training.contributions import InvalidStreaks
 from chaosp2p.training.feed import SnapshotWaiters, UpdateFeed
 from chaosp2p.training.flat import FlatParameters, layout_digest, parameter_digest
 from chaosp2p.training.outer import OuterState
 from chaosp2p.training.port import EventQueue, TrainingPort
-from chaosp2p.training.vouch import Vouch
 from chaosp2p.wire.identity import PeerID
 
 if TYPE_CHECKING:

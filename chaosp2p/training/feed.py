@@ -29,7 +29,7 @@ import anyio
 import numpy as np
 
 from chaosp2p.errors import ChaosError
-from chaosp2p.training.messages import UpdateHeader, codec
+from chaosp2p.protocols.collab.messages import UpdateHeader, codec
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
 

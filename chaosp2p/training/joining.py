@@ -8,7 +8,7 @@ step it completes, and asks every member of the configuration for a snapshot of 
 ahead (``snapshot_ahead_steps``). Members snapshot that step while they keep training, and each
 vouches for it: a signature over (run, step, state digest, configuration). Only the state a quorum
 of the configuration that governed the step vouches for is loaded, from the members that vouched
-for it, in parallel, pinned to its digest (see :mod:`chaosp2p.training.vouch`).
+for it, in parallel, pinned to its digest (see :mod:`chaosp2p.protocols.collab.vouch`).
 
 Then the newcomer replays the sponsor's updates after the snapshot step, asks to be admitted once
 it is within ``join_lag_steps`` of the sponsor, and keeps replaying until the admission step: its
@@ -28,12 +28,12 @@ import anyio.to_thread
 import numpy as np
 
 from chaosp2p.errors import ChaosError, TrainingError, TransferError
+from chaosp2p.protocols.collab.messages import PROTOCOL, SnapshotReply, SnapshotRequest, codec
+from chaosp2p.protocols.collab.vouch import choose_vouched_state, read_vouches
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.state.service import load_into_torch
 from chaosp2p.training.catchup import UpdateReceiver
 from chaosp2p.training.collab_core import CollaborationCore, mean_throughput
-from chaosp2p.training.messages import PROTOCOL, SnapshotReply, SnapshotRequest, codec
-from chaosp2p.training.vouch import choose_vouched_state, read_vouches
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 
+from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest
+from chaosp2p.protocols.collab.vouch import sign_vouch, vouched_reply
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.state.torch_adapter import publish_torch
 from chaosp2p.training.collab_core import VOUCHES_KEPT, CollaborationCore
-from chaosp2p.training.messages import SnapshotReply, SnapshotRequest
-from chaosp2p.training.vouch import sign_vouch, vouched_reply
 
 
 class ServingNewcomers(CollaborationCore):

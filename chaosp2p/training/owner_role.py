@@ -24,9 +24,9 @@ import numpy as np
 
 from chaosp2p.clock import Clock
 from chaosp2p.errors import ConnectionClosed, RemoteProtocolError, StreamReset
-from chaosp2p.training.average_messages import Exclusion, Result, ResultStatus, WireDtype, codec
+from chaosp2p.protocols.averaging.messages import Exclusion, Result, ResultStatus, WireDtype, codec
+from chaosp2p.protocols.averaging.shard_reduce import Part, ShardReducer, decode, encode, storage_dtype
 from chaosp2p.training.round_state import Inbound, RoundState
-from chaosp2p.training.shard_reduce import Part, ShardReducer, decode, encode, storage_dtype
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
 

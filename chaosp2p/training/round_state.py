@@ -15,8 +15,8 @@ from typing import Literal
 import anyio
 import numpy as np
 
-from chaosp2p.training.average_messages import Contribution, Result, ResultStatus, RoundTag, WireDtype
-from chaosp2p.training.reduce_plan import ReducePlan
+from chaosp2p.protocols.averaging.messages import Contribution, Result, ResultStatus, RoundTag, WireDtype
+from chaosp2p.protocols.averaging.plan import ReducePlan
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
 

@@ -16,10 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from chaosp2p.errors import LocalProtocolError, RemoteProtocolError
-from chaosp2p.state.snapshot import SnapshotStore
-from chaosp2p.training.averager import Averager
-from chaosp2p.training.feed import UpdateFeed
-from chaosp2p.training.messages import (
+from chaosp2p.protocols.collab.messages import (
     PROTOCOL_ID,
     FetchUpdate,
     ObserveAccepted,
@@ -30,6 +27,9 @@ from chaosp2p.training.messages import (
     UpdateHeader,
     codec,
 )
+from chaosp2p.state.snapshot import SnapshotStore
+from chaosp2p.training.averager import Averager
+from chaosp2p.training.feed import UpdateFeed
 from chaosp2p.training.port import TrainingPort
 from chaosp2p.transport.stream import Stream
 

@@ -42,12 +42,12 @@ from chaosp2p.errors import (
     RunRemoved,
     TrainingError,
 )
+from chaosp2p.protocols.averaging.messages import RoundPhase, RoundTag
+from chaosp2p.protocols.averaging.shard_reduce import all_finite
+from chaosp2p.protocols.collab.messages import PROTOCOL, FetchUpdate, UpdateHeader, codec
 from chaosp2p.protocols.negotiation import Configuration, ring_order
-from chaosp2p.training.average_messages import RoundPhase, RoundTag
 from chaosp2p.training.averager import RoundStats
 from chaosp2p.training.collab_core import CollaborationCore, StepStatistics, participants
-from chaosp2p.training.messages import PROTOCOL, FetchUpdate, UpdateHeader, codec
-from chaosp2p.training.shard_reduce import all_finite
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
@@ -226,7 +226,7 @@ class Stepping(CollaborationCore):
 
     def _judge_contributions(self, config: Configuration, step: int, invalid: tuple[PeerID, ...]) -> None:
         """Sign an EVICT of each member whose contributions failed our own checks (as a shard owner)
-        ``evict_after_invalid_rounds`` rounds in a row (see :mod:`chaosp2p.training.contributions`)."""
+        ``evict_after_invalid_rounds`` rounds in a row (see :mod:`chaosp2p.protocols.averaging.contributions`)."""
         if self._left:
             return
         for peer in self._invalid.observe(participants(config, step), invalid):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from chaosp2p.errors import ContributionRefused, RoundAborted, RoundMismatch
+from chaosp2p.protocols.averaging.messages import RoundTag
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import Node, open_node
-from chaosp2p.training.average_messages import RoundTag
 from chaosp2p.training.averager import Averager, RoundStats
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole

@@ -22,11 +22,11 @@ torch = pytest.importorskip("torch")
 
 import chaosp2p  # noqa: E402
 from chaosp2p.api.async_peer import AsyncPeer  # noqa: E402
+from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest  # noqa: E402
+from chaosp2p.protocols.collab.vouch import sign_vouch, vouched_reply  # noqa: E402
 from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.state.torch_adapter import publish_torch  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig  # noqa: E402
-from chaosp2p.training.messages import SnapshotReply, SnapshotRequest  # noqa: E402
-from chaosp2p.training.vouch import sign_vouch, vouched_reply  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 RUN = "vouched-run"
@@ -55,14 +55,14 @@ class LyingCollaboration(AsyncCollaboration):
         saved = weight.detach().clone()
         with torch.no_grad():  # a different state; the live model is restored exactly, no await between
             weight.add_(0.25)
-            info = publish_torch(self.peer.training.store, self.run, request.step, self.model, self.optimizer)
+            info = publish_torch(self.service.store, self.run, request.step, self.model, self.optimizer)
             weight.copy_(saved)
         if not self._serving:
-            await self.peer.serve_state(self.peer.training.store, runs=[self.run])
+            await self.port.serve_state(self.service.store, runs=[self.run])
             self._serving = True
         config = self.configuration
         vouch = sign_vouch(
-            self.peer.host.identity,
+            self.port.identity,
             run=self.run,
             step=request.step,
             state_digest=info.digest,
@@ -80,7 +80,9 @@ class Member:
         model, optimizer = _model()
         settings = CollaborationConfig.local(global_batch=GLOBAL_BATCH, round_timeout_min_s=3.0, **config)
         cls = LyingCollaboration if liar else AsyncCollaboration
-        self.collab = cls(peer, run=RUN, model=model, optimizer=optimizer, config=settings)
+        self.collab = cls(
+            peer.training_port, peer.training, run=RUN, model=model, optimizer=optimizer, config=settings
+        )
         if liar:
             self.collab.lied_about = []  # type: ignore[attr-defined]
         self.digests: dict[int, str] = {}

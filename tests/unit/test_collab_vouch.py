@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from chaosp2p.errors import RemoteProtocolError, TransferError
-from chaosp2p.protocols.negotiation import Configuration, RunParams
-from chaosp2p.protocols.negotiation.configuration import make_configuration
-from chaosp2p.training.messages import SnapshotReply, SnapshotRequest, codec
-from chaosp2p.training.vouch import (
+from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest, codec
+from chaosp2p.protocols.collab.vouch import (
     StateNotVouched,
     Vouch,
     choose_vouched_state,
@@ -20,13 +18,15 @@ from chaosp2p.training.vouch import (
     sign_vouch,
     vouch_statement,
 )
+from chaosp2p.protocols.negotiation import Configuration, RunParams
+from chaosp2p.protocols.negotiation.configuration import make_configuration
 from chaosp2p.wire.identity import Identity
 
 RUN = "run-v"
 STEP = 12
 GOOD = hashlib.sha256(b"the members' state").digest()
 BAD = hashlib.sha256(b"a substituted state").digest()
-SPEC = Path(__file__).resolve().parents[2] / "protocols" / "transfer.md"
+SPEC = Path(__file__).resolve().parents[2] / "protocols" / "collab.md"
 
 
 def ids(count: int, base: int = 0) -> list[Identity]:
@@ -228,7 +228,7 @@ def test_vouch_fields_of_the_wrong_size_are_refused_when_decoded(fields: dict[st
 
 def test_the_statement_matches_the_spec_vector() -> None:
     match = re.search(r"```vouch-vector\n(\S+) ([0-9a-f]+)\n```", SPEC.read_text())
-    assert match, "protocols/transfer.md has no vouch-vector block"
+    assert match, "protocols/collab.md has no vouch-vector block"
     assert match.group(1) == "VouchStatement"
     statement = vouch_statement("run-a", 42, bytes(range(32)), bytes(range(32, 64)))
     assert statement.hex() == match.group(2)

@@ -15,6 +15,7 @@ Every Contribution carries the :class:`RoundTag`; an owner that is not in that r
 the header itself was unacceptable (length, range, dtype, weight); ``ABORTED`` carries the members
 the owner found missing, so every member names the same culprits. ``validate()`` checks only
 configuration-independent wire limits; the owner checks lengths against its own buffer.
+``protocols/averaging.md`` is the normative description, with test vectors.
 
 A contribution excluded by any owner is excluded from the whole round: every member learns all
 exclusions from the first answers (each lists the peers whose values it ``included``), so every
@@ -37,10 +38,15 @@ PROTOCOL_ID = ProtocolId(PROTOCOL, 1)
 """``/chaos/average/1``."""
 
 WIRE_MAX_U64 = (1 << 64) - 1
+"""Largest epoch, step, attempt and ``payload_bytes``."""
 WIRE_MAX_RUN_CHARS = 256
+"""A run id has 1 to this many characters."""
 WIRE_MAX_DIGEST_BYTES = 64
+"""Longest configuration digest in a :class:`RoundTag`."""
 WIRE_MAX_DETAIL_CHARS = 1024
+"""Longest ``Result.detail`` and ``Exclusion.reason``."""
 WIRE_MAX_MEMBERS = 1024
+"""Most entries in each of ``Result.excluded``, ``missing`` and ``included``."""
 WIRE_MAX_ELEMENTS = 1 << 40
 """No buffer has more elements than this (4 TiB of float32): a hard bound before any local check."""
 

@@ -5,17 +5,8 @@ from __future__ import annotations
 import pytest
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.training.average_messages import (
-    WIRE_MAX_ELEMENTS,
-    Contribution,
-    Exclusion,
-    Result,
-    ResultStatus,
-    RoundPhase,
-    RoundTag,
-    WireDtype,
-    codec,
-)
+from chaosp2p.protocols.averaging import Contribution, Exclusion, Result, ResultStatus, RoundPhase, RoundTag, WireDtype
+from chaosp2p.protocols.averaging.messages import WIRE_MAX_ELEMENTS, codec
 from chaosp2p.wire.identity import Identity
 
 PEER = Identity.from_seed(b"\x07" * 32).peer_id

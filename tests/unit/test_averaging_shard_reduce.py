@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chaosp2p.training.average_messages import WireDtype
-from chaosp2p.training.shard_reduce import Part, ShardReducer, decode, encode
+from chaosp2p.protocols.averaging.messages import WireDtype
+from chaosp2p.protocols.averaging.shard_reduce import Part, ShardReducer, decode, encode
 from chaosp2p.wire.identity import Identity
 
 PEERS = sorted(Identity.from_seed(bytes([i + 1]) * 32).peer_id for i in range(5))

@@ -3,10 +3,11 @@
 Theory of operation
 -------------------
 Every member of a round holds a flat float32 buffer of the same length. The buffer is cut into one
-contiguous *shard* per member, in the order of the member list (the configuration's order, sorted by
-peer id), sized in proportion to each member's bandwidth estimate and aligned to ``align_elements``
-(64 floats = 256 bytes: whole cache lines, and SIMD-friendly for the reduce). The averaging is a
-*butterfly* (direct reduce-scatter, then all-gather):
+contiguous *shard* per member, in the order of the member list every member passes (the
+collaboration passes the configuration's ring order restricted to the step's participants), sized
+in proportion to each member's bandwidth estimate and aligned to ``align_elements`` (64 floats =
+256 bytes: whole cache lines, and SIMD-friendly for the reduce). The averaging is a *butterfly*
+(direct reduce-scatter, then all-gather):
 
 1. reduce-scatter: every member sends its slice of shard *k* straight to shard *k*'s owner, which
    checks each contribution on its own (length, dtype, weight, finite values) and computes the
@@ -32,7 +33,8 @@ or a member that should not carry load); unknown bandwidth (``None``) counts as 
 known values, i.e. equal when nothing is known.
 
 Everything here is exact integer/rational arithmetic on the inputs, so every member computes the
-identical plan from the identical (member list, bandwidths, length).
+identical plan from the identical (member list, bandwidths, length). ``protocols/averaging.md``
+section 5 is the normative description, with a test vector.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaosp2p.errors import ConfigError
-from chaosp2p.training.reduce_plan import plan_shards
+from chaosp2p.protocols.averaging.plan import plan_shards
 from chaosp2p.wire.identity import Identity, PeerID
 
 PEERS = sorted(Identity.from_seed(bytes([i]) * 32).peer_id for i in range(12))

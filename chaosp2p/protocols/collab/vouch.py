@@ -38,6 +38,8 @@ What this does not defend against: a majority of the configuration that lies tog
 no Byzantine tolerance), or an anchor configuration that was itself forged: configurations are
 agreed by Paxos among members but not signed, so a newcomer that asked a peer outside the run is
 only as safe as that peer's answer (ask peers you trust: ``--bootstrap``).
+
+``protocols/collab.md`` is the normative description, with the statement's test vector.
 """
 
 from __future__ import annotations
@@ -47,17 +49,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from chaosp2p.errors import ChaosError, RemoteProtocolError, TransferError
+from chaosp2p.protocols.collab.messages import SnapshotReply
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.protocols.negotiation.configuration import decode_configuration
-from chaosp2p.training.messages import SnapshotReply
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity, PeerID
 
 log = logging.getLogger("chaosp2p.training")
 
 VOUCH_DOMAIN = "chaosp2p/collab/vouch/1"
+"""First item of every signed statement, so a vouch signature means nothing in another protocol."""
 DIGEST_BYTES = 32
+"""Size of the state and configuration digests a vouch names (SHA-256)."""
 SIGNATURE_BYTES = 64
+"""Size of an Ed25519 signature."""
 MAX_CONFIGURATIONS = 4
 """Distinct cited configurations a newcomer decodes per decision (honest members cite one, or
 two around a change); vouches citing others are not counted."""

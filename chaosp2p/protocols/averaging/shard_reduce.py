@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chaosp2p.training.average_messages import WireDtype
+from chaosp2p.protocols.averaging.messages import WireDtype
 from chaosp2p.wire.identity import PeerID
 
 _NUMPY_STORAGE: dict[WireDtype, type[np.generic]] = {

@@ -6,7 +6,7 @@ One stream per request; the first frame names the request:
   complete ``step``". The member answers once the snapshot is served (``ok``) or at once if it is
   already past that step or does not train the run. Every member of a synchronous run holds
   bit-identical state at a step, so the newcomer can pull the snapshot from all of them in parallel.
-  An ``ok`` reply carries the member's *vouch* (:mod:`chaosp2p.training.vouch`): its signature over
+  An ``ok`` reply carries the member's *vouch* (:mod:`chaosp2p.protocols.collab.vouch`): its signature over
   the snapshot's digest and the digest of the configuration that governed the step, plus that
   configuration's encoding when it is not the one the request named.
 * :class:`FetchUpdate` -> :class:`UpdateHeader` + raw bytes, or :class:`Refused`: "give me the
@@ -18,7 +18,8 @@ One stream per request; the first frame names the request:
   replays them on top of the snapshot until it is admitted.
 
 Limits: run ids are bounded, ``numel`` must equal the receiver's own model size (checked before a
-byte is read), and a refusal carries a bounded reason.
+byte is read), and a refusal carries a bounded reason. ``protocols/collab.md`` is the normative
+description, with test vectors.
 """
 
 from __future__ import annotations
@@ -31,16 +32,24 @@ from chaosp2p.wire.messages import Message, MessageCodec
 from chaosp2p.wire.protocol_ids import ProtocolId
 
 PROTOCOL = "collab"
+"""Protocol name (streams are opened with ``connection.open_stream(PROTOCOL)``)."""
 PROTOCOL_ID = ProtocolId(PROTOCOL, 1)
 """``/chaos/collab/1``."""
 
 MAX_RUN_CHARS = 256
+"""A run id has 1 to this many characters."""
 MAX_REASON_CHARS = 512
+"""Longest refusal reason."""
 MAX_STEP = (1 << 53) - 1
+"""Largest step, epoch and ``numel`` (exact in a float64, as JSON readers need)."""
 LAYOUT_BYTES = 16
+"""Size of a model layout digest (``chaosp2p.training.flat.layout_digest``)."""
 MAX_DIGEST_BYTES = 64
+"""Longest configuration digest in :class:`UpdateHeader` and :class:`FetchUpdate`."""
 VOUCH_DIGEST_BYTES = 32
+"""Size of a vouch's state and configuration digests (SHA-256)."""
 VOUCH_SIGNATURE_BYTES = 64
+"""Size of a vouch's Ed25519 signature."""
 MAX_CONFIGURATION_BYTES = 16 << 20
 """As negotiation's limit; a frame is bounded by the transport's ``max_frame_bytes`` first."""
 
