@@ -10,7 +10,7 @@ import pytest
 
 from chaosp2p.errors import RemoteProtocolError, TransferError
 from chaosp2p.protocols.negotiation import Configuration, RunParams
-from chaosp2p.protocols.negotiation.configuration import make_configuration
+from chaosp2p.protocols.negotiation.run_configuration import make_configuration
 from chaosp2p.training.messages import SnapshotReply, SnapshotRequest, codec
 from chaosp2p.training.vouch import (
     StateNotVouched,
