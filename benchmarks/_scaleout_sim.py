@@ -1,7 +1,7 @@
 """Simulated scale-out for benchmarks/scaleout.py: the negotiation machines plus a transfer-time model.
 
 Nothing here opens a socket or reads a clock: the negotiation runs on
-:class:`~chaosp2p.protocols.negotiation.simswarm.NegotiationSwarm` (real machines, virtual time,
+:class:`~chaosp2p.sim.negotiation.NegotiationSwarm` (real machines, virtual time,
 the swarm's all-reduce oracle standing in for training), and state transfer times come from the
 shard planner's model (:mod:`chaosp2p.scheduling`), which ``benchmarks/state.py`` checks against
 real pulls (measured within 1.05-1.2x of ``S / sum(caps)`` on this machine).
@@ -40,8 +40,8 @@ from typing import Any
 
 from chaosp2p.protocols.negotiation import NegotiationConfig, OpKind, RunParams
 from chaosp2p.protocols.negotiation.events import Admitted
-from chaosp2p.protocols.negotiation.simswarm import NegotiationSwarm
 from chaosp2p.scheduling import Source, plan_chaos_default, plan_shards
+from chaosp2p.sim.negotiation import NegotiationSwarm
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import PeerID
 

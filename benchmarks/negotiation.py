@@ -67,11 +67,11 @@ from _common import percentile, print_table, write_json
 
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation import NegotiationConfig, NegotiationMachine, OpKind, RunParams
-from chaosp2p.protocols.negotiation.configuration import make_configuration
 from chaosp2p.protocols.negotiation.messages import Accept, Accepted, Commit, JoinRequest, OpsAnnounce
 from chaosp2p.protocols.negotiation.operations import PROTOCOL
 from chaosp2p.protocols.negotiation.paxos import coordinator
-from chaosp2p.protocols.negotiation.simswarm import NegotiationSwarm, install_configuration
+from chaosp2p.protocols.negotiation.run_configuration import make_configuration
+from chaosp2p.sim.negotiation import NegotiationSwarm, install_configuration
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message

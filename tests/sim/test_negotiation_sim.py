@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from chaosp2p.protocols.negotiation import NegotiationConfig, OpKind, RunParams
-from chaosp2p.protocols.negotiation.simswarm import NegotiationSwarm
+from chaosp2p.sim.negotiation import NegotiationSwarm
 from chaosp2p.sim.network import LinkProfile
 
 PEERS = 256

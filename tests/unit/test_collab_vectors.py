@@ -10,7 +10,7 @@ import pytest
 from chaosp2p.protocols import collab
 from chaosp2p.protocols.collab import SnapshotReply, Vouch, codec, sign_vouch, vouched_reply
 from chaosp2p.protocols.negotiation import Configuration, RunParams
-from chaosp2p.protocols.negotiation.configuration import make_configuration
+from chaosp2p.protocols.negotiation.run_configuration import make_configuration
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.messages import Message
 from tests.spec_blocks import named_lines

@@ -19,7 +19,7 @@ from chaosp2p.protocols.collab.vouch import (
     vouch_statement,
 )
 from chaosp2p.protocols.negotiation import Configuration, RunParams
-from chaosp2p.protocols.negotiation.configuration import make_configuration
+from chaosp2p.protocols.negotiation.run_configuration import make_configuration
 from chaosp2p.wire.identity import Identity
 
 RUN = "run-v"

@@ -1,4 +1,4 @@
-"""A configuration's packed body is spliced from its predecessor's (``configuration_columns``): the
+"""A configuration's packed body is spliced from its predecessor's (``configuration_body``): the
 result must be exactly msgpack's encoding of the new body, so digests never depend on history."""
 
 from __future__ import annotations
@@ -10,15 +10,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaosp2p.protocols.negotiation.configuration import (
-    Configuration,
-    LinkEntry,
-    RunParams,
-    make_configuration,
-    next_configuration,
-)
-from chaosp2p.protocols.negotiation.configuration_columns import DELETE, INSERT, SET, Edit, pack_ids, splice_column
+from chaosp2p.protocols.negotiation.configuration_body import DELETE, INSERT, SET, Edit, pack_ids, splice_column
+from chaosp2p.protocols.negotiation.configuration_change import next_configuration
 from chaosp2p.protocols.negotiation.operations import Operation, OpKind, op_id, sign_operation
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, LinkEntry, RunParams, make_configuration
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity
 

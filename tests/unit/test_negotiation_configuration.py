@@ -7,20 +7,8 @@ import dataclasses
 import pytest
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.protocols.negotiation.configuration import (
-    MAX_OP_AGE_EPOCHS,
-    Configuration,
-    LinkEntry,
-    RunParams,
-    check_operation,
-    compute_shares,
-    decode_configuration,
-    genesis_configuration,
-    make_configuration,
-    next_configuration,
-    quorum,
-    ring_order,
-)
+from chaosp2p.protocols.negotiation.configuration_change import APPLY_BY_KIND, check_operation, next_configuration
+from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
 from chaosp2p.protocols.negotiation.operations import (
     Operation,
     OpKind,
@@ -28,6 +16,17 @@ from chaosp2p.protocols.negotiation.operations import (
     apply_order,
     op_id,
     sign_operation,
+)
+from chaosp2p.protocols.negotiation.run_configuration import (
+    MAX_OP_AGE_EPOCHS,
+    Configuration,
+    LinkEntry,
+    RunParams,
+    compute_shares,
+    genesis_configuration,
+    make_configuration,
+    quorum,
+    ring_order,
 )
 from chaosp2p.wire.identity import Identity, PeerID
 
@@ -196,6 +195,10 @@ def test_apply_order_is_deterministic_whatever_the_input_order() -> None:
     a, _ = next_configuration(c, entries, 20)
     b, _ = next_configuration(c, list(reversed(entries)), 20)
     assert a.digest == b.digest and not a.has_member(P[3]) and a.has_member(P[6])
+
+
+def test_every_operation_kind_has_a_way_to_apply() -> None:
+    assert set(APPLY_BY_KIND) == set(OpKind)
 
 
 def test_departed_members_cannot_be_readmitted_by_a_replayed_join() -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.protocols.negotiation.configuration import RunParams, decode_configuration, make_configuration
+from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
+from chaosp2p.protocols.negotiation.run_configuration import RunParams, make_configuration
 from chaosp2p.wire.framing import pack, unpack
 from chaosp2p.wire.identity import Identity, PeerID
 

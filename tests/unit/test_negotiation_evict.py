@@ -19,16 +19,15 @@ from chaosp2p.protocols.negotiation import (
     RemovedFromRun,
     RunParams,
 )
-from chaosp2p.protocols.negotiation.configuration import (
-    Configuration,
+from chaosp2p.protocols.negotiation.configuration_change import (
     check_operation,
     eviction_cap,
     evictions,
-    make_configuration,
     next_configuration,
 )
 from chaosp2p.protocols.negotiation.messages import OpsAnnounce, Prepare, RefusePast
 from chaosp2p.protocols.negotiation.operations import Operation, SignatureCache, op_id, sign_operation
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration
 from chaosp2p.wire.identity import Identity
 
 from .test_negotiation_machine import RUN, conf, make_net, of_type, report_all, roles

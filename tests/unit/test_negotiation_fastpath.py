@@ -9,7 +9,7 @@ from __future__ import annotations
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation import ProposerPhase, ResyncNeeded, RunState
 from chaosp2p.protocols.negotiation.messages import Accept, Accepted, OpsAnnounce, Prepare
-from chaosp2p.protocols.negotiation.simswarm import ManualNet
+from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import PeerID
 from tests.unit.test_negotiation_machine import CFG, RUN, conf, make_net, of_type, report_all, roles, state
 

@@ -24,7 +24,7 @@ from chaosp2p.protocols.negotiation import (
 )
 from chaosp2p.protocols.negotiation.messages import Commit, JoinRequest, Sync, SyncReply
 from chaosp2p.protocols.negotiation.paxos import coordinator
-from chaosp2p.protocols.negotiation.simswarm import ManualNet
+from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
 

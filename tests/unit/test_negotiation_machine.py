@@ -34,8 +34,7 @@ from chaosp2p.protocols.negotiation import (
 )
 from chaosp2p.protocols.negotiation.messages import Accept, Accepted, Commit, Promise
 from chaosp2p.protocols.negotiation.paxos import coordinator
-from chaosp2p.protocols.negotiation.simswarm import ManualNet
-from chaosp2p.protocols.negotiation.state import (
+from chaosp2p.protocols.negotiation.transitions import (
     PROPOSER_TRANSITIONS,
     TRANSITIONS,
     ProposerEvent,
@@ -43,6 +42,7 @@ from chaosp2p.protocols.negotiation.state import (
     proposer_transition,
     transition,
 )
+from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
 

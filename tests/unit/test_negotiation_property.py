@@ -1,9 +1,9 @@
 """Property test: random interleavings of joins, leaves, crashes, link changes, throughput changes,
 evictions (signed by a random number of members), message loss, duplication and reordering, and
-partitions, over 8+ simulated peers that train with the all-reduce oracle (``simswarm``). After
-every rule the safety invariants must hold; once faults stop and the network heals (a majority of
-every configuration is alive by construction), every running peer must agree on one configuration
-made of exactly the running peers.
+partitions, over 8+ simulated peers that train with the all-reduce oracle
+(``chaosp2p.sim.negotiation``). After every rule the safety invariants must hold; once faults stop
+and the network heals (a majority of every configuration is alive by construction), every running
+peer must agree on one configuration made of exactly the running peers.
 
 Invariants (``NegotiationSwarm.violations``):
 * no two configurations for one epoch, anywhere (peers that crashed or were removed included);
@@ -28,8 +28,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from chaosp2p.errors import LocalProtocolError
 from chaosp2p.protocols.negotiation import NegotiationConfig, RunParams
-from chaosp2p.protocols.negotiation.configuration import quorum
-from chaosp2p.protocols.negotiation.simswarm import NegotiationSwarm
+from chaosp2p.protocols.negotiation.run_configuration import quorum
+from chaosp2p.sim.negotiation import NegotiationSwarm
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import PeerID
 

@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from chaosp2p.protocols.negotiation.configuration import (
-    LinkEntry,
-    RunParams,
-    decode_configuration,
-    genesis_configuration,
-    next_configuration,
-)
+from chaosp2p.protocols.negotiation.configuration_change import next_configuration
+from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
     Accepted,
@@ -37,7 +32,8 @@ from chaosp2p.protocols.negotiation.messages import (
     codec,
 )
 from chaosp2p.protocols.negotiation.operations import OpKind, op_id, sign_operation
-from chaosp2p.protocols.negotiation.state import render_state_diagram
+from chaosp2p.protocols.negotiation.run_configuration import LinkEntry, RunParams, genesis_configuration
+from chaosp2p.protocols.negotiation.transitions import render_state_diagram
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.messages import Message
 
@@ -163,5 +159,5 @@ def test_the_spec_shows_the_diagrams_the_tables_render() -> None:
     match = re.search(r"<!-- state-diagram:begin -->\n(.*?)<!-- state-diagram:end -->", text, re.S)
     assert match, "no generated state diagram in the spec"
     assert match.group(1) == render_state_diagram(), (
-        "protocols/negotiation.md is stale: paste chaosp2p.protocols.negotiation.state.render_state_diagram()"
+        "protocols/negotiation.md is stale: paste chaosp2p.protocols.negotiation.transitions.render_state_diagram()"
     )

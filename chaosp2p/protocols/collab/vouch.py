@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from chaosp2p.errors import ChaosError, RemoteProtocolError, TransferError
 from chaosp2p.protocols.collab.messages import SnapshotReply
 from chaosp2p.protocols.negotiation import Configuration
-from chaosp2p.protocols.negotiation.configuration import decode_configuration
+from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity, PeerID
 

@@ -7,17 +7,7 @@ See ``protocols/negotiation.md`` for the wire spec and :mod:`.machine` for the t
 from __future__ import annotations
 
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.negotiation.configuration import (
-    Configuration,
-    LinkEntry,
-    MemberEntry,
-    RunParams,
-    batch_shares,
-    compute_shares,
-    next_configuration,
-    quorum,
-    ring_order,
-)
+from chaosp2p.protocols.negotiation.configuration_change import next_configuration
 from chaosp2p.protocols.negotiation.events import (
     Admitted,
     ConfigurationCommitted,
@@ -37,7 +27,17 @@ from chaosp2p.protocols.negotiation.events import (
 from chaosp2p.protocols.negotiation.machine import NegotiationMachine
 from chaosp2p.protocols.negotiation.messages import NegotiationMessageType, codec
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, Operation, OpKind
-from chaosp2p.protocols.negotiation.state import ProposerPhase, RunState
+from chaosp2p.protocols.negotiation.run_configuration import (
+    Configuration,
+    LinkEntry,
+    MemberEntry,
+    RunParams,
+    batch_shares,
+    compute_shares,
+    quorum,
+    ring_order,
+)
+from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
 
 __all__ = [
     "PROTOCOL",

@@ -16,12 +16,7 @@ from typing import Any
 from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.negotiation.configuration import (
-    AppliedOp,
-    Configuration,
-    capped_evictions,
-    check_operation,
-)
+from chaosp2p.protocols.negotiation.configuration_change import AppliedOp, capped_evictions, check_operation
 from chaosp2p.protocols.negotiation.events import (
     NegotiationEvent,
     OperationRejected,
@@ -46,7 +41,8 @@ from chaosp2p.protocols.negotiation.paxos import (
     RunRecord,
     coordinator,
 )
-from chaosp2p.protocols.negotiation.state import (
+from chaosp2p.protocols.negotiation.run_configuration import Configuration
+from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     ProposerPhase,
     RunEvent,

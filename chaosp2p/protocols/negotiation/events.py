@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaosp2p.protocols.negotiation.configuration import Configuration
 from chaosp2p.protocols.negotiation.operations import OpKind
-from chaosp2p.protocols.negotiation.state import ProposerPhase, RunState
+from chaosp2p.protocols.negotiation.run_configuration import Configuration
+from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
 from chaosp2p.wire.identity import PeerID
 
 

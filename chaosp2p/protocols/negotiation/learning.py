@@ -15,13 +15,8 @@ from __future__ import annotations
 import bisect
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.protocols.negotiation.configuration import (
-    AppliedOp,
-    Configuration,
-    check_operation,
-    decode_configuration,
-    next_configuration,
-)
+from chaosp2p.protocols.negotiation.configuration_change import AppliedOp, check_operation, next_configuration
+from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
 from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
     Admitted,
@@ -54,7 +49,8 @@ from chaosp2p.protocols.negotiation.paxos import (
     RunRecord,
     coordinator,
 )
-from chaosp2p.protocols.negotiation.state import (
+from chaosp2p.protocols.negotiation.run_configuration import Configuration
+from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     RunEvent,
     RunState,

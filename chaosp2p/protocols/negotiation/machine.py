@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Each peer runs one :class:`NegotiationMachine` for all the runs it takes part in. A run has a
-sequence of configurations C_0, C_1, ... (``configuration.py``); C_{e+1} is computed by every member
+sequence of configurations C_0, C_1, ... (``run_configuration.py``); C_{e+1} is computed by every member
 from C_e and the *value* decided by Paxos instance e+1: a batch of signed operations (join, leave,
 fail, link up/down, throughput) and the activation step S from which C_{e+1} governs training.
 
@@ -48,11 +48,6 @@ from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation.config import MAX_STEP, NegotiationConfig
-from chaosp2p.protocols.negotiation.configuration import (
-    Configuration,
-    RunParams,
-    genesis_configuration,
-)
 from chaosp2p.protocols.negotiation.events import (
     ConfigurationCommitted,
     NegotiationEvent,
@@ -87,7 +82,8 @@ from chaosp2p.protocols.negotiation.paxos import (
     JoinRecord,
 )
 from chaosp2p.protocols.negotiation.proposer import PaxosRoles
-from chaosp2p.protocols.negotiation.state import (
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, RunParams, genesis_configuration
+from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     RunEvent,
     RunState,

@@ -3,7 +3,7 @@
 Every message is the msgpack array ``[type, field1, field2, ...]`` built by
 :class:`~chaosp2p.wire.messages.MessageCodec`; nested records (operations, ballots, values, commit
 records) are arrays of their fields in declaration order. Configurations travel as ``bytes``: their
-canonical encoding followed by the digest (``configuration.decode_configuration`` checks both).
+canonical encoding followed by the digest (``configuration_decode.decode_configuration`` checks both).
 ``protocols/negotiation.md`` is the normative description, with test vectors.
 
 In every Paxos message ``epoch`` is the epoch *being decided* (e + 1 for members holding C_e).

@@ -3,7 +3,7 @@
 An :class:`Operation` is raised by one peer (its *origin*), signed by it with Ed25519 over a canonical
 msgpack encoding, and identified by the SHA-256 of that encoding (its *op id*; Ed25519 signatures are
 deterministic, so one content has one valid signature and one id). Which peer may raise which
-operation is a pure rule over the configuration it applies to (``configuration.check_operation``):
+operation is a pure rule over the configuration it applies to (``configuration_change.check_operation``):
 join, leave and throughput are signed by their subject, a failure by another member, a link change
 by one of its two endpoints, an eviction by another member -- and an eviction takes effect only
 when a quorum of distinct members signed one for the same subject and incarnation.
@@ -13,7 +13,7 @@ A batch of operations committed together is applied in one deterministic order e
 precedence -- the highest incarnation wins, and at equal incarnation a removal (LEAVE/FAIL) beats a
 JOIN or THROUGHPUT -- and the survivors are sorted by (kind order FAIL, EVICT, LEAVE, LINK_DOWN,
 LINK_UP, JOIN, THROUGHPUT; subject; op id). Evictions are settled before that, by
-``configuration.next_configuration`` (it needs the configuration to count signers).
+``configuration_change.next_configuration`` (it needs the configuration to count signers).
 
 Verifying a signature costs ~60-100 us, so :class:`SignatureCache` remembers verified operations by
 signature and keeps each origin's decoded public key.
@@ -67,7 +67,7 @@ class OpKind(enum.IntEnum):
     EVICT = 6
     """A member that kept sending invalid contributions: takes effect only when a quorum of distinct
     members of the configuration signed one for the same subject and incarnation (see
-    ``configuration.evictions``)."""
+    ``configuration_change.evictions``)."""
 
 
 MEMBER_KINDS = frozenset((OpKind.JOIN, OpKind.LEAVE, OpKind.FAIL, OpKind.THROUGHPUT, OpKind.EVICT))

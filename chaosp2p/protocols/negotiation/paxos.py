@@ -31,10 +31,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.negotiation.configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.messages import Ballot, CommitRecord, Value
 from chaosp2p.protocols.negotiation.operations import Operation, OpKind
-from chaosp2p.protocols.negotiation.state import ProposerPhase, RunState
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
+from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
 from chaosp2p.wire.identity import PeerID
 
 

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from chaosp2p.protocols.negotiation.configuration import (
-    check_operation,
-    next_configuration,
-    quorum,
-)
+from chaosp2p.protocols.negotiation.configuration_change import check_operation, next_configuration
 from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
     GateRaised,
@@ -48,7 +44,8 @@ from chaosp2p.protocols.negotiation.paxos import (
     is_urgent,
     refuses,
 )
-from chaosp2p.protocols.negotiation.state import (
+from chaosp2p.protocols.negotiation.run_configuration import quorum
+from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     ProposerEvent,
     ProposerPhase,

@@ -33,13 +33,6 @@ from typing import Any
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.negotiation.configuration import (
-    Configuration,
-    RunParams,
-    derive_seed,
-    genesis_configuration,
-    make_configuration,
-)
 from chaosp2p.protocols.negotiation.events import (
     Admitted,
     ConfigurationCommitted,
@@ -53,7 +46,14 @@ from chaosp2p.protocols.negotiation.machine import NegotiationMachine
 from chaosp2p.protocols.negotiation.messages import codec
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, OpKind, SignatureCache
 from chaosp2p.protocols.negotiation.paxos import JoinRecord
-from chaosp2p.protocols.negotiation.state import MEMBER_STATES, ProposerPhase, RunState
+from chaosp2p.protocols.negotiation.run_configuration import (
+    Configuration,
+    RunParams,
+    derive_seed,
+    genesis_configuration,
+    make_configuration,
+)
+from chaosp2p.protocols.negotiation.transitions import MEMBER_STATES, ProposerPhase, RunState
 from chaosp2p.sim.network import LinkProfile, SimNetwork
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message

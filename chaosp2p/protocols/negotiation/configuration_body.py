@@ -1,7 +1,7 @@
 """The packed body of a configuration, column by column, reused from one epoch to the next.
 
 A configuration's digest and wire form both contain the msgpack encoding of its body (see
-``configuration.py``). In a run of ~1000 members packing the member columns (ids, incarnations,
+``run_configuration.py``). In a run of ~1000 members packing the member columns (ids, incarnations,
 throughputs, since steps) costs more than anything else a member does per commit, yet C_{e+1}
 usually differs from C_e by one member or one value. So the body is kept as separately packed
 pieces (:data:`PIECES`), and C_{e+1}'s member columns are made from C_e's bytes by splicing in the
@@ -10,22 +10,32 @@ edits ``next_configuration`` made, whenever every element of the column has one 
 for the new column: unchanged elements keep their bytes, and every new element is packed by
 msgpack itself; anything else (mixed widths, many edits) packs the column afresh. A unit test
 checks the splice against msgpack on random columns and edits.
+
+This module only knows packed bytes and edits; ``run_configuration.pack_columns`` cuts a
+configuration into its pieces with these tools.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import PEER_ID_BYTES
 
-if TYPE_CHECKING:
-    from chaosp2p.protocols.negotiation.configuration import Configuration
 
-DELETE, INSERT, SET = 0, 1, 2
-Edit = tuple[int, int, Any]
+class EditKind(enum.IntEnum):
+    """What one edit does to a column."""
+
+    DELETE = 0
+    INSERT = 1
+    SET = 2
+
+
+DELETE, INSERT, SET = EditKind.DELETE, EditKind.INSERT, EditKind.SET
+Edit = tuple[EditKind, int, Any]
 """(DELETE | INSERT | SET, index, new value): one change to a column, in the order made."""
 
 MemberEdits = tuple[list[Edit], list[Edit], list[Edit], list[Edit]]
@@ -111,47 +121,9 @@ def splice_column(old: bytes, old_n: int, edits: Sequence[Edit], values: Sequenc
     return array_header(n) + body[start:]
 
 
-def link_rows(config: Configuration) -> list[list[Any]]:
-    """The body's links item: one [a, b, up, bandwidth, rtt] row per link."""
-    return [[lk.a.raw, lk.b.raw, lk.up, float(lk.bandwidth_bytes_per_s), float(lk.rtt_s)] for lk in config.links]
-
-
-def departed_rows(config: Configuration) -> list[list[Any]]:
-    """The body's departed item: one [peer, incarnation, epoch, activation step] row per entry."""
-    return [[d.peer_id.raw, d.incarnation, d.epoch, d.activation_step] for d in config.departed]
-
-
 def digest_of(prefix: bytes, columns: Iterable[bytes]) -> bytes:
     """SHA-256 of ``prefix`` followed by the packed pieces (no concatenated copy)."""
     digest = hashlib.sha256(prefix)
     for column in columns:
         digest.update(column)
     return digest.digest()
-
-
-def pack_columns(config: Configuration, spliced_from: tuple[Configuration, MemberEdits] | None) -> tuple[bytes, ...]:
-    """``config``'s body in :data:`PIECES` packed pieces. With ``spliced_from`` = (C_e, edits) the
-    member columns are spliced from C_e's pieces, and pieces that did not change are shared."""
-    head = pack([config.run, config.epoch, config.activation_step])[1:]  # strip the fixarray header
-    params = config.params
-    tail = pack([[params.global_batch, params.mode, params.local_steps], config.seed])[1:]
-    if spliced_from is None:
-        ids = pack_ids(config.ids())
-        incs = pack(list(config.incarnations))
-        thrs = pack(list(config.throughputs))
-        since = pack(list(config.since_steps))
-        prev = None
-    else:
-        prev, edits = spliced_from
-        old = prev.packed_columns()
-        n = len(prev.peers)
-        ids = splice_column(old[1], n, edits[0], config.ids(), numeric=False)
-        incs = splice_column(old[2], n, edits[1], config.incarnations, numeric=True)
-        thrs = splice_column(old[3], n, edits[2], config.throughputs, numeric=True)
-        since = splice_column(old[4], n, edits[3], config.since_steps, numeric=True)
-    # Links and departed entries are shared objects when unchanged: their pieces are too.
-    same_links = prev is not None and config.links is prev.links
-    links = prev.packed_columns()[5] if prev is not None and same_links else pack(link_rows(config))
-    same_departed = prev is not None and config.departed is prev.departed
-    departed = prev.packed_columns()[7] if prev is not None and same_departed else pack(departed_rows(config))
-    return (head, ids, incs, thrs, since, links, tail, departed)
