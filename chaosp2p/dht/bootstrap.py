@@ -31,12 +31,10 @@ from chaosp2p.dht.events import (
 )
 from chaosp2p.dht.messages import Contact, Ping
 from chaosp2p.dht.operation import (
-    BootstrapInput,
     BootstrapState,
     LookupKind,
     LookupQuery,
     Operation,
-    OpInput,
     OpPhase,
     RequestKind,
 )
@@ -85,7 +83,7 @@ class Bootstrapping(Querying):
         boot.attempts = 0
         boot.started_at = now
         boot.op_id = self._new_op_id()
-        boot.step(BootstrapInput.START)
+        boot.move(BootstrapState.RUNNING)
         self._bootstrap_attempt(now)
         return boot.op_id
 
@@ -106,7 +104,7 @@ class Bootstrapping(Querying):
         if boot.active:
             boot.extra[peer] = contact
             if boot.state is BootstrapState.BACKOFF:
-                boot.step(BootstrapInput.RETRY)
+                boot.move(BootstrapState.RUNNING)
                 self._bootstrap_attempt(now)
             elif boot.op is not None and boot.op.phase is OpPhase.LOOKUP:
                 boot.op.lookup.add(contact, depth=0)
@@ -141,9 +139,9 @@ class Bootstrapping(Querying):
         boot.op = None
         self._timers.cancel(DHTTimer.BOOTSTRAP_WAIT)
         self._ops.pop(op.op_id, None)
-        op.step(OpInput.FINISH)
+        op.move(OpPhase.DONE)
         if op.lookup.closest(1):
-            boot.step(BootstrapInput.SUCCESS)
+            boot.move(BootstrapState.DONE)
             result = BootstrapResult(
                 attempts=boot.attempts,
                 routing_table_size=len(self.routing_table),
@@ -152,7 +150,7 @@ class Bootstrapping(Querying):
             )
             self._events.append(DHTOperationDone(op_id=op.op_id, result=result))
             return
-        boot.step(BootstrapInput.FAIL)
+        boot.move(BootstrapState.BACKOFF)
         cfg = self.config
         base = min(cfg.bootstrap_backoff_max_s, cfg.bootstrap_backoff_min_s * 2 ** min(boot.attempts - 1, 30))
         delay = base * (0.5 + 0.5 * self._rng.random())
@@ -167,7 +165,7 @@ class Bootstrapping(Querying):
     def _bootstrap_retry_due(self, now: float) -> None:
         self._timers.cancel(DHTTimer.BOOTSTRAP_RETRY)
         if self._boot.state is BootstrapState.BACKOFF:
-            self._boot.step(BootstrapInput.RETRY)
+            self._boot.move(BootstrapState.RUNNING)
             self._bootstrap_attempt(now)
 
     def _bootstrap_wait_over(self, now: float) -> None:

@@ -24,13 +24,12 @@ from chaosp2p.dht.config import DHTConfig
 from chaosp2p.dht.contacts import AddressValidator
 from chaosp2p.dht.events import DHTEvent, DHTOperationDone, LookupStats, OperationResult
 from chaosp2p.dht.keys import key_owner
-from chaosp2p.dht.messages import MAX_REQUEST_ID, MAX_TTL_MS, PROTOCOL, Contact, Ping, StoreStatus
+from chaosp2p.dht.messages import MAX_REQUEST_ID, MAX_TTL_MS, PROTOCOL, Contact, Ping, Request, StoreStatus
 from chaosp2p.dht.operation import (
     BootstrapProgress,
     Operation,
-    OpInput,
+    OpPhase,
     PendingRequest,
-    Request,
     RequestKind,
 )
 from chaosp2p.dht.records import RecordStore
@@ -232,7 +231,7 @@ class DHTCore:
         )
 
     def _finish(self, now: float, op: Operation, result: OperationResult | None) -> None:
-        op.step(OpInput.FINISH)
+        op.move(OpPhase.DONE)
         self._ops.pop(op.op_id, None)
         if op.report and result is not None:
             self._events.append(DHTOperationDone(op_id=op.op_id, result=result))

@@ -47,17 +47,23 @@ from chaosp2p.dht.bootstrap import Bootstrapping
 from chaosp2p.dht.events import DHTEvent, DHTStatistics
 from chaosp2p.dht.keys import MalformedKey, key_id, key_owner, node_id
 from chaosp2p.dht.maintenance import Maintenance
-from chaosp2p.dht.messages import MAX_VERSION, PROTOCOL, Contact, ProviderRecord, Record
-from chaosp2p.dht.operation import (
+from chaosp2p.dht.messages import (
+    MAX_VERSION,
+    PROTOCOL,
     REQUEST_TYPES,
     RESPONSE_TYPES,
+    Contact,
+    ProviderRecord,
+    Record,
+    Response,
+)
+from chaosp2p.dht.operation import (
     BootstrapState,
     LookupKind,
     LookupQuery,
     Operation,
     PendingRequest,
     RequestKind,
-    Response,
 )
 from chaosp2p.dht.records import make_record
 from chaosp2p.dht.serving import RequestServing

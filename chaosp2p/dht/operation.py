@@ -13,50 +13,37 @@ peers the lookup found:
 :class:`LookupKind` says what an operation is for (the driver's store, get, find-peer, add-provider
 and get-providers; the machine's own bootstrap, refresh and republish lookups); it decides when the
 lookup may stop early and what follows it. :class:`LookupQuery` is the request the lookup sends
-each peer, and :data:`OP_TRANSITIONS` the one table of phase changes. Each request we send is a
+each peer, and :data:`OP_MOVES` the one table of phase changes. Each request we send is a
 :class:`PendingRequest` until its answer, its deadline or the driver's ``peer_unreachable``
 settles it; its :class:`RequestKind` decides what the answer or failure means.
 
 Bootstrapping repeats a BOOTSTRAP operation (a self-lookup through the bootstrap peers) with
 backoff until one attempt reaches somebody: :class:`BootstrapProgress` and
-:data:`BOOTSTRAP_TRANSITIONS`.
+:data:`BOOTSTRAP_MOVES`. Every change of phase or state goes through :func:`move` with its table;
+a move the table does not list is a bug in the machine and raises ``LocalProtocolError``.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from chaosp2p.dht.lookup import LookupState
-from chaosp2p.dht.messages import (
-    AddProvider,
-    Contact,
-    FindNode,
-    FindValue,
-    GetProviders,
-    Nodes,
-    Ping,
-    Pong,
-    ProviderRecord,
-    Providers,
-    Record,
-    Store,
-    Stored,
-    Value,
-)
+from chaosp2p.dht.messages import Contact, Nodes, ProviderRecord, Providers, Record, Value
 from chaosp2p.errors import LocalProtocolError
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 
-Request = Ping | FindNode | FindValue | Store | AddProvider | GetProviders
-"""A request the machine answers (and sends)."""
-Response = Pong | Nodes | Value | Stored | Providers
-"""An answer to a :data:`Request`."""
+S = TypeVar("S", bound=enum.Enum)
 
-REQUEST_TYPES: tuple[type[Message], ...] = (Ping, FindNode, FindValue, Store, AddProvider, GetProviders)
-"""The message types of :data:`Request`."""
-RESPONSE_TYPES: tuple[type[Message], ...] = (Pong, Nodes, Value, Stored, Providers)
-"""The message types of :data:`Response`."""
+
+def move(table: Mapping[S, frozenset[S]], state: S, to: S, what: str) -> S:
+    """``to`` if ``table`` allows the move from ``state``; :class:`LocalProtocolError` otherwise."""
+    if to not in table.get(state, ()):
+        raise LocalProtocolError(f"{what}: {state.value} -> {to.value} is illegal")
+    return to
 
 
 class LookupKind(enum.Enum):
@@ -97,17 +84,9 @@ class OpPhase(enum.Enum):
     DONE = "done"
 
 
-class OpInput(enum.Enum):
-    """What moves an operation between phases."""
-
-    PUT = "put"
-    FINISH = "finish"
-
-
-OP_TRANSITIONS: dict[tuple[OpPhase, OpInput], OpPhase] = {
-    (OpPhase.LOOKUP, OpInput.PUT): OpPhase.PUT,
-    (OpPhase.LOOKUP, OpInput.FINISH): OpPhase.DONE,
-    (OpPhase.PUT, OpInput.FINISH): OpPhase.DONE,
+OP_MOVES: dict[OpPhase, frozenset[OpPhase]] = {
+    OpPhase.LOOKUP: frozenset({OpPhase.PUT, OpPhase.DONE}),
+    OpPhase.PUT: frozenset({OpPhase.DONE}),
 }
 """The operation's lifecycle (the diagram in the module docstring)."""
 
@@ -152,14 +131,9 @@ class Operation:
     put_failures: int = 0
     stored_locally: bool = False
 
-    def step(self, event: OpInput) -> None:
-        """Move to the phase ``event`` leads to; :class:`LocalProtocolError` if it is illegal now."""
-        try:
-            self.phase = OP_TRANSITIONS[(self.phase, event)]
-        except KeyError:
-            raise LocalProtocolError(
-                f"DHT operation {self.op_id}: {event.value!r} illegal in {self.phase.value}"
-            ) from None
+    def move(self, to: OpPhase) -> None:
+        """Enter phase ``to`` (:data:`OP_MOVES`)."""
+        self.phase = move(OP_MOVES, self.phase, to, f"DHT operation {self.op_id}")
 
 
 @dataclass(slots=True)
@@ -181,21 +155,11 @@ class BootstrapState(enum.Enum):
     DONE = "done"
 
 
-class BootstrapInput(enum.Enum):
-    """What moves bootstrapping between states."""
-
-    START = "start"
-    SUCCESS = "success"
-    FAIL = "fail"
-    RETRY = "retry"
-
-
-BOOTSTRAP_TRANSITIONS: dict[tuple[BootstrapState, BootstrapInput], BootstrapState] = {
-    (BootstrapState.IDLE, BootstrapInput.START): BootstrapState.RUNNING,
-    (BootstrapState.DONE, BootstrapInput.START): BootstrapState.RUNNING,
-    (BootstrapState.RUNNING, BootstrapInput.SUCCESS): BootstrapState.DONE,
-    (BootstrapState.RUNNING, BootstrapInput.FAIL): BootstrapState.BACKOFF,
-    (BootstrapState.BACKOFF, BootstrapInput.RETRY): BootstrapState.RUNNING,
+BOOTSTRAP_MOVES: dict[BootstrapState, frozenset[BootstrapState]] = {
+    BootstrapState.IDLE: frozenset({BootstrapState.RUNNING}),  # start
+    BootstrapState.RUNNING: frozenset({BootstrapState.DONE, BootstrapState.BACKOFF}),  # success, failure
+    BootstrapState.BACKOFF: frozenset({BootstrapState.RUNNING}),  # retry
+    BootstrapState.DONE: frozenset({BootstrapState.RUNNING}),  # start again
 }
 """Bootstrapping's lifecycle: attempts until one succeeds, a backoff after each failed one."""
 
@@ -219,11 +183,6 @@ class BootstrapProgress:
         """True from ``start_bootstrap`` until an attempt succeeds."""
         return self.state in (BootstrapState.RUNNING, BootstrapState.BACKOFF)
 
-    def step(self, event: BootstrapInput) -> None:
-        """Move to the state ``event`` leads to; :class:`LocalProtocolError` if it is illegal now."""
-        try:
-            self.state = BOOTSTRAP_TRANSITIONS[(self.state, event)]
-        except KeyError:
-            raise LocalProtocolError(
-                f"bootstrap: {event.value!r} is illegal in state {self.state.value}"
-            ) from None
+    def move(self, to: BootstrapState) -> None:
+        """Enter state ``to`` (:data:`BOOTSTRAP_MOVES`)."""
+        self.state = move(BOOTSTRAP_MOVES, self.state, to, "bootstrap")

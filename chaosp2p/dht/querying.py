@@ -40,6 +40,8 @@ from chaosp2p.dht.messages import (
     GetProviders,
     Nodes,
     Providers,
+    Request,
+    Response,
     StoreStatus,
     Value,
 )
@@ -50,9 +52,7 @@ from chaosp2p.dht.operation import (
     Operation,
     OpPhase,
     PendingRequest,
-    Request,
     RequestKind,
-    Response,
 )
 from chaosp2p.dht.records import check_provider, check_record
 from chaosp2p.dht.timers import DHTTimer

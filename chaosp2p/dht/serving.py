@@ -28,12 +28,12 @@ from chaosp2p.dht.messages import (
     Ping,
     Pong,
     Providers,
+    Request,
     Store,
     Stored,
     StoreStatus,
     Value,
 )
-from chaosp2p.dht.operation import Request
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message

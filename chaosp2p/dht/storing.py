@@ -27,6 +27,8 @@ from chaosp2p.dht.messages import (
     AddProvider,
     ProviderRecord,
     Record,
+    Request,
+    Response,
     Store,
     Stored,
     StoreStatus,
@@ -34,12 +36,9 @@ from chaosp2p.dht.messages import (
 from chaosp2p.dht.operation import (
     LookupKind,
     Operation,
-    OpInput,
     OpPhase,
     PendingRequest,
-    Request,
     RequestKind,
-    Response,
 )
 from chaosp2p.dht.records import make_provider_record, make_record
 from chaosp2p.errors import LocalProtocolError
@@ -58,7 +57,7 @@ class Storing(DHTCore):
         if item is None:  # pragma: no cover - every put kind sets one
             raise LocalProtocolError("put without a record")
         targets = op.lookup.closest(self.config.k)
-        op.step(OpInput.PUT)
+        op.move(OpPhase.PUT)
         if remaining <= 0 or not targets:
             self._finish_put(now, op)
             return
