@@ -44,9 +44,9 @@ from _processes import PeerProcess, ProcessGroup, poll, profile_argument
 from chaosp2p import PeerConfig, open_peer
 from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.dht import DHTConfig, GetResult, StoreResult
-from chaosp2p.dht.simcluster import DHTSimCluster, run_churn_scenario
 from chaosp2p.errors import ChaosError
 from chaosp2p.protocols.membership import PeerAlive, PeerFailed, PeerSuspected
+from chaosp2p.sim.dht import DHTSimCluster, run_churn_scenario
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import PeerID
 

@@ -358,3 +358,8 @@ class Providers(Message):
 
 REQUEST_TYPES: tuple[type[Message], ...] = (Ping, FindNode, FindValue, Store, AddProvider, GetProviders)
 RESPONSE_TYPES: tuple[type[Message], ...] = (Pong, Nodes, Value, Stored, Providers)
+
+Request = Ping | FindNode | FindValue | Store | AddProvider | GetProviders
+"""A request (the types of :data:`REQUEST_TYPES`)."""
+Response = Pong | Nodes | Value | Stored | Providers
+"""An answer to a :data:`Request` (the types of :data:`RESPONSE_TYPES`)."""

@@ -13,7 +13,7 @@ from chaosp2p.dht import (
     signed_key,
     state_provider_key,
 )
-from chaosp2p.dht.simcluster import ChurnReport, DHTSimCluster, run_churn_scenario
+from chaosp2p.sim.dht import ChurnReport, DHTSimCluster, run_churn_scenario
 
 SIM_CONFIG = dataclasses.replace(
     DHTConfig.local(),

@@ -32,8 +32,8 @@ from chaosp2p.dht.messages import (
     Value,
 )
 from chaosp2p.dht.records import make_record
-from chaosp2p.dht.simcluster import DHTSimCluster
 from chaosp2p.protocols.base import Outgoing
+from chaosp2p.sim.dht import DHTSimCluster
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
 

@@ -25,6 +25,7 @@ from chaosp2p.dht import (
     signed_key,
 )
 from chaosp2p.dht.keys import bucket_index, id_to_bytes, key_id, node_id
+from chaosp2p.dht.machine import ON_ANSWER, ON_FAILURE, ON_TIMER, RECEIVE
 from chaosp2p.dht.messages import (
     DHT_CODEC,
     MAX_VERSION,
@@ -38,7 +39,12 @@ from chaosp2p.dht.messages import (
     Stored,
     Value,
 )
+from chaosp2p.dht.operation import LookupKind
+from chaosp2p.dht.querying import AFTER_LOOKUP, TAKE
 from chaosp2p.dht.records import make_record
+from chaosp2p.dht.serving import SERVE
+from chaosp2p.dht.storing import PREPARE_PUT
+from chaosp2p.dht.timers import DHTTimer
 from chaosp2p.errors import ConfigError, LocalProtocolError
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.wire.identity import Identity, PeerID
@@ -625,3 +631,23 @@ def test_statistics_is_a_frozen_snapshot() -> None:
         stats.lookups = 5  # type: ignore[misc]
     answer_to(machine, ident(1).peer_id, Ping(request_id=1, sender_addrs=()))
     assert stats.requests_received == 0 and machine.statistics().requests_received == 1
+
+
+def test_every_dispatch_table_names_a_handler_of_the_machine() -> None:
+    """The tables route by method name (no bound methods kept per machine): every name must exist,
+    and the tables keyed by an enum cover all of it."""
+    tables: dict[str, dict[object, str]] = {
+        "RECEIVE": dict(RECEIVE),
+        "ON_ANSWER": dict(ON_ANSWER),
+        "ON_FAILURE": dict(ON_FAILURE),
+        "ON_TIMER": dict(ON_TIMER),
+        "SERVE": dict(SERVE),
+        "TAKE": dict(TAKE),
+        "AFTER_LOOKUP": dict(AFTER_LOOKUP),
+        "PREPARE_PUT": dict(PREPARE_PUT),
+    }
+    for table, entries in tables.items():
+        for key, name in entries.items():
+            assert callable(getattr(DHTMachine, name, None)), f"{table}[{key}] names no method: {name}"
+    assert set(ON_TIMER) == set(DHTTimer)
+    assert set(AFTER_LOOKUP) == set(LookupKind)
