@@ -45,6 +45,10 @@ MOVED_MODULES: dict[str, str] = {
     "chaosp2p.training.contributions": "chaosp2p.protocols.averaging.contributions",
     "chaosp2p.training.messages": "chaosp2p.protocols.collab.messages",
     "chaosp2p.training.vouch": "chaosp2p.protocols.collab.vouch",
+    "chaosp2p.protocols.negotiation.simswarm": "chaosp2p.sim.negotiation",
+    "chaosp2p.protocols.negotiation.state": "chaosp2p.protocols.negotiation.transitions",
+    "chaosp2p.protocols.negotiation.configuration_columns": "chaosp2p.protocols.negotiation.configuration_body",
+    "chaosp2p.dht.simcluster": "chaosp2p.sim.dht",
 }
 """Old module path -> the module that holds its code now."""
 
