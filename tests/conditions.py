@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import anyio
 
@@ -26,3 +27,8 @@ async def eventually_async(
     with anyio.fail_after(timeout_s):
         while not await condition():  # noqa: ASYNC110 - polling a remote state, see eventually()
             await anyio.sleep(interval_s)
+
+
+def all_see_alive(peers: Sequence[Any], count: int) -> bool:
+    """Whether every peer's membership view holds ``count`` alive members (itself included)."""
+    return all(sum(1 for m in peer.members() if m.state.value == "alive") >= count for peer in peers)

@@ -22,6 +22,8 @@ from chaosp2p.api.async_peer import AsyncPeer  # noqa: E402
 from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig, TrainingError  # noqa: E402
 
+from ..conditions import all_see_alive, eventually  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 RUN = "test-run"
 GLOBAL_BATCH = 12
@@ -83,9 +85,8 @@ async def swarm(count: int) -> AsyncIterator[list[AsyncPeer]]:
         for _ in range(count - 1):
             config = _config(bootstrap=[str(first.addrs[0])])
             peers.append(await stack.enter_async_context(chaosp2p.open_peer(config)))
-        with anyio.fail_after(20):
-            while any(len([m for m in p.members() if m.state.value == "alive"]) < count for p in peers):  # noqa: ASYNC110
-                await anyio.sleep(0.05)  # membership views converge by gossip; there is no single event
+        # Membership views converge by gossip; there is no single event to wait on.
+        await eventually(lambda: all_see_alive(peers, count), timeout_s=20, interval_s=0.05)
         yield peers
 
 
@@ -133,8 +134,8 @@ async def test_the_sponsor_does_not_send_a_newcomer_the_updates_before_its_snaps
                 tg.start_soon(join_and_train)
                 # The newcomer observes the founder (completed 2) and asks for a snapshot of step
                 # 2 + snapshot_ahead_steps = 4; only then does the founder train on.
-                while not founder.collab.snapshots.wanted(4):  # noqa: ASYNC110
-                    await anyio.sleep(0.01)  # no event marks a request's arrival
+                # No event marks a request's arrival.
+                await eventually(lambda: founder.collab.snapshots.wanted(4), timeout_s=60)
                 tg.start_soon(founder.train_until, 12)
         # Steps 3 and 4 were never sent to the newcomer (it replays from step 5 on), and it still
         # reached the founder's state exactly.

@@ -28,6 +28,8 @@ from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.state.torch_adapter import publish_torch  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig  # noqa: E402
 
+from ..conditions import all_see_alive, eventually  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 RUN = "vouched-run"
 GLOBAL_BATCH = 12
@@ -113,9 +115,8 @@ async def swarm(count: int) -> AsyncIterator[list[AsyncPeer]]:
         peers = [first]
         for _ in range(count - 1):
             peers.append(await stack.enter_async_context(chaosp2p.open_peer(config(bootstrap=[str(first.addrs[0])]))))
-        with anyio.fail_after(30):
-            while any(len([m for m in p.members() if m.state.value == "alive"]) < count for p in peers):  # noqa: ASYNC110
-                await anyio.sleep(0.05)  # membership views converge by gossip; there is no single event
+        # Membership views converge by gossip; there is no single event to wait on.
+        await eventually(lambda: all_see_alive(peers, count), timeout_s=30, interval_s=0.05)
         yield peers
 
 
@@ -137,8 +138,11 @@ async def test_a_member_serving_another_state_is_refused_and_the_vouched_state_l
                 tg.start_soon(join_and_train, honest)
                 tg.start_soon(join_and_train, liar)
                 # The newcomer asks once the run has its three members (a condition, not a delay).
-                while len(founder.collab.configuration.participants(founder.collab.step_index)) < 3:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
+                await eventually(
+                    lambda: len(founder.collab.configuration.participants(founder.collab.step_index)) >= 3,
+                    timeout_s=100,
+                    interval_s=0.02,
+                )
                 admitted = await newcomer.collab.start(found=False)
                 target[0] = admitted + EXTRA_STEPS
                 await newcomer.train(target)
