@@ -68,8 +68,8 @@ from chaosp2p.protocols.membership import (
     PeerSuspected,
 )
 from chaosp2p.protocols.membership.messages import codec
-from chaosp2p.protocols.membership.simswarm import MembershipSwarm
 from chaosp2p.runtime.node import request_status
+from chaosp2p.sim.membership import MembershipSwarm
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import PeerID
 

@@ -20,7 +20,7 @@ from chaosp2p.protocols.membership import (
     PeerJoined,
     PeerLeft,
 )
-from chaosp2p.protocols.membership.simswarm import MembershipSwarm
+from chaosp2p.sim.membership import MembershipSwarm
 from chaosp2p.sim.network import LinkProfile
 
 LAN = MembershipConfig.lan()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import random
 
@@ -13,8 +14,10 @@ from hypothesis import strategies as st
 from chaosp2p.configbase import from_table
 from chaosp2p.errors import ConfigError, RemoteProtocolError
 from chaosp2p.protocols.membership import PROTOCOL, MembershipConfig, MembershipMachine, MemberState
+from chaosp2p.protocols.membership.core import MembershipCore, TimerKind
 from chaosp2p.protocols.membership.gossip import BroadcastQueue
 from chaosp2p.protocols.membership.links import LinkMetrics, link_costs, plan_links
+from chaosp2p.protocols.membership.machine import _HANDLERS, _TIMERS
 from chaosp2p.protocols.membership.messages import (
     Gossip,
     MemberUpdate,
@@ -23,7 +26,7 @@ from chaosp2p.protocols.membership.messages import (
     UpdateKind,
     codec,
 )
-from chaosp2p.protocols.membership.state import TRANSITIONS, transition
+from chaosp2p.protocols.membership.transitions import TRANSITIONS, transition
 from chaosp2p.protocols.ratelimit import RateLimiter
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity, PeerID
@@ -105,6 +108,19 @@ def test_transition_table() -> None:
     assert transition(left, 3, UpdateKind.DEAD, 9) is None
     assert transition(left, 3, UpdateKind.ALIVE, 4) is alive
     assert all(new is not None for new, _ in TRANSITIONS.values())
+
+
+# ------------------------------------------------------------------------------------- dispatch tables
+def test_every_message_type_and_timer_kind_has_a_handler_and_every_core_hook_an_implementation() -> None:
+    assert set(_HANDLERS) == set(codec.message_classes().values())
+    assert set(_TIMERS) == set(TimerKind)
+    hooks = [
+        name
+        for name, function in vars(MembershipCore).items()
+        if inspect.isfunction(function) and "raise NotImplementedError" in inspect.getsource(function)
+    ]
+    assert len(hooks) >= 10
+    assert [name for name in hooks if getattr(MembershipMachine, name) is vars(MembershipCore)[name]] == []
 
 
 # ------------------------------------------------------------------------------------- gossip queue

@@ -1,6 +1,8 @@
 """SWIM membership, overlay-link heartbeats and the cluster monitor (sans-I/O).
 
-See ``protocols/membership.md`` for the wire spec and :mod:`.machine` for the theory of operation.
+See ``protocols/membership.md`` for the wire spec and :mod:`.machine` for the theory of operation
+(the machine is a core plus role modules, listed there). The simulator of many machines on one
+in-memory network is :mod:`chaosp2p.sim.membership`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,20 @@
-"""The machine's private bookkeeping records and small helpers (not part of the public API).
+"""The membership machine's private bookkeeping records and small helpers (not part of the public API).
 
-Mutable, slotted dataclasses: one per member, suspicion, probe in flight, relayed probe, overlay
-link and pending contact, plus the statistics counters. Kept apart from ``machine.py`` so that the
-machine reads as protocol logic.
+Theory of operation
+-------------------
+The machine's parts (``core.py`` and its role modules) share one set of tables; this module holds
+the row types of those tables. Mutable, slotted dataclasses: one per member, suspicion, probe in
+flight, relayed probe, overlay link and pending contact, plus the statistics counters. A PING's
+:class:`PingPurpose` decides what its answer or silence means besides "the member is alive": an
+answered SWIM probe also says our own side is healthy, and a missed heartbeat also counts against
+the link. The helpers size and hash what the tables hold (for the gossip byte budget and the view
+digests) and validate the addresses a peer claims. Kept apart from the parts so that they read as
+protocol logic.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +26,16 @@ from chaosp2p.protocols.membership.messages import InfoUpdate, MemberUpdate
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
-# Why a PING was sent.
-PROBE, HEARTBEAT, CHECK = 0, 1, 2
+
+class PingPurpose(enum.IntEnum):
+    """Why a PING was sent."""
+
+    PROBE = 0
+    """A SWIM probe, or our own look at a member after a claim about it: its ACK lowers awareness."""
+    HEARTBEAT = 1
+    """An overlay link's heartbeat: missing it counts against the link as well."""
+    CHECK = 2
+    """The direct PING sent beside a check started at once (the driver could not reach the member)."""
 
 
 @dataclass(slots=True)
@@ -62,7 +78,7 @@ class ProbeRecord:
     seq: int
     target: PeerID
     sent_at: float
-    purpose: int
+    purpose: PingPurpose
     relays: tuple[PeerID, ...] = ()
     nacks: int = 0
 
@@ -136,15 +152,16 @@ def check_addrs(addrs: Sequence[str], peer: PeerID, config: MembershipConfig) ->
 
 
 def member_hash(peer: PeerID, incarnation: int) -> int:
+    """A 64-bit hash of (``peer``, ``incarnation``): the digests of two views are XORs of these."""
     data = peer.raw + incarnation.to_bytes(8, "big")
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
 def update_size(update: MemberUpdate) -> int:
+    """About how many bytes ``update`` takes on the wire (for the piggyback budget)."""
     return 50 + sum(len(a) + 2 for a in update.addrs) + (40 if update.origin is not None else 0)
 
 
 def info_size(info: InfoUpdate) -> int:
+    """About how many bytes ``info`` takes on the wire (for the piggyback budget)."""
     return 70 + 60 * len(info.links)
-
-

@@ -13,10 +13,15 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from chaosp2p.protocols.membership.config import MembershipConfig
-from chaosp2p.protocols.membership.events import MemberState, PeerFailed, PeerSuspected
-from chaosp2p.protocols.membership.machine import MembershipMachine
-from chaosp2p.protocols.membership.messages import PROTOCOL, codec
+from chaosp2p.protocols.membership import (
+    PROTOCOL,
+    MembershipConfig,
+    MembershipMachine,
+    MemberState,
+    PeerFailed,
+    PeerSuspected,
+    codec,
+)
 from chaosp2p.sim.network import LinkProfile, SimNetwork
 from chaosp2p.wire.identity import Identity, PeerID
 

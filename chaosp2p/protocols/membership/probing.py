@@ -1,0 +1,234 @@
+"""Probing: SWIM failure detection by direct and indirect probes (part of the membership machine).
+
+Theory of operation
+-------------------
+Every ``probe_interval_s`` (stretched by our *awareness*, see below) the next member of a shuffled
+round-robin gets a PING carrying our own record and our view digests; a new member is inserted at a
+random place of the current round, so every member is probed once per round. No ACK within the
+probe timeout starts a *check*: ``indirect_probes`` random alive members get a PING_REQ and probe
+the target for us, forwarding its ACK, or a NACK when it stays silent to them too. No ACK by the
+end of the check makes the target SUSPECT (``suspicion.py``); if it is already suspect, our failed
+check confirms the suspicion. Any ACK, direct or relayed, ends every pending check on the target,
+and a direct one updates its smoothed RTT and brings its overlay link up.
+
+Heartbeats on overlay links (``overlay.py``) are PINGs too: a missed one counts against the link
+and starts the same check, so that neighbours detect a failure first. So are our own looks at a
+member after a claim about it (``members.py``). When the driver reports a member unreachable, the
+check starts at once, beside one direct PING in case the member restarted on the same address.
+
+*Awareness* (Lifeguard's local health) grows when our checks end without the NACKs the relays owe
+us -- the trouble may be on our side -- and shrinks with each answered probe; probe intervals and
+timeouts scale with it, so a slow peer does not blame others for its own slowness. Relaying is
+bounded (``max_pending_relays``) and never done for ourselves or for the target's own request.
+"""
+
+from __future__ import annotations
+
+from chaosp2p.protocols.membership.bookkeeping import PingPurpose, ProbeRecord, RelayRecord
+from chaosp2p.protocols.membership.core import MembershipCore, TimerKind
+from chaosp2p.protocols.membership.events import LinkUp, MemberState
+from chaosp2p.protocols.membership.messages import Ack, MemberUpdate, Nack, Ping, PingReq
+from chaosp2p.wire.identity import PeerID
+
+_ALIVE = MemberState.ALIVE
+_SUSPECT = MemberState.SUSPECT
+_LIVE = (_ALIVE, _SUSPECT)
+
+_RTT_ALPHA = 0.125  # TCP's SRTT gain
+
+
+class Probing(MembershipCore):
+    """Direct probes, checks through other members, and relaying for them."""
+
+    # ------------------------------------------------------------------ messages
+    def _on_ping(self, now: float, sender: PeerID, msg: Ping) -> None:
+        self._apply_piggyback(now, sender, msg.updates, msg.infos)
+        updates, infos = self._piggyback(sender)
+        self._send(sender, Ack(seq=msg.seq, updates=updates, infos=infos))
+        if msg.digest:
+            self._check_digest(now, sender, msg.digest, msg.info_digest)
+
+    def _on_ack(self, now: float, sender: PeerID, msg: Ack) -> None:
+        self._apply_piggyback(now, sender, msg.updates, msg.infos)
+        seq = msg.seq
+        relay = self._relays.get(seq)
+        if relay is not None:
+            if sender != relay.target:
+                return
+            del self._relays[seq]
+            updates, infos = self._piggyback(relay.requester)
+            self._send(relay.requester, Ack(seq=relay.request_seq, updates=updates, infos=infos))
+            return
+        probe = self._probes.get(seq)
+        if probe is None:
+            self._counters.late_acks += 1
+            return
+        target = probe.target
+        if sender == target:
+            self._on_direct_ack(now, probe)
+        elif sender not in probe.relays:
+            return
+        # The target answered (directly or through a relay): every pending check on it is moot.
+        del self._probes[seq]
+        check = self._checks.pop(target, None)
+        if check is not None and check != seq:
+            self._probes.pop(check, None)
+
+    def _on_direct_ack(self, now: float, probe: ProbeRecord) -> None:
+        target = probe.target
+        member = self._members.get(target)
+        if member is not None:
+            sample = now - probe.sent_at
+            member.rtt_s = sample if member.rtt_s is None else member.rtt_s + _RTT_ALPHA * (sample - member.rtt_s)
+        link = self._links.get(target)
+        if link is not None:
+            link.missed = 0
+            if not link.up:
+                link.up = True
+                link.since = now
+                rtt = member.rtt_s if member is not None and member.rtt_s is not None else now - probe.sent_at
+                self._events.append(LinkUp(at=now, peer=target, rtt_s=rtt))
+        if probe.purpose is PingPurpose.PROBE and self._awareness > 0:
+            self._awareness -= 1
+
+    def _on_nack(self, now: float, sender: PeerID, msg: Nack) -> None:
+        probe = self._probes.get(msg.seq)
+        if probe is not None and sender in probe.relays:
+            probe.nacks += 1
+            self._counters.nacks_received += 1
+
+    def _on_ping_req(self, now: float, sender: PeerID, msg: PingReq) -> None:
+        self._apply_piggyback(now, sender, msg.updates, msg.infos)
+        target = msg.target
+        if target == self.local_peer or target == sender or len(self._relays) >= self.config.max_pending_relays:
+            self._counters.rejected_messages += 1
+            return
+        seq = self._next_seq()
+        self._relays[seq] = RelayRecord(requester=sender, request_seq=msg.seq, target=target)
+        updates, infos = self._piggyback(target)
+        self._send(target, Ping(seq=seq, updates=updates, infos=infos))
+        self._schedule(now + self._probe_timeout(), TimerKind.RELAY, seq)
+
+    # ------------------------------------------------------------------ our probes and checks
+    def _ping(self, now: float, target: PeerID, purpose: PingPurpose, *, extra: MemberUpdate | None = None) -> None:
+        seq = self._next_seq()
+        self._probes[seq] = ProbeRecord(seq=seq, target=target, sent_at=now, purpose=purpose)
+        updates, infos = self._piggyback(target, extra)
+        if extra is None:
+            self._send(target, Ping(seq=seq, updates=updates, infos=infos))
+        else:
+            digest, info_digest = self._digest, self._info_digest
+            self._send(target, Ping(seq=seq, updates=updates, infos=infos, digest=digest, info_digest=info_digest))
+        self._schedule(now + self._probe_timeout(), TimerKind.DIRECT, seq)
+
+    def _on_direct_timeout(self, now: float, deadline: float, seq: int) -> None:
+        probe = self._probes.get(seq)
+        if probe is None:
+            return
+        target = probe.target
+        if probe.purpose is PingPurpose.HEARTBEAT:
+            link = self._links.get(target)
+            if link is not None:
+                link.missed += 1
+                if link.up and link.missed >= self.config.link_down_after_missed:
+                    self._link_down(now, link, "timeout")
+        member = self._members.get(target)
+        if member is None or member.state is not _ALIVE or target in self._checks:
+            del self._probes[seq]
+            if member is not None and member.state is _SUSPECT:
+                self._confirm(now, member, self.local_peer)
+            return
+        self._start_check(now, probe)
+
+    def _start_check(self, now: float, probe: ProbeRecord) -> None:
+        target = probe.target
+        self._checks[target] = probe.seq
+        relays = [p for p in self._sample_alive(self.config.indirect_probes + 1) if p != target]
+        relays = relays[: self.config.indirect_probes]
+        probe.relays = tuple(relays)
+        if relays:
+            updates, infos = self._piggyback(None)
+            message = PingReq(seq=probe.seq, target=target, updates=updates, infos=infos)
+            for relay in relays:
+                self._send(relay, message)
+            self._counters.indirect_probes_sent += len(relays)
+        # Relays wait one probe timeout for the target; allow as long again for the round trips.
+        self._schedule(now + 2 * self._probe_timeout(), TimerKind.CHECK_END, probe.seq)
+
+    def _on_check_end(self, now: float, deadline: float, seq: int) -> None:
+        probe = self._probes.pop(seq, None)
+        if probe is None:
+            return
+        target = probe.target
+        if self._checks.get(target) == seq:
+            del self._checks[target]
+        self._counters.probes_failed += 1
+        if probe.nacks < len(probe.relays) and self._awareness < self.config.awareness_max:
+            # Relays should have answered with a NACK at least: the trouble may be on our side.
+            self._awareness += 1
+        member = self._members.get(target)
+        if member is None:
+            return
+        if member.state is _ALIVE:
+            self._counters.suspicions_raised += 1
+            self._suspect(now, member, member.incarnation, self.local_peer)
+        elif member.state is _SUSPECT:
+            self._confirm(now, member, self.local_peer)
+
+    def _next_probe_target(self) -> PeerID | None:
+        order = self._probe_order
+        for _ in range(2):
+            while self._probe_index < len(order):
+                peer = order[self._probe_index]
+                self._probe_index += 1
+                member = self._members.get(peer)
+                if member is not None and member.state in _LIVE:
+                    return peer
+            live = [p for p, m in self._members.items() if m.state in _LIVE]
+            self._rng.shuffle(live)
+            self._probe_order = order = live
+            self._probe_index = 0
+        return None
+
+    def _tick_probe(self, now: float, deadline: float, key: None) -> None:
+        target = self._next_probe_target()
+        if target is not None:
+            self._counters.probes_sent += 1
+            # Probes go to random members and carry our own record: a member that missed our
+            # latest ALIVE (gossip has a tail) catches up without waiting for a push-pull.
+            self._ping(now, target, PingPurpose.PROBE, extra=self._self_record())
+        self._sync_stranger(now)
+        self._schedule(now + self.config.probe_interval_s * (1 + self._awareness), TimerKind.PROBE, None)
+
+    def _on_relay_timeout(self, now: float, deadline: float, seq: int) -> None:
+        relay = self._relays.pop(seq, None)
+        if relay is not None:
+            self._send(relay.requester, Nack(seq=relay.request_seq))
+
+    def _on_unreachable(self, now: float, peer: PeerID) -> None:
+        # Like a failed direct probe, without the wait.
+        relayed = False
+        for seq, relay in list(self._relays.items()):
+            if relay.target == peer:
+                del self._relays[seq]
+                self._send(relay.requester, Nack(seq=relay.request_seq))
+                relayed = True
+        link = self._links.get(peer)
+        if link is not None:
+            link.missed = max(link.missed, self.config.link_down_after_missed)
+            if link.up:
+                self._link_down(now, link, "unreachable")
+        member = self._members.get(peer)
+        if member is None or relayed:
+            # (A relay's failure is the requester's check; starting our own would cascade.)
+            return
+        if member.state is _ALIVE and peer not in self._checks:
+            seq = self._next_seq()
+            probe = ProbeRecord(seq=seq, target=peer, sent_at=now, purpose=PingPurpose.CHECK)
+            self._probes[seq] = probe
+            # The peer may have restarted on the same address: a direct PING costs nothing.
+            updates, infos = self._piggyback(peer)
+            self._send(peer, Ping(seq=seq, updates=updates, infos=infos))
+            self._start_check(now, probe)
+        elif member.state is _SUSPECT:
+            self._confirm(now, member, self.local_peer)

@@ -1,0 +1,97 @@
+"""Suspicion: how a silent member becomes FAILED (part of the membership machine).
+
+Theory of operation
+-------------------
+A member that did not answer a probe, nor the indirect probes of a check, is not declared failed at
+once: it becomes SUSPECT, and the suspicion is gossiped so that the member itself hears it and can
+refute by raising its incarnation. The suspicion runs out after a timeout that scales with log(n)
+(``suspicion_min_s``) and starts at ``suspicion_max_timeout_mult`` times that; each *independent*
+confirmation -- another peer's own suspicion at the same incarnation, up to ``k`` of them -- brings
+the deadline closer on a log scale, down to the minimum (Lifeguard). Each confirmation is
+re-gossiped so that others count it too. When the deadline passes with the suspicion still standing
+the member is FAILED, announced as DEAD, and its overlay link is dropped.
+
+A suspicion's timer may fire after the suspicion was refuted, replaced or re-armed with an earlier
+deadline: it acts only if the suspicion it was armed for is still the current one.
+"""
+
+from __future__ import annotations
+
+import math
+
+from chaosp2p.protocols.membership.bookkeeping import MemberRecord, SuspicionRecord
+from chaosp2p.protocols.membership.core import MembershipCore, TimerKind
+from chaosp2p.protocols.membership.events import MemberState, PeerFailed, PeerSuspected
+from chaosp2p.protocols.membership.messages import MemberUpdate, UpdateKind
+from chaosp2p.wire.identity import PeerID
+
+_SUSPECT = MemberState.SUSPECT
+_FAILED = MemberState.FAILED
+
+
+class Suspicion(MembershipCore):
+    """Suspicions, their confirmations and their deadlines."""
+
+    def _suspect(self, now: float, member: MemberRecord, incarnation: int, origin: PeerID) -> None:
+        was_suspect = member.state is _SUSPECT
+        self._set_state(now, member, _SUSPECT, incarnation)
+        if not was_suspect:
+            member.suspected_at = now
+            self._events.append(PeerSuspected(at=now, peer=member.peer, incarnation=incarnation))
+        cfg = self.config
+        n = self._live_count + 1
+        min_s = cfg.suspicion_min_s(n)
+        suspicion = SuspicionRecord(
+            incarnation=incarnation,
+            start=now,
+            min_s=min_s,
+            max_s=min_s * cfg.suspicion_max_timeout_mult,
+            k=min(cfg.suspicion_confirmations, max(0, n - 2)),
+            confirmers={origin},
+        )
+        self._suspicions[member.peer] = suspicion
+        self._arm_suspicion(member.peer, suspicion)
+        member.record = MemberUpdate(
+            kind=UpdateKind.SUSPECT, peer=member.peer, incarnation=incarnation, addrs=(), origin=origin
+        )
+        self._queue_update(member.record)
+
+    def _confirm(self, now: float, member: MemberRecord, origin: PeerID) -> None:
+        suspicion = self._suspicions.get(member.peer)
+        if suspicion is None or origin in suspicion.confirmers:
+            return
+        if len(suspicion.confirmers) - 1 >= suspicion.k:
+            return
+        suspicion.confirmers.add(origin)
+        self._arm_suspicion(member.peer, suspicion)
+        # Re-gossip so that others count this confirmation too.
+        member.record = MemberUpdate(
+            kind=UpdateKind.SUSPECT, peer=member.peer, incarnation=member.incarnation, addrs=(), origin=origin
+        )
+        self._queue_update(member.record)
+
+    def _arm_suspicion(self, peer: PeerID, suspicion: SuspicionRecord) -> None:
+        confirmations = len(suspicion.confirmers) - 1  # the first suspector is not a confirmation
+        if suspicion.k < 1:
+            timeout = suspicion.min_s
+        else:
+            fraction = math.log(confirmations + 1) / math.log(suspicion.k + 1)
+            timeout = max(suspicion.min_s, suspicion.max_s - (suspicion.max_s - suspicion.min_s) * fraction)
+        suspicion.deadline = suspicion.start + timeout
+        self._schedule(suspicion.deadline, TimerKind.SUSPICION, peer)
+
+    def _fail(self, now: float, member: MemberRecord, incarnation: int, origin: PeerID) -> None:
+        suspected_at = member.suspected_at
+        self._set_state(now, member, _FAILED, incarnation)
+        member.suspected_at = None
+        member.record = MemberUpdate(kind=UpdateKind.DEAD, peer=member.peer, incarnation=incarnation, origin=origin)
+        self._queue_update(member.record)
+        self._counters.failures_declared += 1
+        self._events.append(PeerFailed(at=now, peer=member.peer, incarnation=incarnation, suspected_at=suspected_at))
+        self._drop_link(now, member.peer, "failed")
+
+    def _on_suspicion_timeout(self, now: float, deadline: float, peer: PeerID) -> None:
+        suspicion = self._suspicions.get(peer)
+        member = self._members.get(peer)
+        if suspicion is not None and member is not None and suspicion.deadline == deadline:
+            self._fail(now, member, suspicion.incarnation, self.local_peer)
