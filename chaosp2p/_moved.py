@@ -49,6 +49,9 @@ MOVED_MODULES: dict[str, str] = {
     "chaosp2p.protocols.negotiation.state": "chaosp2p.protocols.negotiation.transitions",
     "chaosp2p.protocols.negotiation.configuration_columns": "chaosp2p.protocols.negotiation.configuration_body",
     "chaosp2p.dht.simcluster": "chaosp2p.sim.dht",
+    "chaosp2p.protocols.membership.simswarm": "chaosp2p.sim.membership",
+    "chaosp2p.protocols.membership.records": "chaosp2p.protocols.membership.bookkeeping",
+    "chaosp2p.protocols.membership.state": "chaosp2p.protocols.membership.transitions",
 }
 """Old module path -> the module that holds its code now."""
 
