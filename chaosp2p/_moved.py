@@ -98,9 +98,13 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         new = MOVED_MODULES.get(fullname)
-        if new is None or new == fullname:
+        if new is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new))
+        target = importlib.util.find_spec(new)
+        # The new file as origin: ``python -m <old path>`` puts it in sys.argv[0], as for any module.
+        return importlib.machinery.ModuleSpec(
+            fullname, _AliasLoader(new), origin=None if target is None else target.origin
+        )
 
 
 def install() -> None:
