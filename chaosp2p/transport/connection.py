@@ -6,7 +6,7 @@ The connection owns one non-blocking socket and runs three tasks in its own task
 
 * the *reader* reads a 16-byte record header, checks its length against the limit, reads the body
   into a preallocated buffer, authenticates and decrypts it -- straight into a stream's waiting
-  buffer when one fits -- and only then lets the :class:`~chaosp2p.protocols.mux.Mux` interpret it;
+  buffer when one fits -- and only then lets the :class:`~chaosp2p.protocols.channel.mux.Mux` interpret it;
 * the *control writer* sends what the reader must never block on (window grants, pongs, resets), so
   a reader never waits for the socket's send side: two peers with full send buffers cannot deadlock;
 * the *keepalive* pings a quiet connection and closes one that stopped answering.
@@ -42,9 +42,9 @@ from chaosp2p.errors import (
     RequestTimeout,
     StreamReset,
 )
-from chaosp2p.protocols import mux as muxp
-from chaosp2p.protocols.hello import HELLO_CODEC, Hello
-from chaosp2p.protocols.records import (
+from chaosp2p.protocols.channel import mux as muxp
+from chaosp2p.protocols.channel.hello import HELLO_CODEC, Hello
+from chaosp2p.protocols.channel.record_layer import (
     HEADER_BYTES,
     TAG_BYTES,
     Flag,

@@ -41,8 +41,8 @@ from chaosp2p.errors import (
     PeerUnreachable,
     RemoteProtocolError,
 )
-from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
-from chaosp2p.protocols.noise import HandshakeState, NoiseHandshake, SessionKeys, psk_for
+from chaosp2p.protocols.channel.handshake import HandshakeState, NoiseHandshake, SessionKeys, psk_for
+from chaosp2p.protocols.channel.hello import MAX_LISTEN_ADDRS, Hello
 from chaosp2p.transport.budget import ReceiveBudget
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
