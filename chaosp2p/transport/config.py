@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from chaosp2p.configbase import require, require_positive
-from chaosp2p.protocols.mux import MuxLimits
+from chaosp2p.protocols.channel.mux import MuxLimits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

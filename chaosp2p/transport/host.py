@@ -41,11 +41,11 @@ from chaosp2p.errors import (
     PeerUnreachable,
     RemoteProtocolError,
 )
-from chaosp2p.protocols.hello import MAX_LISTEN_ADDRS, Hello
-from chaosp2p.protocols.noise import HandshakeState, NoiseHandshake, SessionKeys, psk_for
+from chaosp2p.protocols.channel.handshake import HandshakeState, NoiseHandshake, SessionKeys, psk_for
+from chaosp2p.protocols.channel.hello import MAX_LISTEN_ADDRS, Hello
 from chaosp2p.transport.budget import ReceiveBudget
 from chaosp2p.transport.config import TransportConfig
-from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.connection import Connection, ReplyStatus
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
 from chaosp2p.transport.interfaces import interface_addresses
 from chaosp2p.transport.shaper import LinkShaper, TokenBucket
@@ -226,14 +226,14 @@ class Host:
             if request is None:
                 return
             try:
-                response = [0, await handler(stream.connection, request)]
+                response = [ReplyStatus.OK, await handler(stream.connection, request)]
             except RemoteProtocolError as exc:
-                response = [1, f"bad request: {exc}"]
+                response = [ReplyStatus.ERROR, f"bad request: {exc}"]
             except ChaosError as exc:
-                response = [1, str(exc)]
+                response = [ReplyStatus.ERROR, str(exc)]
             except Exception:
                 log.exception("request handler for %s failed", protocol)
-                response = [1, "internal error"]
+                response = [ReplyStatus.ERROR, "internal error"]
             await stream.send_frame(response, eof=True)
 
         self.set_stream_handler(protocol, serve)

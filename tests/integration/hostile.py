@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from chaosp2p.protocols.hello import HELLO_CODEC, Hello
-from chaosp2p.protocols.noise import NoiseHandshake, psk_for
-from chaosp2p.protocols.records import TAG_BYTES, Flag, FrameType, RecordHeader, RecordSealer
+from chaosp2p.protocols.channel.handshake import NoiseHandshake, psk_for
+from chaosp2p.protocols.channel.hello import HELLO_CODEC, Hello
+from chaosp2p.protocols.channel.record_layer import TAG_BYTES, Flag, FrameType, RecordHeader, RecordSealer
 from chaosp2p.transport.sockets import close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.multiaddr import Multiaddr

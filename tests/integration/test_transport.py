@@ -21,7 +21,7 @@ from chaosp2p.errors import (
     RequestTimeout,
     StreamReset,
 )
-from chaosp2p.protocols.records import Flag, FrameType
+from chaosp2p.protocols.channel.record_layer import Flag, FrameType
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.host import Host, open_host

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from chaosp2p.protocols.hello import HELLO_CODEC
-from chaosp2p.protocols.noise import NoiseHandshake, psk_for
-from chaosp2p.protocols.records import RecordHeader, parse_header
+from chaosp2p.protocols.channel.handshake import NoiseHandshake, psk_for
+from chaosp2p.protocols.channel.hello import HELLO_CODEC
+from chaosp2p.protocols.channel.record_layer import RecordHeader, parse_header
 from chaosp2p.runtime.status import STATUS_CODEC
 from chaosp2p.wire.framing import FrameDecoder, unpack
 from chaosp2p.wire.identity import Identity

@@ -53,6 +53,16 @@ class FrameType(enum.IntEnum):
     HELLO = 5
 
 
+class GoAwayCode(enum.IntEnum):
+    """Why a GOAWAY record closes the connection (its ``value``). ONLY APPEND TO THIS LIST."""
+
+    NORMAL = 0
+    PROTOCOL_ERROR = 1
+    IDLE = 2
+    SHUTDOWN = 3
+    DEAD = 4
+
+
 class Flag(enum.IntFlag):
     """Record flag bits (meaningful on DATA; ACK on PING)."""
 

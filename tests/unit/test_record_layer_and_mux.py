@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chaosp2p.errors import LocalProtocolError, RemoteProtocolError
-from chaosp2p.protocols.mux import (
+from chaosp2p.protocols.channel.mux import (
     DataReceived,
     Ignored,
     Mux,
@@ -15,7 +15,7 @@ from chaosp2p.protocols.mux import (
     StreamWasReset,
     WindowGranted,
 )
-from chaosp2p.protocols.records import (
+from chaosp2p.protocols.channel.record_layer import (
     HEADER_BYTES,
     TAG_BYTES,
     Flag,

@@ -26,7 +26,7 @@ import enum
 from dataclasses import dataclass
 
 from chaosp2p.errors import LocalProtocolError, RemoteProtocolError
-from chaosp2p.protocols.records import Flag, FrameType, RecordHeader
+from chaosp2p.protocols.channel.record_layer import Flag, FrameType, RecordHeader
 
 MAX_STREAM_ID = (1 << 32) - 1
 _ABSURD_WINDOW_BYTES = 1 << 31  # no sane peer grants more than 2 GiB unacknowledged

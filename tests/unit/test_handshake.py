@@ -18,7 +18,7 @@ from chaosp2p.errors import (
     PeerIdMismatch,
     RemoteProtocolError,
 )
-from chaosp2p.protocols.noise import OPEN_SWARM_PSK, HandshakeState, NoiseHandshake, psk_for
+from chaosp2p.protocols.channel.handshake import OPEN_SWARM_PSK, HandshakeState, NoiseHandshake, psk_for
 from chaosp2p.wire.identity import Identity
 
 ALICE = Identity.from_seed(b"\x01" * 32)
