@@ -52,6 +52,10 @@ MOVED_MODULES: dict[str, str] = {
     "chaosp2p.protocols.membership.simswarm": "chaosp2p.sim.membership",
     "chaosp2p.protocols.membership.records": "chaosp2p.protocols.membership.bookkeeping",
     "chaosp2p.protocols.membership.state": "chaosp2p.protocols.membership.transitions",
+    "chaosp2p.protocols.noise": "chaosp2p.protocols.channel.handshake",
+    "chaosp2p.protocols.records": "chaosp2p.protocols.channel.record_layer",
+    "chaosp2p.protocols.mux": "chaosp2p.protocols.channel.mux",
+    "chaosp2p.protocols.hello": "chaosp2p.protocols.channel.hello",
 }
 """Old module path -> the module that holds its code now."""
 
@@ -100,10 +104,10 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         new = MOVED_MODULES.get(fullname)
         if new is None:
             return None
-        target = importlib.util.find_spec(new)
+        found = importlib.util.find_spec(new)
         # The new file as origin: ``python -m <old path>`` puts it in sys.argv[0], as for any module.
         return importlib.machinery.ModuleSpec(
-            fullname, _AliasLoader(new), origin=None if target is None else target.origin
+            fullname, _AliasLoader(new), origin=None if found is None else found.origin
         )
 
 

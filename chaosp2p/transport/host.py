@@ -225,8 +225,10 @@ class Host:
             request = await stream.receive_frame()
             if request is None:
                 return
+            connection = stream.connection
+            assert isinstance(connection, Connection)  # the only carrier of streams
             try:
-                response = [ReplyStatus.OK, await handler(stream.connection, request)]
+                response = [ReplyStatus.OK, await handler(connection, request)]
             except RemoteProtocolError as exc:
                 response = [ReplyStatus.ERROR, f"bad request: {exc}"]
             except ChaosError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -20,16 +20,44 @@ from chaosp2p.wire.messages import Message, MessageCodec
 from chaosp2p.wire.protocol_ids import ProtocolId
 
 if TYPE_CHECKING:
-    from chaosp2p.transport.connection import Connection
+    from chaosp2p.transport.config import TransportConfig
     from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.transport")
 
 
-class Stream:
-    """A bidirectional byte stream multiplexed on a :class:`Connection`."""
+class StreamCarrier(Protocol):
+    """What a stream needs from the connection it is multiplexed on.
 
-    def __init__(self, connection: Connection, stream_id: int, protocol: ProtocolId, *, outbound: bool) -> None:
+    :class:`~chaosp2p.transport.connection.Connection` is the one carrier; naming its part here
+    keeps the stream below the connection (the connection creates streams, never the reverse).
+    """
+
+    remote_peer: PeerID
+    config: TransportConfig
+    last_received: float
+
+    async def send_stream_data(self, stream: Stream, data: memoryview, *, eof: bool) -> None:
+        """Send ``data`` on ``stream`` within the remote's window."""
+        ...
+
+    def consumed(self, stream: Stream, length: int) -> None:
+        """The application took ``length`` bytes from ``stream``."""
+        ...
+
+    def set_receive_window(self, stream: Stream, target_bytes: int) -> None:
+        """Raise ``stream``'s receive window."""
+        ...
+
+    def reset_stream(self, stream: Stream) -> None:
+        """Abort ``stream`` (RST to the remote)."""
+        ...
+
+
+class Stream:
+    """A bidirectional byte stream multiplexed on a connection (its :class:`StreamCarrier`)."""
+
+    def __init__(self, connection: StreamCarrier, stream_id: int, protocol: ProtocolId, *, outbound: bool) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.protocol = protocol
