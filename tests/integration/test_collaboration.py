@@ -271,3 +271,39 @@ async def test_a_member_sending_nan_is_excluded_then_evicted_and_the_others_stay
         for member in good:
             for p in member.collab.model.parameters():
                 assert torch.isfinite(p).all()
+
+
+async def test_async_peer_collaborate_founds_and_joins_a_run_and_leaving_frees_the_averager() -> None:
+    """``AsyncPeer.collaborate``, the README's async entry point, end to end on two peers."""
+    async with swarm(2) as peers:
+        founder, newcomer = peers
+        config = CollaborationConfig.local(global_batch=GLOBAL_BATCH, round_timeout_min_s=3.0)
+        models = [_model() for _ in peers]
+        digests: list[dict[int, str]] = [{}, {}]
+
+        async def train(collab: AsyncCollaboration, index: int, steps: int) -> None:
+            model, optimizer = models[index]
+            while collab.step_index < steps:
+                start, stop = collab.batch_slice()
+                generator = torch.Generator().manual_seed(collab.step_index)
+                x = torch.randn(GLOBAL_BATCH, 8, generator=generator)[start:stop]
+                y = torch.randint(0, 2, (GLOBAL_BATCH,), generator=generator)[start:stop]
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                await anyio.sleep(0.002)
+                result = await collab.step(samples=stop - start)
+                digests[index][result.step] = collab.parameter_digest()
+
+        first = await founder.collaborate(RUN, *models[0], found=True, config=config)
+        assert founder.training.collaborations() == [first]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(train, first, 0, 40)  # trains on alone once the newcomer left
+            second = await newcomer.collaborate(RUN, *models[1], found=False, config=config, timeout_s=60)
+            await train(second, 1, 20)
+            await second.leave(timeout_s=30)
+        shared = sorted(set(digests[0]) & set(digests[1]))
+        assert shared, "the two peers never trained the same step"
+        assert all(digests[0][step] == digests[1][step] for step in shared)
+        assert len(first.configuration.members) == 1, "the newcomer's leave was not committed"
+        assert newcomer.training.collaborations() == []
+        assert RUN not in newcomer.training.averager._latest, "leaving kept the run's memory in the averager"
