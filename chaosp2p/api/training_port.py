@@ -11,11 +11,10 @@ from collections.abc import Iterable, Sequence
 
 from chaosp2p.clock import Clock
 from chaosp2p.protocols.membership import MemberState
-from chaosp2p.runtime.negotiation_service import NegotiationService
 from chaosp2p.runtime.node import Node
 from chaosp2p.state.service import LoadedState, StateService
 from chaosp2p.state.snapshot import SnapshotStore
-from chaosp2p.training.port import EventQueue, StreamHandler
+from chaosp2p.training.port import EventQueue, RunGates, StreamHandler
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -30,31 +29,13 @@ class PeerTrainingPort:
     def __init__(self, node: Node, state: StateService) -> None:
         self._node = node
         self._state = state
-
-    @property
-    def peer_id(self) -> PeerID:
-        """This peer."""
-        return self._node.peer_id
-
-    @property
-    def identity(self) -> Identity:
-        """This peer's key."""
-        return self._node.host.identity
-
-    @property
-    def clock(self) -> Clock:
-        """The peer's clock."""
-        return self._node.clock
-
-    @property
-    def profile(self) -> str:
-        """The peer's profile name."""
-        return self._node.config.profile
-
-    @property
-    def runs(self) -> NegotiationService:
+        # Fixed for the peer's lifetime, so plain attributes.
+        self.peer_id: PeerID = node.peer_id
+        self.identity: Identity = node.host.identity
+        self.clock: Clock = node.clock
+        self.profile: str = node.config.profile
+        self.runs: RunGates = node.negotiation
         """The negotiation service: the runs' configurations and step gates."""
-        return self._node.negotiation
 
     def subscribe(self) -> EventQueue:
         """Every peer event from now on."""

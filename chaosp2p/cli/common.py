@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -50,6 +51,9 @@ class PeerOptions:
     identity_path: str | None = None
     swarm_key_path: str | None = None
     backend: str = "trio"
+
+
+PEER_OPTION_NAMES = tuple(field.name for field in dataclasses.fields(PeerOptions))
 
 
 def load_config(options: PeerOptions, *, any_port: bool = False) -> PeerConfig:
@@ -128,25 +132,10 @@ def peer_options(function: Callable[..., Any]) -> Callable[..., Any]:
     ]
 
     @functools.wraps(function)
-    def command(
-        *args: Any,
-        listen: tuple[str, ...],
-        bootstrap: tuple[str, ...],
-        identity_path: str | None,
-        swarm_key_path: str | None,
-        profile: str,
-        backend: str,
-        **others: Any,  # the command's own options, passed through by click
-    ) -> Any:
-        peer = PeerOptions(
-            profile=profile,
-            listen=listen,
-            bootstrap=bootstrap,
-            identity_path=identity_path,
-            swarm_key_path=swarm_key_path,
-            backend=backend,
-        )
-        return function(*args, peer=peer, **others)
+    def command(*args: Any, **options: Any) -> Any:
+        # click passes every option by name; the peer's ones become one PeerOptions, the rest stay.
+        peer = PeerOptions(**{name: options.pop(name) for name in PEER_OPTION_NAMES})
+        return function(*args, peer=peer, **options)
 
     wrapped: Callable[..., Any] = command
     for option in reversed(options):

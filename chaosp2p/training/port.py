@@ -124,31 +124,15 @@ StreamHandler = Callable[[Stream], Awaitable[None]]
 class TrainingPort(Protocol):
     """What training needs from a running peer (see the module docstring)."""
 
-    @property
-    def peer_id(self) -> PeerID:
-        """This peer."""
-        ...
-
-    @property
-    def identity(self) -> Identity:
-        """This peer's key (a member signs its vouches for snapshots with it)."""
-        ...
-
-    @property
-    def clock(self) -> Clock:
-        """The peer's clock (step timing, round timeouts)."""
-        ...
-
-    @property
-    def profile(self) -> str:
-        """The peer's profile name, which picks a collaboration's default timings."""
-        ...
-
-    # ------------------------------------------------------------------ gates
-    @property
-    def runs(self) -> RunGates:
-        """The runs' agreed configurations and step gates."""
-        ...
+    peer_id: PeerID
+    identity: Identity
+    """This peer's key (a member signs its vouches for snapshots with it)."""
+    clock: Clock
+    """The peer's clock (step timing, round timeouts)."""
+    profile: str
+    """The peer's profile name, which picks a collaboration's default timings."""
+    runs: RunGates
+    """The runs' agreed configurations and step gates."""
 
     def subscribe(self) -> EventQueue:
         """Every peer event from now on (the collaboration reports committed operations)."""

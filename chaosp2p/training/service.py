@@ -42,25 +42,13 @@ SNAPSHOTS_KEPT = 2
 class Collaborator(Protocol):
     """What the service routes collab requests to: one run's collaboration on this peer."""
 
-    @property
-    def run(self) -> str:
-        """The run it trains."""
-        ...
-
-    @property
-    def layout(self) -> bytes:
-        """Digest of its model's parameter names, shapes and dtypes."""
-        ...
-
-    @property
-    def step_index(self) -> int:
-        """The next step it runs."""
-        ...
-
-    @property
-    def feed(self) -> UpdateFeed:
-        """Its averaged updates, streamed to observing newcomers."""
-        ...
+    run: str
+    layout: bytes
+    """Digest of its model's parameter names, shapes and dtypes."""
+    step_index: int
+    """The next step it runs."""
+    feed: UpdateFeed
+    """Its averaged updates, streamed to observing newcomers."""
 
     @property
     def numel(self) -> int:

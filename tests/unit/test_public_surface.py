@@ -66,6 +66,9 @@ def _describe(module_name: str, name: str, value: object) -> list[str]:
         fields = getattr(value, "__dataclass_fields__", None)
         if fields:
             lines.append(f"    fields: {', '.join(fields)}")
+        declared = [name for name in inspect.get_annotations(value) if not name.startswith("_")]
+        if declared and not fields:  # e.g. a Protocol's attributes
+            lines.append(f"    attributes: {', '.join(declared)}")
     elif inspect.isfunction(value):
         lines[0] += f" {_signature(value)}"
     return lines
