@@ -4,7 +4,7 @@ and a sleep standing in for compute.
 Two ways to run it:
 
 * **chaosp2p member** (default): founds the run (no ``--join``) or joins it through
-  :class:`chaosp2p.training.Collaboration`, like every example peer (the shared flags ``--join``,
+  :class:`chaosp2p.Collaboration`, like every example peer (the shared flags ``--join``,
   ``--steps``, ``--ready-file``, ``--metrics-file``, ``--profile``; SIGTERM is a graceful leave).
   Each step's global batch (``--batch`` samples) is drawn from a seed and the step number and split
   among the members by their agreed shares. After the real forward/backward pass the peer sleeps
@@ -126,7 +126,7 @@ def run_member(args: argparse.Namespace) -> int:
     """Found or join the run and train until ``--steps`` (or the stop file's step)."""
     from chaosp2p import Peer, PeerConfig
     from chaosp2p.protocols.membership.config import MembershipConfig
-    from chaosp2p.training import Collaboration, CollaborationConfig
+    from chaosp2p import Collaboration, CollaborationConfig
 
     stop = StopSignal()
     model, optimizer = make_model(args.state_mb)

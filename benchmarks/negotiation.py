@@ -41,7 +41,7 @@ decision latency.
     decision (``--cpu-toggles`` link down/up pairs, minus the idle rate). ``--trace-dir`` keeps the
     logs plus a per-message hop trace of every process and prints each decision's milestones.
 
-Sizes, commands and the figures of the last runs: README "Negotiation", benchmarks/results/.
+Sizes, commands and the figures of the last runs: docs/benchmarks.md#negotiation, benchmarks/results/.
 """
 
 from __future__ import annotations

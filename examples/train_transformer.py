@@ -132,7 +132,7 @@ def main() -> int:
         # Moving ~555 MB (snapshots, downloads, averaging) keeps this machine's cores busy for whole
         # seconds; the local profile's sub-second failure detection would declare busy peers failed.
         config = config.replace(membership=MembershipConfig.lan())
-    from chaosp2p.training import Collaboration, CollaborationConfig
+    from chaosp2p import Collaboration, CollaborationConfig
 
     collab_config = CollaborationConfig.profile_named(config.profile).replace(
         mode=args.mode,

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 hivemind counts progress in *epochs*: an epoch ends when the peers of a run have processed
 ``target_batch_size`` samples together, whatever their number. Here one epoch is one step of a
-:class:`chaosp2p.training.Collaboration` whose global batch is ``target_batch_size``: the run's
+:class:`chaosp2p.Collaboration` whose global batch is ``target_batch_size``: the run's
 agreed configuration splits it into per-member shares (equal at first, then following each
 member's measured throughput), and each ``step()`` call adds ``batch_size_per_step`` samples to
 this peer's share of the current epoch. When the share is full the epoch ends on every member at
@@ -546,7 +546,7 @@ class Optimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ chaosp2p extras
     @property
     def collaboration(self) -> Collaboration:
-        """The :class:`chaosp2p.training.Collaboration` underneath (chaosp2p only)."""
+        """The :class:`chaosp2p.Collaboration` underneath (chaosp2p only)."""
         return self._collab
 
     def statistics(self) -> StepStatistics | None:

@@ -92,7 +92,8 @@ def run_peer(args: argparse.Namespace) -> int:
     model, optimizer = make_model()
     metrics = MetricsWriter(args.metrics_file)
     config = profile_config(args.profile, fast_failure_detection=args.fast_failure_detection)
-    from chaosp2p.training import Collaboration, CollaborationConfig
+    from chaosp2p.api import Collaboration
+    from chaosp2p.training import CollaborationConfig
 
     collab_config = CollaborationConfig.profile_named(config.profile).replace(global_batch=args.batch)
     with Peer(initial_peers=args.join, config=config, run=RUN) as peer:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from chaosp2p import _moved
+
 PACKAGE = Path(__file__).resolve().parents[2] / "chaosp2p"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -167,7 +169,13 @@ def test_every_import_names_a_module_that_exists() -> None:
         for found in ALL_IMPORTS
         if found.target not in MODULES and found.target.rpartition(".")[0] not in MODULES
     ]
-    assert not missing, "\n".join(missing)
+    moved = [
+        f"{_where(found)}: {found.target}.{name} (now in {_moved.MOVED_NAMES[(found.target, name)]})"
+        for found in ALL_IMPORTS
+        for name in found.names
+        if (found.target, name) in _moved.MOVED_NAMES
+    ]
+    assert not missing and not moved, "\n".join(missing + moved)
 
 
 def _cycles() -> list[list[str]]:
