@@ -124,9 +124,8 @@ def step_record(result: Any, loss: float, compute_s: float, digest: str | None) 
 
 def run_member(args: argparse.Namespace) -> int:
     """Found or join the run and train until ``--steps`` (or the stop file's step)."""
-    from chaosp2p import Peer, PeerConfig
+    from chaosp2p import Collaboration, CollaborationConfig, Peer, PeerConfig
     from chaosp2p.protocols.membership.config import MembershipConfig
-    from chaosp2p import Collaboration, CollaborationConfig
 
     stop = StopSignal()
     model, optimizer = make_model(args.state_mb)
