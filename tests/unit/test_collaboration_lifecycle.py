@@ -45,6 +45,18 @@ def _rig(**config: Any) -> Rig:
     return rig(model, optimizer, **config)
 
 
+async def _founded(**config: Any) -> Rig:
+    r = _rig(**config)
+    await r.collab.start(found=True)
+    return r
+
+
+def _assert_freed(r: Rig) -> None:
+    """The service no longer routes to the collaboration, and the averager forgot its run."""
+    assert r.service.collaborations() == []
+    assert r.averager.forgotten == [RUN]
+
+
 def _values(model: Any) -> np.ndarray:
     flat = FlatParameters(list(model.parameters()))
     return flat.gather_values(np.empty(flat.numel, dtype=np.float32))
@@ -83,8 +95,7 @@ async def test_founding_without_a_global_batch_is_refused() -> None:
 
 
 async def test_starting_twice_is_refused() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     with pytest.raises(LocalProtocolError, match="already started"):
         await r.collab.start(found=True)
     assert len(r.gates.created) == 1
@@ -98,8 +109,7 @@ async def test_stepping_before_start_is_refused_and_runs_no_round() -> None:
 
 
 async def test_negative_samples_are_refused_and_run_no_round() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     with pytest.raises(ConfigError, match="samples"):
         await r.collab.step(-1)
     assert r.averager.calls == []
@@ -148,8 +158,7 @@ def _committed(run: str, kind: OpKind, subject: Any, origin: Any) -> OperationCo
 
 
 async def test_take_events_turns_this_runs_committed_operations_into_records_once() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     subject, origin = identities(2, base=40)
     ours = _committed(RUN, OpKind.JOIN, subject.peer_id, origin.peer_id)
     theirs = _committed("another-run", OpKind.FAIL, subject.peer_id, origin.peer_id)
@@ -182,8 +191,7 @@ def test_take_events_before_start_is_empty() -> None:
 
 # ---------------------------------------------------------------------------------- leaving
 async def test_leave_serves_zero_weight_rounds_until_removed_then_frees_the_run() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     FlatParameters(list(r.collab.model.parameters())).scatter_grads(np.ones(8, dtype=np.float32))
     await r.collab.step(4)  # a real step: contributes its gradient
     assert r.averager.calls[0].weight == 4.0
@@ -201,13 +209,11 @@ async def test_leave_serves_zero_weight_rounds_until_removed_then_frees_the_run(
     assert ("completed", 2) in r.gates.reported
     np.testing.assert_array_equal(_values(r.collab.model), before)  # and applies nothing
     assert r.collab.step_index == 3
-    assert r.service.collaborations() == []
-    assert r.averager.forgotten == [RUN]
+    _assert_freed(r)
 
 
 async def test_after_leave_steps_are_refused_and_leaving_again_does_nothing() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     r.gates.leave_takes_effect_at = 0
     await r.collab.leave()
     with pytest.raises(LocalProtocolError):
@@ -219,14 +225,12 @@ async def test_after_leave_steps_are_refused_and_leaving_again_does_nothing() ->
 
 
 async def test_leaving_a_run_that_no_longer_counts_us_runs_no_round_but_still_unregisters() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     r.gates.leave_accepted = False
     await r.collab.leave()
     assert r.gates.announced == [RUN]
     assert r.averager.calls == []
-    assert r.service.collaborations() == []
-    assert r.averager.forgotten == [RUN]
+    _assert_freed(r)
 
 
 async def test_leaving_before_start_does_nothing() -> None:
@@ -237,20 +241,17 @@ async def test_leaving_before_start_does_nothing() -> None:
 
 
 async def test_a_failing_round_ends_the_leave_early_and_the_run_is_still_freed() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     r.gates.leave_takes_effect_at = 10
     r.averager.then(ContributionRefused("refused"))
     await r.collab.leave()
     assert len(r.averager.calls) == 1
     assert r.collab.step_index == 0
-    assert r.service.collaborations() == []
-    assert r.averager.forgotten == [RUN]
+    _assert_freed(r)
 
 
 async def test_leave_unregisters_even_when_the_averager_still_holds_a_round_of_the_run() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     r.gates.leave_accepted = False
     r.averager.busy_runs.add(RUN)  # forget_run refuses: logged, not raised
     await r.collab.leave()
@@ -259,8 +260,7 @@ async def test_leave_unregisters_even_when_the_averager_still_holds_a_round_of_t
 
 
 async def test_the_service_unregisters_only_the_collaboration_it_routes_to() -> None:
-    r = _rig()
-    await r.collab.start(found=True)
+    r = await _founded()
     model, optimizer = _model()
     stranger = AsyncCollaboration(
         FakePort(), r.service, run=RUN, model=model, optimizer=optimizer, config=CollaborationConfig.local()

@@ -21,16 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chaosp2p.errors import RemoteProtocolError, TransferError  # noqa: E402
-from chaosp2p.protocols.collab.messages import (  # noqa: E402
-    PROTOCOL,
-    FetchUpdate,
-    ObserveAccepted,
-    ObserveRequest,
-    Refused,
-    SnapshotReply,
-    SnapshotRequest,
-    UpdateHeader,
-)
+from chaosp2p.protocols.collab import messages as collab  # noqa: E402
 from chaosp2p.protocols.collab.vouch import Vouch, sign_vouch, vouched_reply  # noqa: E402
 from chaosp2p.protocols.negotiation import RunInfo  # noqa: E402
 from chaosp2p.protocols.transfer import Completed  # noqa: E402
@@ -40,6 +31,7 @@ from chaosp2p.state.torch_adapter import flatten_torch, publish_torch  # noqa: E
 from chaosp2p.training.flat import FlatParameters, parameter_digest  # noqa: E402
 from chaosp2p.training.joining import QUERY_RUN_TIMEOUT_S  # noqa: E402
 from chaosp2p.wire.multiaddr import Multiaddr  # noqa: E402
+from tests.conditions import eventually  # noqa: E402
 from tests.unit.fake_port import HOLD, RUN, FakePort, FakeStream, Rig, configuration, identities, rig  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -140,9 +132,9 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
 
     # The sponsor streams the updates of steps 5..8 (5 and 6 precede the snapshot), then stays open.
     updates = {step: np.full(numel, step / 10, dtype=np.float32) for step in range(5, 9)}
-    observed: list[Any] = [ObserveAccepted(completed=4, numel=numel)]
+    observed: list[Any] = [collab.ObserveAccepted(completed=4, numel=numel)]
     for step, update in updates.items():
-        observed += [UpdateHeader(step=step, epoch=1, config_digest=held.digest, numel=numel), update.tobytes()]
+        observed += [collab.UpdateHeader(step=step, epoch=1, config_digest=held.digest, numel=numel), update.tobytes()]
     r.port.contacts = [m1.peer_id]
     r.gates.run_infos[m1.peer_id] = RunInfo(run=RUN, configuration=held, step=5, from_peer=m1.peer_id)
     r.port.answer(m1.peer_id, *observed, HOLD)
@@ -159,9 +151,12 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
 
     # Observed the sponsor, asked every member for the same snapshot.
     observe, *asked = r.port.opened
-    assert observe.sent == [ObserveRequest(run=RUN, layout=r.collab.layout)] and observe.was_reset
+    assert observe.sent == [collab.ObserveRequest(run=RUN, layout=r.collab.layout)] and observe.was_reset
     assert sorted((s.remote_peer.raw, s.sent[0]) for s in asked) == sorted(
-        (member.raw, SnapshotRequest(run=RUN, step=SNAPSHOT_STEP, layout=r.collab.layout, config_digest=held.digest))
+        (
+            member.raw,
+            collab.SnapshotRequest(run=RUN, step=SNAPSHOT_STEP, layout=r.collab.layout, config_digest=held.digest),
+        )
         for member in members
     )
     # Loaded only from the members that vouched for the quorum's state, pinned to its digest.
@@ -200,8 +195,10 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
 
 
 # ---------------------------------------------------------------------------------- snapshot requests
-def _request(r: Rig, step: int, *, layout: bytes | None = None, config_digest: bytes | None = None) -> SnapshotRequest:
-    return SnapshotRequest(
+def _request(
+    r: Rig, step: int, *, layout: bytes | None = None, config_digest: bytes | None = None
+) -> collab.SnapshotRequest:
+    return collab.SnapshotRequest(
         run=RUN,
         step=step,
         layout=r.collab.layout if layout is None else layout,
@@ -236,7 +233,7 @@ async def test_a_request_is_answered_with_a_vouch_once_the_step_is_published() -
     r = _rig()
     await r.collab.start(found=True)
     config = r.collab.configuration
-    replies: list[SnapshotReply] = []
+    replies: list[collab.SnapshotReply] = []
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
 
@@ -289,7 +286,7 @@ async def test_a_member_starts_serving_its_store_only_once() -> None:
 # ---------------------------------------------------------------------------------- the collab protocol's routing
 async def _serve(r: Rig, request: Any, peer: Any = None) -> FakeStream:
     [(_, handler, _)] = r.port.handlers
-    stream = FakeStream(peer or identities(1, base=120)[0].peer_id, PROTOCOL, [request])
+    stream = FakeStream(peer or identities(1, base=120)[0].peer_id, collab.PROTOCOL, [request])
     await handler(stream)
     return stream
 
@@ -299,20 +296,20 @@ async def test_requests_about_a_run_this_peer_does_not_train_are_refused_with_a_
     await r.collab.start(found=True)
     other = "not-" + RUN
     for request in (
-        SnapshotRequest(run=other, step=1, layout=r.collab.layout, config_digest=b"\0" * 32),
-        ObserveRequest(run=other, layout=r.collab.layout),
-        FetchUpdate(run=other, step=0, config_digest=b"\0" * 32),
+        collab.SnapshotRequest(run=other, step=1, layout=r.collab.layout, config_digest=b"\0" * 32),
+        collab.ObserveRequest(run=other, layout=r.collab.layout),
+        collab.FetchUpdate(run=other, step=0, config_digest=b"\0" * 32),
     ):
         stream = await _serve(r, request)
         [reply] = stream.sent
-        assert isinstance(reply, Refused) and stream.eof_sent
+        assert isinstance(reply, collab.Refused) and stream.eof_sent
 
 
 async def test_an_observer_with_another_model_is_refused() -> None:
     r = _rig()
     await r.collab.start(found=True)
-    stream = await _serve(r, ObserveRequest(run=RUN, layout=b"\5" * 16))
-    assert stream.sent == [Refused(reason="different model")]
+    stream = await _serve(r, collab.ObserveRequest(run=RUN, layout=b"\5" * 16))
+    assert stream.sent == [collab.Refused(reason="different model")]
 
 
 async def test_a_fetch_of_a_kept_update_returns_it_and_of_any_other_is_refused() -> None:
@@ -321,23 +318,23 @@ async def test_a_fetch_of_a_kept_update_returns_it_and_of_any_other_is_refused()
     digest = r.collab.configuration.digest
     r.averager.then(lambda buffer, _call: buffer.fill(0.5))
     await r.collab.step(4)
-    stream = await _serve(r, FetchUpdate(run=RUN, step=0, config_digest=digest))
+    stream = await _serve(r, collab.FetchUpdate(run=RUN, step=0, config_digest=digest))
     header, payload = stream.sent
-    assert header == UpdateHeader(step=0, epoch=0, config_digest=digest, numel=r.collab.numel)
+    assert header == collab.UpdateHeader(step=0, epoch=0, config_digest=digest, numel=r.collab.numel)
     np.testing.assert_array_equal(np.frombuffer(payload, dtype=np.float32), np.full(r.collab.numel, 0.5))
     assert stream.eof_sent
     for request in (
-        FetchUpdate(run=RUN, step=1, config_digest=digest),
-        FetchUpdate(run=RUN, step=0, config_digest=b"\3" * 32),
+        collab.FetchUpdate(run=RUN, step=1, config_digest=digest),
+        collab.FetchUpdate(run=RUN, step=0, config_digest=b"\3" * 32),
     ):
-        assert (await _serve(r, request)).sent == [Refused(reason="no such update here")]
+        assert (await _serve(r, request)).sent == [collab.Refused(reason="no such update here")]
 
 
 async def test_a_request_that_cannot_open_a_collab_stream_is_a_protocol_error() -> None:
     r = _rig()
     await r.collab.start(found=True)
     with pytest.raises(RemoteProtocolError, match="cannot open a collab stream"):
-        await _serve(r, ObserveAccepted(completed=0, numel=1))
+        await _serve(r, collab.ObserveAccepted(completed=0, numel=1))
 
 
 async def test_an_observer_is_told_the_last_completed_step_and_gets_each_update_after_it() -> None:
@@ -347,18 +344,15 @@ async def test_an_observer_is_told_the_last_completed_step_and_gets_each_update_
     await r.collab.step(4)
     [(_, handler, _)] = r.port.handlers
     observer = FakeStream(
-        identities(1, base=130)[0].peer_id, PROTOCOL, [ObserveRequest(run=RUN, layout=r.collab.layout)]
+        identities(1, base=130)[0].peer_id, collab.PROTOCOL, [collab.ObserveRequest(run=RUN, layout=r.collab.layout)]
     )
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(handler, observer)
-            while r.collab.feed.observing == 0:
-                await anyio.lowlevel.checkpoint()
-            await r.collab.step(4)  # step 2
-            while len(observer.sent) < 3:
-                await anyio.lowlevel.checkpoint()
-            tg.cancel_scope.cancel()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(handler, observer)
+        await eventually(lambda: r.collab.feed.observing == 1)
+        await r.collab.step(4)  # step 2
+        await eventually(lambda: len(observer.sent) == 3)
+        tg.cancel_scope.cancel()
     accepted, header, payload = observer.sent
-    assert accepted == ObserveAccepted(completed=1, numel=r.collab.numel)
+    assert accepted == collab.ObserveAccepted(completed=1, numel=r.collab.numel)
     assert (header.step, header.epoch, header.config_digest) == (2, 0, r.collab.configuration.digest)
     assert len(payload) == 4 * r.collab.numel
