@@ -60,28 +60,36 @@ class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
     """
 
     async def start(self, *, found: bool, timeout_s: float | None = None) -> int:
-        """Found the run (``found=True``) or join it; return the step training continues from."""
+        """Found the run (``found=True``) or join it; return the step training continues from.
+
+        If founding or joining fails, nothing stays registered: the call may be repeated, or
+        another collaboration for the run created.
+        """
         if self._started:
             raise LocalProtocolError("this collaboration has already started")
+        if found and self.config.global_batch < 1:
+            raise ConfigError("founding a run needs CollaborationConfig.global_batch (samples per step, all members)")
         self.service.register(self)
         self._subscription = self.port.subscribe()
         self._started = True
-        if found:
-            if self.config.global_batch < 1:
-                raise ConfigError(
-                    "founding a run needs CollaborationConfig.global_batch (samples per step, all members)"
+        try:
+            if found:
+                params = RunParams(
+                    global_batch=self.config.global_batch,
+                    mode=self.config.mode,
+                    local_steps=self.config.local_steps,
                 )
-            params = RunParams(
-                global_batch=self.config.global_batch,
-                mode=self.config.mode,
-                local_steps=self.config.local_steps,
-            )
-            self.port.runs.create_run(self.run, params)
-            self.step_index = 0
-            log.info("founded run %r (%s)", self.run, self.config.mode)
-        else:
-            with anyio.fail_after(timeout_s or self.config.join_timeout_s):
-                await self._join()
+                self.port.runs.create_run(self.run, params)
+                self.step_index = 0
+                log.info("founded run %r (%s)", self.run, self.config.mode)
+            else:
+                with anyio.fail_after(timeout_s or self.config.join_timeout_s):
+                    await self._join()
+        except BaseException:
+            self._started = False
+            self._subscription = None
+            self.service.unregister(self)
+            raise
         return self.step_index
 
     async def leave(self, *, timeout_s: float = 30.0) -> None:

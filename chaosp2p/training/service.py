@@ -87,7 +87,7 @@ class TrainingService:
     def register(self, collaboration: Collaborator) -> None:
         """Route requests about ``collaboration.run`` to it."""
         if collaboration.run in self._collaborations:
-            raise RemoteProtocolError(f"this peer already trains run {collaboration.run!r}")
+            raise LocalProtocolError(f"this peer already trains run {collaboration.run!r}")
         self._collaborations[collaboration.run] = collaboration
 
     def unregister(self, collaboration: Collaborator) -> None:

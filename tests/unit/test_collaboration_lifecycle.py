@@ -17,7 +17,6 @@ from chaosp2p.errors import (  # noqa: E402
     ConfigError,
     ContributionRefused,
     LocalProtocolError,
-    RemoteProtocolError,
 )
 from chaosp2p.protocols.collab.messages import PROTOCOL_ID  # noqa: E402
 from chaosp2p.protocols.negotiation import (  # noqa: E402
@@ -128,11 +127,31 @@ async def test_a_peer_trains_one_collaboration_per_run() -> None:
     await first.collab.start(found=True)
     model, optimizer = _model()
     second = AsyncCollaboration(
-        first.port, first.service, run=RUN, model=model, optimizer=optimizer, config=CollaborationConfig.local()
+        first.port,
+        first.service,
+        run=RUN,
+        model=model,
+        optimizer=optimizer,
+        config=CollaborationConfig.local(global_batch=4),
     )
-    with pytest.raises(RemoteProtocolError, match="already trains"):
+    with pytest.raises(LocalProtocolError, match="already trains"):
         await second.start(found=True)
     assert first.service.collaborations() == [first.collab]
+
+
+async def test_a_start_that_fails_leaves_nothing_registered_and_may_be_repeated() -> None:
+    refused = _rig(global_batch=0)
+    with pytest.raises(ConfigError, match="global_batch"):
+        await refused.collab.start(found=True)
+    assert refused.service.collaborations() == []
+    # A join that cannot succeed (no peer knows the run on the fake) gives up and unregisters too.
+    joiner = _rig()
+    with pytest.raises(TimeoutError):
+        await joiner.collab.start(found=False, timeout_s=0.3)
+    assert joiner.service.collaborations() == []
+    # The same object may start again (here: found the run instead), and a corrected one may register.
+    assert await joiner.collab.start(found=True) == 0
+    assert joiner.service.collaborations() == [joiner.collab]
 
 
 def test_the_service_serves_the_collab_protocol_with_no_idle_timeout() -> None:
