@@ -446,28 +446,19 @@ class FakeAverager:
         self.script.extend(rounds)
         return self
 
-    async def all_reduce(
-        self,
-        tag: RoundTag,
-        buffer: np.ndarray,
-        *,
-        weight: float,
-        members: Sequence[PeerID],
-        addrs: Callable[[PeerID], Sequence[Multiaddr]],
-        bandwidth: Mapping[PeerID, float | None] | None = None,
-        wire_dtype: str = "float32",
-        timeout_s: float,
-    ) -> RoundStats:
-        """Record the call, then play the next scripted round."""
+    async def all_reduce(self, tag: RoundTag, buffer: np.ndarray, **options: Any) -> RoundStats:
+        """Record the call (the averager's keyword arguments, as the collaboration passed them),
+        then play the next scripted round."""
+        bandwidth = options.get("bandwidth")
         call = AverageCall(
             tag=tag,
             contribution=buffer.copy(),
-            weight=weight,
-            members=list(members),
-            addrs=addrs,
+            weight=options["weight"],
+            members=list(options["members"]),
+            addrs=options["addrs"],
             bandwidth=None if bandwidth is None else dict(bandwidth),
-            wire_dtype=wire_dtype,
-            timeout_s=timeout_s,
+            wire_dtype=options.get("wire_dtype", "float32"),
+            timeout_s=options["timeout_s"],
         )
         self.calls.append(call)
         await anyio.lowlevel.checkpoint()
@@ -477,8 +468,8 @@ class FakeAverager:
         overrides = entry(buffer, call) if entry is not None else None
         fields: dict[str, Any] = {
             "tag": tag,
-            "members": tuple(members),
-            "wire_dtype": wire_dtype,
+            "members": tuple(call.members),
+            "wire_dtype": call.wire_dtype,
             "elements": int(buffer.size),
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
@@ -487,7 +478,7 @@ class FakeAverager:
             "all_gather_s": self.seconds / 2,
             "reduce_s": 0.0,
             "excluded": (),
-            "total_weight": weight,
+            "total_weight": call.weight,
         }
         fields.update(overrides or {})
         return RoundStats(**fields)

@@ -28,6 +28,7 @@ from chaosp2p.protocols.negotiation import (  # noqa: E402
 from chaosp2p.training.collaboration import AsyncCollaboration  # noqa: E402
 from chaosp2p.training.config import CollaborationConfig  # noqa: E402
 from chaosp2p.training.flat import FlatParameters  # noqa: E402
+from tests.events import committed_operation  # noqa: E402
 from tests.unit.fake_port import RUN, FakePort, Rig, identities, rig  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -161,19 +162,7 @@ def test_the_service_serves_the_collab_protocol_with_no_idle_timeout() -> None:
 
 # ---------------------------------------------------------------------------------- events
 def _committed(run: str, kind: OpKind, subject: Any, origin: Any) -> OperationCommitted:
-    return OperationCommitted(
-        run=run,
-        epoch=4,
-        kind=kind,
-        subject=subject,
-        other=None,
-        origin=origin,
-        detected_at=10.0,
-        proposed_at=10.5,
-        committed_at=10.625,
-        activation_step=7,
-        applied=True,
-    )
+    return committed_operation(run=run, kind=kind, subject=subject, origin=origin)
 
 
 async def test_take_events_turns_this_runs_committed_operations_into_records_once() -> None:

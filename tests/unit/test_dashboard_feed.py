@@ -31,12 +31,13 @@ from chaosp2p.dashboard.feed import (
 from chaosp2p.dashboard.remote import MAX_REMOTE_RUNS, RemoteRuns, RemoteRunsConfig
 from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.membership import LinkView, Member, MemberState, PeerFailed, Resources, Topology
-from chaosp2p.protocols.negotiation.events import OperationCommitted
 from chaosp2p.protocols.negotiation.operations import OpKind
 from chaosp2p.protocols.transfer import SourceProgress, TransferProgress
 from chaosp2p.runtime.events import EventHub
 from chaosp2p.runtime.status import RunStatusInfo, StatusReport
 from chaosp2p.wire.identity import Identity, PeerID
+
+from ..events import committed_operation
 
 HOSTILE = '</td><script>window.pwned=1</script><img src=x onerror="pwned=2">\n\ndata: {"x":1}\r\n\u2028'
 
@@ -215,18 +216,15 @@ def test_events_become_generic_json_with_wall_times_for_every_at_field() -> None
     assert failed["times"] == {"at": 998.0, "suspected_at": 997.5}
     assert failed["fields"]["incarnation"] == 2
     subject, origin = peer_ids(2)
-    committed = OperationCommitted(
+    committed = committed_operation(
         run="run-a",
-        epoch=4,
         kind=OpKind.FAIL,
         subject=subject,
-        other=None,
         origin=origin,
         detected_at=96.0,
         proposed_at=97.0,
         committed_at=98.5,
         activation_step=1200,
-        applied=True,
     )
     message = event_message(committed, seq=6, now=100.0, wall=1000.0)
     assert message["kind"] == "OperationCommitted" and message["peer"] == str(subject)
