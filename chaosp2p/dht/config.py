@@ -47,12 +47,15 @@ class DHTConfig:
     """A get finishes once this many peers returned a valid record (the highest version wins)."""
     max_key_bytes: int = 512
     max_value_bytes: int = 64 * 1024
-    max_records_per_publisher: int = 1024
-    """Records plus provider records one publisher may hold here (signed: the owner; unsigned: the
-    peer that stored it here)."""
+    max_records_per_sender: int = 1024
+    """Records plus provider records one peer may have stored here: they count against the peer
+    that sent the STORE or ADD_PROVIDER, whoever signed them (identities are free to make)."""
     max_records_total: int = 65536
     """Records plus provider records this peer holds for everyone together."""
     max_providers_per_key: int = 64
+    max_providers_per_sender_per_key: int = 4
+    """Provider records under one key that one peer may have stored here (its own included): one
+    identity cannot fill a key's provider list with throwaway providers."""
     max_peers_per_response: int = 20
     """Contacts a peer may put in one response; a response with more is rejected as garbage."""
     max_addrs_per_peer: int = 8
@@ -84,9 +87,10 @@ class DHTConfig:
             "get_quorum",
             "max_key_bytes",
             "max_value_bytes",
-            "max_records_per_publisher",
+            "max_records_per_sender",
             "max_records_total",
             "max_providers_per_key",
+            "max_providers_per_sender_per_key",
             "max_peers_per_response",
             "max_addrs_per_peer",
             "rate_limit_requests_per_s",
@@ -131,8 +135,12 @@ class DHTConfig:
             f"DHTConfig.max_providers_per_key must be <= {HARD_MAX_PROVIDERS} (protocol limit)",
         )
         require(
-            self.max_records_per_publisher <= self.max_records_total,
-            "DHTConfig.max_records_per_publisher must be <= max_records_total",
+            self.max_records_per_sender <= self.max_records_total,
+            "DHTConfig.max_records_per_sender must be <= max_records_total",
+        )
+        require(
+            self.max_providers_per_sender_per_key <= self.max_providers_per_key,
+            "DHTConfig.max_providers_per_sender_per_key must be <= max_providers_per_key",
         )
 
     @classmethod

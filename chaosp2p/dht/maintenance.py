@@ -99,7 +99,7 @@ class Maintenance(Querying):
                 continue
             fresh_provider = make_provider_record(self.identity, provider.key, self._listen_addrs or provider.addrs,
                                                   seq=provider.seq, ttl_ms=provider.ttl_ms, issued_at_ms=wall)
-            self._store.put_provider(now, fresh_provider)
+            self._store.put_provider(now, fresh_provider, self.peer_id)
             self._republish_one(now, fresh_provider, now + fresh_provider.ttl_ms / 1000.0)
 
     def _republish_one(self, now: float, item: Record | ProviderRecord, expires_at: float) -> None:

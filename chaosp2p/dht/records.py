@@ -24,7 +24,14 @@ Ordering: a record replaces the stored one for its key only if ``(version, value
 equal record refreshes the expiry (and the republish clock); this is what makes republishing by
 any of the k holders converge. Signed keys (``/pk/<owner>/...``) additionally need a valid
 signature by the owner, so nobody else can write or roll them back; unsigned keys are open to any
-writer, the highest ``(version, value)`` wins, and each writer's share of our store is capped.
+writer, the highest ``(version, value)`` wins.
+
+Quotas are charged to the *sender*: the peer whose STORE or ADD_PROVIDER put the entry here (this
+peer for its own). A signature says who wrote a record, not who made us hold it -- anyone can mint
+identities and sign with them -- so charging the signer would let one sender store without limit
+under throwaway keys. Each sender holds at most ``max_per_sender`` entries here, and at most
+``max_providers_per_sender_per_key`` provider records under one key (its own and those it relays),
+so one identity cannot fill a key's provider list and crowd out the real providers.
 """
 
 from __future__ import annotations
@@ -132,7 +139,7 @@ class StoredRecord:
     last_stored_at: float
     """When someone (or we) last stored this exact record here; drives republishing."""
     accountable: PeerID
-    """Whose quota the record counts against: the owner for signed keys, else who stored it."""
+    """Whose quota the record counts against: the peer that sent it here (whoever signed it)."""
 
 
 @dataclass(slots=True)
@@ -142,6 +149,8 @@ class StoredProvider:
     record: ProviderRecord
     expires_at: float
     last_stored_at: float
+    accountable: PeerID
+    """Whose quota it counts against: the peer that sent it here (not the provider it names)."""
 
 
 def _remaining_ms(expires_at: float, now: float, ttl_ms: int) -> int:
@@ -157,10 +166,11 @@ class RecordStore:
         max_key_bytes: int,
         max_value_bytes: int,
         max_ttl_s: float,
-        max_per_publisher: int,
+        max_per_sender: int,
         max_total: int,
         max_providers_per_key: int,
         validator: AddressValidator,
+        max_providers_per_sender_per_key: int | None = None,
         max_clock_skew_s: float = 60.0,
         wall_offset_s: float = 0.0,
     ) -> None:
@@ -170,9 +180,12 @@ class RecordStore:
         self.max_key_bytes = max_key_bytes
         self.max_value_bytes = max_value_bytes
         self.max_ttl_s = max_ttl_s
-        self.max_per_publisher = max_per_publisher
+        self.max_per_sender = max_per_sender
         self.max_total = max_total
         self.max_providers_per_key = max_providers_per_key
+        self.max_providers_per_sender_per_key = (
+            max_providers_per_key if max_providers_per_sender_per_key is None else max_providers_per_sender_per_key
+        )
         self.validator = validator
         self._records: dict[bytes, StoredRecord] = {}
         self._providers: dict[bytes, dict[PeerID, StoredProvider]] = {}
@@ -242,7 +255,7 @@ class RecordStore:
                 return StoreStatus.OK, None
         if not verified and _check_record_signature(record) is not StoreStatus.OK:
             return StoreStatus.BAD_SIGNATURE, None
-        accountable = record.publisher or sender
+        accountable = sender
         if held is None or held.accountable != accountable:
             if not self._has_room(accountable, new_entry=held is None):
                 return StoreStatus.QUOTA, None
@@ -272,8 +285,8 @@ class RecordStore:
         return list(self._records.values())
 
     # ------------------------------------------------------------------ providers
-    def put_provider(self, now: float, record: ProviderRecord) -> tuple[StoreStatus, int | None]:
-        """Offer a provider record; returns the verdict and, on STALE, the seq held here."""
+    def put_provider(self, now: float, record: ProviderRecord, sender: PeerID) -> tuple[StoreStatus, int | None]:
+        """Offer a provider record ``sender`` stored here; returns the verdict and, on STALE, the seq held."""
         if len(record.key) > self.max_key_bytes:
             return StoreStatus.OVERSIZED, None
         if not 0 < record.remaining_ms <= record.ttl_ms or not self.validator.valid(record.provider, record.addrs):
@@ -308,6 +321,12 @@ class RecordStore:
                 held.record.signature,
             ):
                 return StoreStatus.STALE, held.record.seq
+            if held.accountable != sender:  # a new writer takes over the entry, within its own quotas
+                if not self._provider_room(table, sender, new_entry=False):
+                    return StoreStatus.QUOTA, None
+                self._release(held.accountable)
+                self._take(sender)
+                held.accountable = sender
             newer = record.seq > held.record.seq
             held.record = record
             held.expires_at = expires_at if newer else max(held.expires_at, expires_at)
@@ -315,12 +334,14 @@ class RecordStore:
             return StoreStatus.OK, None
         if table is not None and len(table) >= self.max_providers_per_key:
             return StoreStatus.QUOTA, None
-        if not self._has_room(record.provider, new_entry=True):
+        if not self._provider_room(table, sender, new_entry=True):
             return StoreStatus.QUOTA, None
-        self._take(record.provider)
+        self._take(sender)
         if table is None:
             table = self._providers[record.key] = {}
-        table[record.provider] = StoredProvider(record=record, expires_at=expires_at, last_stored_at=now)
+        table[record.provider] = StoredProvider(
+            record=record, expires_at=expires_at, last_stored_at=now, accountable=sender
+        )
         return StoreStatus.OK, None
 
     def get_providers(self, now: float, key: bytes, limit: int) -> list[ProviderRecord]:
@@ -379,9 +400,9 @@ class RecordStore:
                     )
         return records, providers
 
-    def count_for(self, publisher: PeerID) -> int:
-        """Records plus provider records counted against ``publisher``."""
-        return self._counts.get(publisher, 0)
+    def count_for(self, sender: PeerID) -> int:
+        """Records plus provider records counted against ``sender`` (the peer that stored them here)."""
+        return self._counts.get(sender, 0)
 
     @property
     def total(self) -> int:
@@ -392,21 +413,30 @@ class RecordStore:
         return len(self._records)
 
     # ------------------------------------------------------------------ internals
-    def _has_room(self, publisher: PeerID, *, new_entry: bool) -> bool:
-        if self._counts.get(publisher, 0) >= self.max_per_publisher:
+    def _has_room(self, sender: PeerID, *, new_entry: bool) -> bool:
+        if self._counts.get(sender, 0) >= self.max_per_sender:
             return False
         return not (new_entry and self._total >= self.max_total)
 
-    def _take(self, publisher: PeerID) -> None:
-        self._counts[publisher] = self._counts.get(publisher, 0) + 1
+    def _provider_room(self, table: dict[PeerID, StoredProvider] | None, sender: PeerID, *, new_entry: bool) -> bool:
+        """Room for one more provider record from ``sender`` under one key (``table``) and overall."""
+        if table is not None:
+            # At most max_providers_per_key (64) entries: counting them beats a second index.
+            held = sum(1 for entry in table.values() if entry.accountable == sender)
+            if held >= self.max_providers_per_sender_per_key:
+                return False
+        return self._has_room(sender, new_entry=new_entry)
+
+    def _take(self, sender: PeerID) -> None:
+        self._counts[sender] = self._counts.get(sender, 0) + 1
         self._total += 1
 
-    def _release(self, publisher: PeerID) -> None:
-        left = self._counts.get(publisher, 0) - 1
+    def _release(self, sender: PeerID) -> None:
+        left = self._counts.get(sender, 0) - 1
         if left > 0:
-            self._counts[publisher] = left
+            self._counts[sender] = left
         else:
-            self._counts.pop(publisher, None)
+            self._counts.pop(sender, None)
         self._total -= 1
 
     def _drop_record(self, key: bytes) -> None:
@@ -416,8 +446,8 @@ class RecordStore:
 
     def _drop_provider(self, key: bytes, peer: PeerID) -> None:
         table = self._providers[key]
-        del table[peer]
+        held = table.pop(peer)
         if not table:
             del self._providers[key]
-        self._release(peer)
+        self._release(held.accountable)
         self.expired += 1

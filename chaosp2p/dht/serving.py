@@ -73,7 +73,7 @@ class RequestServing(DHTCore):
                       current_version=current)
 
     def _serve_add_provider(self, now: float, sender: PeerID, msg: AddProvider) -> Message:
-        status, current = self._store.put_provider(now, msg.provider)
+        status, current = self._store.put_provider(now, msg.provider, sender)
         self._count_status(status, "providers_accepted")
         return Stored(request_id=msg.request_id, accepted=status is StoreStatus.OK, reason=status,
                       current_version=current)

@@ -96,7 +96,7 @@ class Storing(DHTCore):
         seq = min(max(seqs) + 1, MAX_VERSION) if seqs else 0
         op.provider = make_provider_record(self.identity, op.key, self._listen_addrs, seq=seq, ttl_ms=op.ttl_ms,
                                            issued_at_ms=self._store.wall_ms(now))
-        status, _ = self._store.put_provider(now, op.provider)
+        status, _ = self._store.put_provider(now, op.provider, self.peer_id)
         op.stored_locally = status is StoreStatus.OK
 
     def _on_put_answer(self, now: float, op: Operation, peer: PeerID, pending: PendingRequest,

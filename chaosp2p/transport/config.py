@@ -48,6 +48,14 @@ class TransportConfig:
     (Capped by ``handshake_timeout_s``.) A dialer sends that message right after connecting, so
     only a connection that holds a slot while saying nothing waits this long."""
     handshake_timeout_s: float = 5.0
+    handshake_max_clock_skew_s: float = 120.0
+    """Under a swarm key, answer a handshake only if the time in its first message is within this
+    of our wall clock (and its ephemeral key is new): a replayed first message gets no answer."""
+    max_handshake_replay_entries: int = 16384
+    """Ephemeral keys of recent first handshake messages remembered to refuse replays (swarm key only)."""
+    max_connections_per_peer: int = 8
+    """Inbound connections one remote identity may hold at once; more are closed right after the
+    handshake, before their buffers exist (each connection costs up to two records of memory)."""
     request_timeout_s: float = 10.0
     keepalive_interval_s: float = 5.0
     """Ping an otherwise quiet connection this often."""
@@ -78,6 +86,9 @@ class TransportConfig:
             "connect_timeout_s",
             "first_message_timeout_s",
             "handshake_timeout_s",
+            "handshake_max_clock_skew_s",
+            "max_handshake_replay_entries",
+            "max_connections_per_peer",
             "request_timeout_s",
             "keepalive_interval_s",
             "dead_connection_timeout_s",

@@ -13,6 +13,12 @@ constantly refreshed connections only ever evicts itself. An entry must deliver 
 within ``first_message_timeout_s`` and finish within ``handshake_timeout_s``. So an attacker holding
 or recycling hundreds of idle connections costs a legitimate peer nothing but a place in the
 accept queue.
+
+Under a swarm key a first handshake message counts only if it is fresh (a
+:class:`~chaosp2p.protocols.channel.replay.ReplayGuard` shared by every inbound handshake): a copy
+of a real dialer's message is refused before any work and never "speaks". Once a handshake names
+the remote identity, an identity already holding ``max_connections_per_peer`` inbound connections
+is closed before its connection (and its buffers) exist.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from chaosp2p.errors import (
 )
 from chaosp2p.protocols.channel.handshake import HandshakeState, NoiseHandshake, SessionKeys, psk_for
 from chaosp2p.protocols.channel.hello import MAX_LISTEN_ADDRS, Hello
+from chaosp2p.protocols.channel.replay import ReplayGuard
 from chaosp2p.transport.budget import ReceiveBudget
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection, ReplyStatus
@@ -77,6 +84,10 @@ class HostStatistics:
     """Pending inbound handshakes closed to make room for a newer connection."""
     handshakes_completed: int = 0
     """Inbound handshakes that completed."""
+    handshakes_replayed: int = 0
+    """Inbound first handshake messages refused as replayed or stale (swarm key only)."""
+    connections_refused_per_peer: int = 0
+    """Inbound connections closed after the handshake: their identity held ``max_connections_per_peer``."""
 
 
 @dataclass(slots=True, eq=False)
@@ -137,6 +148,18 @@ class Host:
         self._started = self.clock.now()
         self._task_group = task_group
         self._psk = psk_for(swarm_key)
+        # In an open swarm anyone can make a fresh first message, so refusing copies buys nothing
+        # there and would only make every dialer's clock matter.
+        self._replay_guard = (
+            None
+            if swarm_key is None
+            else ReplayGuard(
+                max_clock_skew_s=config.handshake_max_clock_skew_s, max_entries=config.max_handshake_replay_entries
+            )
+        )
+        self._inbound: dict[PeerID, int] = {}
+        """Inbound connections per identity, from the end of their handshake until they close."""
+        self._refused_per_peer = 0
         self._static_key = X25519PrivateKey.generate()
         self._listeners: list[Listener] = []
         self._accepting = False
@@ -363,14 +386,31 @@ class Host:
             close_socket(sock)
             raise
         self._handshakes_completed += 1
-        if self.links is not None and self.links.is_cut(keys.remote_peer_id):
+        peer = keys.remote_peer_id
+        if self.links is not None and self.links.is_cut(peer):
             close_socket(sock)  # the harness cut this link: the dialer sees its connection fail
             return
-        connection = self._make_connection(sock, keys, leftover, is_dialer=False, address=address)
+        if self._inbound.get(peer, 0) >= self.config.max_connections_per_peer:
+            # Checked before the connection (and its record buffers) exists: one identity cannot
+            # multiply what a connection costs us by opening many.
+            self._refused_per_peer += 1
+            self._quiet.warning(
+                "per-peer", "refusing a connection from %s (%s:%s): it holds max_connections_per_peer", peer, *address
+            )
+            close_socket(sock)
+            return
+        self._inbound[peer] = self._inbound.get(peer, 0) + 1
         try:
+            connection = self._make_connection(sock, keys, leftover, is_dialer=False, address=address)
             await self._run_connection(connection)
         except ChaosError:
             pass  # logged by _run_connection; an inbound connection has nobody else to tell
+        finally:
+            left = self._inbound[peer] - 1
+            if left:
+                self._inbound[peer] = left
+            else:
+                del self._inbound[peer]
 
     # ------------------------------------------------------------------ dialing
     async def connect(self, addr: Multiaddr | str) -> Connection:
@@ -467,6 +507,8 @@ class Host:
             psk=self._psk,
             expected_peer=expected,
             static_key=self._static_key,
+            wall_time_ms=int(time.time() * 1000),
+            replay_guard=None if initiator else self._replay_guard,
         )
         while True:
             outgoing = handshake.data_to_send()
@@ -629,7 +671,15 @@ class Host:
             protocol_errors=self._protocol_errors,
             handshakes_evicted=self._handshakes_evicted,
             handshakes_completed=self._handshakes_completed,
+            handshakes_replayed=self._replays_refused(),
+            connections_refused_per_peer=self._refused_per_peer,
         )
+
+    def _replays_refused(self) -> int:
+        if self._replay_guard is None:
+            return 0
+        stats = self._replay_guard.statistics()
+        return stats.replays_refused + stats.stale_refused
 
     # ------------------------------------------------------------------ dispatch
     async def _dispatch_stream(self, stream: Stream) -> None:

@@ -175,9 +175,33 @@ class Stream:
                 on_progress(filled)
 
     async def receive_exactly(self, count: int) -> bytearray:
-        """Read exactly ``count`` bytes into a new buffer."""
-        out = bytearray(count)
-        await self.receive_into(out)
+        """Read exactly ``count`` bytes into a new buffer, which grows as the bytes arrive.
+
+        ``count`` is usually what the remote announced (a frame's length prefix), so it is never
+        allocated up front: a prefix claiming 1 MiB followed by silence costs what was received,
+        not 1 MiB per stream. (For bulk bytes into a buffer of the caller's, use
+        :meth:`receive_into`.)
+        """
+        out = bytearray()
+        while len(out) < count:
+            if not self._chunks:
+                if self._error is not None:
+                    raise self._error
+                if self._eof:
+                    raise RemoteProtocolError(f"stream ended after {len(out)} of {count} expected bytes")
+                await self._wait_data()
+                continue
+            head = self._chunks[0]
+            need = count - len(out)
+            if len(head) <= need:
+                self._chunks.popleft()
+                out += head
+                taken = len(head)
+            else:
+                out += head[:need]
+                self._chunks[0] = head[need:]
+                taken = need
+            self._take(taken)
         return out
 
     async def receive_frame(self) -> Any | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 from chaosp2p.protocols.channel.handshake import NoiseHandshake, psk_for
 from chaosp2p.protocols.channel.hello import HELLO_CODEC, Hello
@@ -31,7 +32,10 @@ class HostileClient:
         """Handshake as ``identity`` (default: a fresh one) and (optionally) send a valid Hello."""
         sock = await connect_tcp(addr.host, addr.port, buffer_bytes=1 << 16)
         handshake = NoiseHandshake(
-            initiator=True, identity=identity or Identity.generate(), psk=psk_for(swarm_key)
+            initiator=True,
+            identity=identity or Identity.generate(),
+            psk=psk_for(swarm_key),
+            wall_time_ms=int(time.time() * 1000),
         )
         while True:
             out = handshake.data_to_send()

@@ -29,6 +29,7 @@ from chaosp2p.dht.machine import ON_ANSWER, ON_FAILURE, ON_TIMER, RECEIVE
 from chaosp2p.dht.messages import (
     DHT_CODEC,
     MAX_VERSION,
+    AddProvider,
     Contact,
     FindNode,
     FindValue,
@@ -41,7 +42,7 @@ from chaosp2p.dht.messages import (
 )
 from chaosp2p.dht.operation import LookupKind
 from chaosp2p.dht.querying import AFTER_LOOKUP, TAKE
-from chaosp2p.dht.records import make_record
+from chaosp2p.dht.records import make_provider_record, make_record
 from chaosp2p.dht.serving import SERVE
 from chaosp2p.dht.storing import PREPARE_PUT
 from chaosp2p.dht.timers import DHTTimer
@@ -153,7 +154,8 @@ def test_profiles_are_valid_and_distinct() -> None:
         {"bootstrap_backoff_min_s": 10.0, "bootstrap_backoff_max_s": 1.0},
         {"default_record_ttl_s": 10.0, "max_record_ttl_s": 5.0},
         {"max_peers_per_response": 10},
-        {"max_records_per_publisher": 10, "max_records_total": 5},
+        {"max_records_per_sender": 10, "max_records_total": 5},
+        {"max_providers_per_key": 4, "max_providers_per_sender_per_key": 5},
     ],
 )
 def test_bad_config_is_refused(changes: dict[str, float]) -> None:
@@ -234,8 +236,8 @@ def test_bad_records_are_rejected_counted_and_do_not_replace_good_ones() -> None
     assert held is not None and held.value == b"good"
 
 
-def test_publisher_quota_via_the_wire() -> None:
-    config = dataclasses.replace(DHTConfig.local(), max_records_per_publisher=5)
+def test_sender_quota_via_the_wire() -> None:
+    config = dataclasses.replace(DHTConfig.local(), max_records_per_sender=5)
     machine = new_machine(0, config)
     flooder = ident(9).peer_id
     reasons = []
@@ -245,6 +247,51 @@ def test_publisher_quota_via_the_wire() -> None:
         reasons.append(ack.message.reason)  # type: ignore[attr-defined]
     assert reasons == [StoreStatus.OK] * 5 + [StoreStatus.QUOTA] * 3
     assert machine.statistics().rejected_quota == 3
+
+
+def test_a_sender_is_charged_for_records_it_signed_with_throwaway_identities() -> None:
+    """Issue 20, finding 6: the DHT quota is charged to the peer that sends the STORE or
+    ADD_PROVIDER, not to the identity that signed the record (identities cost nothing to make)."""
+    config = dataclasses.replace(DHTConfig.local(), max_records_per_sender=5)
+    machine = new_machine(0, config)
+    flooder = ident(9).peer_id
+    reasons = []
+    for i in range(4):
+        throwaway = Identity.generate()
+        record = make_record(signed_key(throwaway.peer_id, "x"), b"v", version=0, ttl_ms=10_000, identity=throwaway)
+        (ack,) = answer_to(machine, flooder, Store(request_id=i, sender_addrs=(), record=record))
+        reasons.append(ack.message.reason)  # type: ignore[attr-defined]
+    for i in range(4):
+        throwaway = Identity.generate()
+        provider = make_provider_record(throwaway, b"/prov/key-%d" % i, (addr_of(1),), seq=0, ttl_ms=10_000)
+        (ack,) = answer_to(machine, flooder, AddProvider(request_id=10 + i, sender_addrs=(), provider=provider))
+        reasons.append(ack.message.reason)  # type: ignore[attr-defined]
+    assert reasons == [StoreStatus.OK] * 5 + [StoreStatus.QUOTA] * 3
+    # Another sender is unaffected.
+    record = make_record(b"plain", b"v", version=0, ttl_ms=10_000)
+    (ack,) = answer_to(machine, ident(8).peer_id, Store(request_id=99, sender_addrs=(), record=record))
+    assert ack.message.reason is StoreStatus.OK  # type: ignore[attr-defined]
+
+
+def test_one_sender_cannot_fill_a_keys_provider_list() -> None:
+    """Issue 20, finding 9: provider records under one key are bounded per sender, so one identity
+    announcing throwaway providers cannot crowd out the real ones (nor outvote them in a pull)."""
+    config = dataclasses.replace(DHTConfig.local(), max_providers_per_key=8, max_providers_per_sender_per_key=2)
+    machine = new_machine(0, config)
+    key = b"/prov/state/run/7"
+    flooder = ident(9).peer_id
+    reasons = []
+    for i in range(8):
+        provider = make_provider_record(Identity.generate(), key, (addr_of(1),), seq=0, ttl_ms=10_000)
+        (ack,) = answer_to(machine, flooder, AddProvider(request_id=i, sender_addrs=(), provider=provider))
+        reasons.append(ack.message.reason)  # type: ignore[attr-defined]
+    assert reasons == [StoreStatus.OK] * 2 + [StoreStatus.QUOTA] * 6
+    honest = [ident(20 + n) for n in range(6)]
+    for n, who in enumerate(honest):  # each real provider announces itself
+        provider = make_provider_record(who, key, (addr_of(20 + n),), seq=0, ttl_ms=10_000)
+        (ack,) = answer_to(machine, who.peer_id, AddProvider(request_id=100 + n, sender_addrs=(), provider=provider))
+        assert ack.message.reason is StoreStatus.OK  # type: ignore[attr-defined]
+    assert {p.provider for p in machine.held_providers(0.0, key)} >= {who.peer_id for who in honest}
 
 
 def test_flooding_sender_is_rate_limited() -> None:

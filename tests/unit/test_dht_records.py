@@ -36,7 +36,7 @@ def new_store(**overrides: int | float) -> RecordStore:
         max_key_bytes=256,
         max_value_bytes=1024,
         max_ttl_s=3600.0,
-        max_per_publisher=10,
+        max_per_sender=10,
         max_total=100,
         max_providers_per_key=4,
     )
@@ -179,10 +179,10 @@ def test_a_provider_record_replay_never_keeps_it_alive() -> None:
     key = state_provider_key("run", 1)
     record = make_provider_record(ALICE, key, ADDR, seq=0, ttl_ms=10_000, issued_at_ms=0)
     store = new_store()
-    assert store.put_provider(0.0, record)[0] is StoreStatus.OK
-    assert store.put_provider(9.0, dataclasses.replace(record, remaining_ms=10_000))[0] is StoreStatus.OK
+    assert store.put_provider(0.0, record, ALICE.peer_id)[0] is StoreStatus.OK
+    assert store.put_provider(9.0, dataclasses.replace(record, remaining_ms=10_000), ALICE.peer_id)[0] is StoreStatus.OK
     assert store.get_providers(10.0, key, 10) == []
-    assert new_store().put_provider(10.0, record)[0] is StoreStatus.MALFORMED
+    assert new_store().put_provider(10.0, record, ALICE.peer_id)[0] is StoreStatus.MALFORMED
 
 
 def test_an_unsigned_key_cannot_be_squatted_at_a_huge_version() -> None:
@@ -259,7 +259,7 @@ def test_oversized_values_and_keys_are_rejected() -> None:
 
 
 def test_per_publisher_quota_does_not_evict_existing_records() -> None:
-    store = new_store(max_per_publisher=3)
+    store = new_store(max_per_sender=3)
     for i in range(3):
         assert store.put_record(0.0, make_record(b"k%d" % i, b"v", version=0, ttl_ms=9_000), BOB.peer_id)[0] is (
             StoreStatus.OK
@@ -273,18 +273,25 @@ def test_per_publisher_quota_does_not_evict_existing_records() -> None:
     assert all(store.get_record(0.0, b"k%d" % i) is not None for i in range(3))
 
 
-def test_signed_records_count_against_the_owner() -> None:
-    store = new_store(max_per_publisher=2)
+def test_signed_records_count_against_the_sender_not_the_signer() -> None:
+    """Issue 20, finding 6: signed records are charged to the peer that stored them here; charging
+    the signer let one sender store past its quota under throwaway identities."""
+    store = new_store(max_per_sender=2)
     for i in range(2):
-        record = make_record(signed_key(ALICE.peer_id, str(i)), b"v", version=0, ttl_ms=9_000, identity=ALICE)
+        signer = Identity.generate()
+        record = make_record(signed_key(signer.peer_id, str(i)), b"v", version=0, ttl_ms=9_000, identity=signer)
         assert store.put_record(0.0, record, CAROL.peer_id)[0] is StoreStatus.OK
-    extra = make_record(signed_key(ALICE.peer_id, "x"), b"v", version=0, ttl_ms=9_000, identity=ALICE)
-    assert store.put_record(0.0, extra, BOB.peer_id)[0] is StoreStatus.QUOTA
-    assert store.count_for(ALICE.peer_id) == 2 and store.count_for(CAROL.peer_id) == 0
+    signer = Identity.generate()
+    extra = make_record(signed_key(signer.peer_id, "x"), b"v", version=0, ttl_ms=9_000, identity=signer)
+    assert store.put_record(0.0, extra, CAROL.peer_id)[0] is StoreStatus.QUOTA
+    assert store.count_for(CAROL.peer_id) == 2 and store.count_for(signer.peer_id) == 0
+    # The owner's record relayed by another sender is that sender's to pay for.
+    assert store.put_record(0.0, extra, BOB.peer_id)[0] is StoreStatus.OK
+    assert store.count_for(BOB.peer_id) == 1
 
 
 def test_total_capacity_refuses_newcomers() -> None:
-    store = new_store(max_total=2, max_per_publisher=2)
+    store = new_store(max_total=2, max_per_sender=2)
     store.put_record(0.0, make_record(b"a", b"v", version=0, ttl_ms=9_000), BOB.peer_id)
     store.put_record(0.0, make_record(b"b", b"v", version=0, ttl_ms=9_000), CAROL.peer_id)
     assert store.put_record(0.0, make_record(b"c", b"v", version=0, ttl_ms=9_000), ALICE.peer_id)[0] is (
@@ -305,7 +312,7 @@ def test_provider_record_roundtrip_and_expiry() -> None:
     store = new_store()
     key = state_provider_key("run", 3)
     record = make_provider_record(ALICE, key, ADDR, seq=0, ttl_ms=30_000)
-    assert store.put_provider(0.0, record)[0] is StoreStatus.OK
+    assert store.put_provider(0.0, record, ALICE.peer_id)[0] is StoreStatus.OK
     got = store.get_providers(10.0, key, 10)
     assert [p.provider for p in got] == [ALICE.peer_id] and got[0].remaining_ms == 20_000
     assert store.get_providers(30.0, key, 10) == []
@@ -316,9 +323,9 @@ def test_nobody_can_advertise_someone_else() -> None:
     key = b"/prov/x"
     by_bob = make_provider_record(BOB, key, ADDR, seq=0, ttl_ms=30_000)
     claimed = dataclasses.replace(by_bob, provider=ALICE.peer_id)
-    assert store.put_provider(0.0, claimed)[0] is StoreStatus.BAD_SIGNATURE
+    assert store.put_provider(0.0, claimed, BOB.peer_id)[0] is StoreStatus.BAD_SIGNATURE
     forged_addrs = dataclasses.replace(by_bob, addrs=("/ip4/6.6.6.6/tcp/1",))
-    assert store.put_provider(0.0, forged_addrs)[0] is StoreStatus.BAD_SIGNATURE
+    assert store.put_provider(0.0, forged_addrs, BOB.peer_id)[0] is StoreStatus.BAD_SIGNATURE
     assert store.get_providers(0.0, key, 10) == []
 
 
@@ -326,21 +333,22 @@ def test_provider_addresses_must_be_valid_and_name_the_provider() -> None:
     store = new_store()
     other = f"/ip4/10.0.0.1/tcp/1/p2p/{BOB.peer_id}"
     bad = make_provider_record(ALICE, b"/prov/x", (other,), seq=0, ttl_ms=30_000)
-    assert store.put_provider(0.0, bad)[0] is StoreStatus.MALFORMED
+    assert store.put_provider(0.0, bad, ALICE.peer_id)[0] is StoreStatus.MALFORMED
     garbage = make_provider_record(ALICE, b"/prov/x", ("not an address",), seq=0, ttl_ms=30_000)
-    assert store.put_provider(0.0, garbage)[0] is StoreStatus.MALFORMED
+    assert store.put_provider(0.0, garbage, ALICE.peer_id)[0] is StoreStatus.MALFORMED
 
 
 def test_provider_seq_ordering() -> None:
     store = new_store()
     key = b"/prov/x"
-    assert store.put_provider(0.0, make_provider_record(ALICE, key, ADDR, seq=2, ttl_ms=30_000))[0] is StoreStatus.OK
-    assert store.put_provider(0.0, make_provider_record(ALICE, key, ADDR, seq=1, ttl_ms=30_000)) == (
+    first = make_provider_record(ALICE, key, ADDR, seq=2, ttl_ms=30_000)
+    assert store.put_provider(0.0, first, ALICE.peer_id)[0] is StoreStatus.OK
+    assert store.put_provider(0.0, make_provider_record(ALICE, key, ADDR, seq=1, ttl_ms=30_000), ALICE.peer_id) == (
         StoreStatus.STALE,
         2,
     )
     newer = make_provider_record(ALICE, key, ("/ip4/10.0.0.2/tcp/2",), seq=3, ttl_ms=30_000)
-    assert store.put_provider(0.0, newer)[0] is StoreStatus.OK
+    assert store.put_provider(0.0, newer, ALICE.peer_id)[0] is StoreStatus.OK
     assert store.get_providers(0.0, key, 10)[0].addrs == ("/ip4/10.0.0.2/tcp/2",)
     assert store.count_for(ALICE.peer_id) == 1
 
@@ -349,17 +357,42 @@ def test_providers_per_key_limit_keeps_existing_ones() -> None:
     store = new_store(max_providers_per_key=2)
     key = b"/prov/x"
     for who in (ALICE, BOB):
-        assert store.put_provider(0.0, make_provider_record(who, key, ADDR, seq=0, ttl_ms=30_000))[0] is StoreStatus.OK
-    assert store.put_provider(0.0, make_provider_record(CAROL, key, ADDR, seq=0, ttl_ms=30_000))[0] is (
+        assert store.put_provider(0.0, make_provider_record(who, key, ADDR, seq=0, ttl_ms=30_000), who.peer_id)[0] is (
+            StoreStatus.OK
+        )
+    assert store.put_provider(0.0, make_provider_record(CAROL, key, ADDR, seq=0, ttl_ms=30_000), CAROL.peer_id)[0] is (
         StoreStatus.QUOTA
     )
     assert {p.provider for p in store.get_providers(0.0, key, 10)} == {ALICE.peer_id, BOB.peer_id}
 
 
+def test_provider_records_under_one_key_are_bounded_per_sender() -> None:
+    """Issue 20, finding 9: one sender may hold only a few provider records under a key (its own and
+    relayed ones together); the rest of the key's list stays open to other senders."""
+    store = new_store(max_providers_per_key=4, max_providers_per_sender_per_key=2)
+    key = b"/prov/x"
+    throwaways = [Identity.generate() for _ in range(4)]
+    verdicts = [
+        store.put_provider(0.0, make_provider_record(t, key, ADDR, seq=0, ttl_ms=30_000), MALLORY.peer_id)[0]
+        for t in throwaways
+    ]
+    assert verdicts == [StoreStatus.OK, StoreStatus.OK, StoreStatus.QUOTA, StoreStatus.QUOTA]
+    for who in (ALICE, BOB):
+        record = make_provider_record(who, key, ADDR, seq=0, ttl_ms=30_000)
+        assert store.put_provider(0.0, record, who.peer_id)[0] is StoreStatus.OK
+    # A relayed provider's own newer record moves it onto the provider's account.
+    newer = make_provider_record(throwaways[0], key, ADDR, seq=1, ttl_ms=30_000)
+    assert store.put_provider(0.0, newer, throwaways[0].peer_id)[0] is StoreStatus.OK
+    assert store.count_for(MALLORY.peer_id) == 1 and store.count_for(throwaways[0].peer_id) == 1
+    # Expiry gives every sender its slots back.
+    store.expire(31.0)
+    assert store.total == 0 and store.count_for(MALLORY.peer_id) == 0
+
+
 def test_due_for_republish_marks_records() -> None:
     store = new_store()
     store.put_record(0.0, make_record(b"a", b"v", version=0, ttl_ms=100_000), BOB.peer_id)
-    store.put_provider(0.0, make_provider_record(ALICE, b"/prov/x", ADDR, seq=0, ttl_ms=100_000))
+    store.put_provider(0.0, make_provider_record(ALICE, b"/prov/x", ADDR, seq=0, ttl_ms=100_000), ALICE.peer_id)
     assert store.due_for_republish(5.0, 10.0) == ([], [])
     records, providers = store.due_for_republish(10.0, 10.0)
     assert [r.key for r in records] == [b"a"] and records[0].remaining_ms == 90_000

@@ -129,6 +129,92 @@ def test_wrong_length_first_message_is_rejected() -> None:
         responder.receive_data(b"\x00\x05hello")
 
 
+def test_a_first_message_of_an_older_version_is_rejected_with_the_reason() -> None:
+    responder = NoiseHandshake(initiator=False, identity=BOB)
+    with pytest.raises(RemoteProtocolError, match="older chaosp2p"):
+        responder.receive_data(b"\x00\x30" + bytes(48))  # 48 bytes: message 1 before the timestamp
+
+
+# ---------------------------------------------------------------------------- freshness of message 1
+NOW_MS = 1_700_000_000_000
+
+
+def _guarded_responder(guard: object, now_ms: int = NOW_MS) -> NoiseHandshake:
+    return NoiseHandshake(
+        initiator=False, identity=BOB, psk=psk_for(SWARM_KEY), wall_time_ms=now_ms, replay_guard=guard  # type: ignore[arg-type]
+    )
+
+
+def test_a_replayed_first_message_gets_no_answer() -> None:
+    """Issue 20, finding 14: under a swarm key, a sniffed message 1 replayed on a new connection is
+    refused before the responder does any Diffie-Hellman or signs anything: it answers nothing."""
+    from chaosp2p.protocols.channel.replay import ReplayGuard
+
+    guard = ReplayGuard(max_clock_skew_s=120.0, max_entries=64)
+    initiator = NoiseHandshake(initiator=True, identity=ALICE, psk=psk_for(SWARM_KEY), wall_time_ms=NOW_MS)
+    message_1 = initiator.data_to_send()
+    genuine = _guarded_responder(guard, NOW_MS + 50)
+    genuine.receive_data(message_1)
+    pump(initiator, genuine)
+    assert genuine.complete
+    for delay_ms in (1_000, 60_000, 119_000):  # every replay inside the window
+        replayed = _guarded_responder(guard, NOW_MS + delay_ms)
+        with pytest.raises(AdmissionDenied, match="replayed"):
+            replayed.receive_data(message_1)
+        assert replayed.data_to_send() == b"" and replayed.state is HandshakeState.FAILED
+    late = _guarded_responder(guard, NOW_MS + 121_000)  # and after it, the time gives it away
+    with pytest.raises(AdmissionDenied, match="clock"):
+        late.receive_data(message_1)
+    assert late.data_to_send() == b""
+    assert guard.statistics().replays_refused == 3 and guard.statistics().stale_refused == 1
+
+
+@pytest.mark.parametrize("skew_ms", [-121_000, 121_000])
+def test_a_first_message_far_from_our_clock_is_refused(skew_ms: int) -> None:
+    from chaosp2p.protocols.channel.replay import ReplayGuard
+
+    guard = ReplayGuard(max_clock_skew_s=120.0, max_entries=64)
+    initiator = NoiseHandshake(initiator=True, identity=ALICE, psk=psk_for(SWARM_KEY), wall_time_ms=NOW_MS + skew_ms)
+    responder = _guarded_responder(guard)
+    with pytest.raises(AdmissionDenied, match="clock"):
+        responder.receive_data(initiator.data_to_send())
+    # Within the window, clocks may disagree both ways.
+    for within_ms in (-119_000, 119_000):
+        initiator = NoiseHandshake(
+            initiator=True, identity=ALICE, psk=psk_for(SWARM_KEY), wall_time_ms=NOW_MS + within_ms
+        )
+        responder = _guarded_responder(guard)
+        pump(initiator, responder)
+        assert responder.complete
+
+
+def test_a_full_replay_cache_refuses_what_it_had_to_forget() -> None:
+    """Eviction raises a floor, so an evicted ephemeral can never be replayed inside the window."""
+    from chaosp2p.protocols.channel.replay import ReplayGuard
+
+    guard = ReplayGuard(max_clock_skew_s=120.0, max_entries=2)
+    firsts = [
+        NoiseHandshake(initiator=True, identity=ALICE, psk=psk_for(SWARM_KEY), wall_time_ms=NOW_MS + n).data_to_send()
+        for n in range(3)
+    ]
+    for message_1 in firsts:  # the third evicts the first (the oldest time)
+        _guarded_responder(guard).receive_data(message_1)
+    assert guard.statistics().remembered == 2
+    with pytest.raises(AdmissionDenied):
+        _guarded_responder(guard).receive_data(firsts[0])
+    newer = NoiseHandshake(initiator=True, identity=ALICE, psk=psk_for(SWARM_KEY), wall_time_ms=NOW_MS + 10)
+    _guarded_responder(guard).receive_data(newer.data_to_send())
+
+
+def test_only_a_responder_checks_freshness_and_the_time_must_fit() -> None:
+    from chaosp2p.protocols.channel.replay import ReplayGuard
+
+    with pytest.raises(LocalProtocolError):
+        NoiseHandshake(initiator=True, identity=ALICE, replay_guard=ReplayGuard(max_clock_skew_s=1.0, max_entries=1))
+    with pytest.raises(LocalProtocolError):
+        NoiseHandshake(initiator=True, identity=ALICE, wall_time_ms=-1)
+
+
 def test_session_before_completion_is_a_local_error() -> None:
     with pytest.raises(LocalProtocolError):
         NoiseHandshake(initiator=True, identity=ALICE).session()

@@ -79,6 +79,7 @@ def test_noise_handshake_vector(v: dict[str, str]) -> None:
         psk=psk,
         static_key=x25519("initiator_static"),
         ephemeral_key=x25519("initiator_ephemeral"),
+        wall_time_ms=int(v["initiator_time_ms"]),
     )
     responder = NoiseHandshake(
         initiator=False,

@@ -23,6 +23,14 @@ connection, and a passive observer without the key cannot decrypt either side's 
 swarm uses the public all-zero PSK, which makes the handshake exactly as strong as plain XX. The
 key itself never crosses the wire.
 
+Freshness: message 1's payload is the dialer's wall-clock time (8 bytes, Unix milliseconds),
+encrypted and authenticated under the PSK-derived key. A responder given a
+:class:`~chaosp2p.protocols.channel.replay.ReplayGuard` (the transport gives one under a swarm key)
+answers message 1 only if that time is within the guard's window of its own clock and the dialer's
+ephemeral key is new to it, so a sniffed message 1 replayed on a new connection gets no answer: no
+Diffie-Hellman, no signature, nothing that tells the replayer this address is in the swarm. The
+checks come after the tag (so only key holders can fill the cache) and before any DH.
+
 Handshake messages are framed with a 2-byte big-endian length, as libp2p does. This machine is
 sans-I/O: feed it received bytes with :meth:`receive_data`, send what :meth:`data_to_send` returns;
 when :attr:`complete` is true, :meth:`session` gives the two AEAD directions. If the socket closes
@@ -51,6 +59,7 @@ from chaosp2p.errors import (
     PeerIdMismatch,
     RemoteProtocolError,
 )
+from chaosp2p.protocols.channel.replay import ReplayGuard
 from chaosp2p.wire.framing import pack, unpack
 from chaosp2p.wire.identity import Identity, PeerID
 
@@ -60,8 +69,12 @@ PROLOGUE = b"/chaos/noise/2"
 OPEN_SWARM_PSK = bytes(32)
 """The PSK of an open swarm: public, so it admits everyone (the handshake is then plain XX's strength)."""
 MAX_HANDSHAKE_MESSAGE_BYTES = 1024  # three small messages; anything larger is hostile
-MESSAGE_1_BYTES = 32 + 16
-"""Message 1 is the ephemeral key and the tag of its empty payload (a PSK-derived key is set)."""
+TIMESTAMP = struct.Struct(">Q")
+"""Message 1's payload: the dialer's wall clock, Unix milliseconds."""
+MESSAGE_1_BYTES = 32 + 8 + 16
+"""Message 1 is the ephemeral key, the encrypted time, and the tag (a PSK-derived key is set)."""
+OLD_MESSAGE_1_BYTES = 32 + 16
+"""Message 1 of chaosp2p before the timestamp (an empty payload): refused with a clear reason."""
 _LENGTH = struct.Struct(">H")
 _DHLEN = 32
 _TAGLEN = 16
@@ -195,6 +208,9 @@ class NoiseHandshake:
     """One side of a Noise XXpsk0 handshake (sans-I/O).
 
     ``psk`` is :func:`psk_for` of the swarm key (the default admits an open swarm only).
+    ``wall_time_ms`` is the caller's wall clock (Unix milliseconds) when the handshake starts: an
+    initiator sends it in message 1, a responder with a ``replay_guard`` judges message 1's time
+    against it (a machine reads no clock). Without a guard a responder ignores the time.
     """
 
     def __init__(
@@ -207,15 +223,23 @@ class NoiseHandshake:
         expected_peer: PeerID | None = None,
         static_key: X25519PrivateKey | None = None,
         ephemeral_key: X25519PrivateKey | None = None,
+        wall_time_ms: int = 0,
+        replay_guard: ReplayGuard | None = None,
     ) -> None:
         if expected_peer is not None and not initiator:
             raise LocalProtocolError("only the dialing side can expect a particular PeerID")
         if len(psk) != 32:
             raise LocalProtocolError("the Noise PSK must be 32 bytes (use psk_for)")
+        if replay_guard is not None and initiator:
+            raise LocalProtocolError("only the answering side checks message 1's freshness")
+        if not 0 <= wall_time_ms < 1 << 64:
+            raise LocalProtocolError("wall_time_ms must fit in 64 unsigned bits")
         self.initiator = initiator
         self.state = HandshakeState.SEND_MESSAGE_1 if initiator else HandshakeState.AWAIT_MESSAGE_1
         self._identity = identity
         self._expected = expected_peer
+        self._wall_time_ms = wall_time_ms
+        self._replay_guard = replay_guard
         self._s = static_key or X25519PrivateKey.generate()
         self._e = ephemeral_key or X25519PrivateKey.generate()
         self._re: X25519PublicKey | None = None
@@ -282,7 +306,8 @@ class NoiseHandshake:
         if self.initiator and state is HandshakeState.AWAIT_MESSAGE_2 and not self._received_any:
             return AdmissionDenied(
                 "handshake refused: the peer closed the connection on our first message; we are not in "
-                "this swarm (it has a different swarm key, or none) or it is refusing connections"
+                "this swarm (it has a different swarm key, or none), our clocks disagree by more than its "
+                "handshake window, or it is refusing connections"
             )
         return ConnectionClosed(f"the connection closed during the handshake ({state.value})")
 
@@ -350,7 +375,7 @@ class NoiseHandshake:
         self._advance(HandshakeState.SEND_MESSAGE_1)
         e_pub = _raw_public(self._e)
         self._symmetric.mix_ephemeral(e_pub)
-        self._emit(e_pub + self._symmetric.encrypt_and_hash(b""))
+        self._emit(e_pub + self._symmetric.encrypt_and_hash(TIMESTAMP.pack(self._wall_time_ms)))
 
     def _write_message_2(self) -> None:
         self._advance(HandshakeState.SEND_MESSAGE_2)
@@ -374,11 +399,18 @@ class NoiseHandshake:
     def _read(self, message: bytes) -> None:
         sym = self._symmetric
         if self.state is HandshakeState.AWAIT_MESSAGE_1:
+            if len(message) == OLD_MESSAGE_1_BYTES:
+                raise RemoteProtocolError(
+                    "handshake message 1 without a timestamp: the dialer runs an older chaosp2p (upgrade it)"
+                )
             if len(message) != MESSAGE_1_BYTES:
                 raise RemoteProtocolError(f"handshake message 1 must be {MESSAGE_1_BYTES} bytes, got {len(message)}")
             self._re = _x25519_public(message[:_DHLEN])
             sym.mix_ephemeral(message[:_DHLEN])
-            sym.decrypt_and_hash(message[_DHLEN:])  # InvalidTag: the dialer lacks our swarm key
+            # InvalidTag: the dialer lacks our swarm key. Only then is the time worth reading.
+            (sent_at_ms,) = TIMESTAMP.unpack(sym.decrypt_and_hash(message[_DHLEN:]))
+            if self._replay_guard is not None:  # before any DH or signature of ours
+                self._replay_guard.admit(message[:_DHLEN], sent_at_ms, self._wall_time_ms)
             self._advance(HandshakeState.AWAIT_MESSAGE_1)
             self._write_message_2()
         elif self.state is HandshakeState.AWAIT_MESSAGE_2:

@@ -43,6 +43,12 @@ from chaosp2p.wire.protocol_ids import ProtocolId, choose_version
 UNASSIGNED_STREAM_ID = 0
 """An outbound stream's id until its SYN is sent (0 is never a valid stream id)."""
 
+INITIAL_RECORD_BUFFER_BYTES = 16 * 1024
+"""Size the send and receive record buffers start at; each grows to the largest record it met.
+
+A connection that never moves a large record costs tens of KiB, not two records of
+``max_record_bytes``: memory follows the bytes that actually crossed, not a connection count."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionStatistics:
@@ -115,8 +121,9 @@ class ConnectionCore:
         self._unsent: bytes | None = None
         """The tail of a record :meth:`try_send_message_nowait` could not hand to the kernel at
         once; the next writer sends it first (under the send lock), so records never interleave."""
-        self._send_buffer = bytearray(config.max_record_bytes + TAG_BYTES)
-        self._receive_buffer = bytearray(config.max_record_bytes + TAG_BYTES)
+        start = min(config.max_record_bytes, INITIAL_RECORD_BUFFER_BYTES) + TAG_BYTES
+        self._send_buffer = bytearray(start)
+        self._receive_buffer = bytearray(start)
         self._initial = bytearray(initial_bytes)
         self._ready = anyio.Event()
         self._closed = anyio.Event()

@@ -5,8 +5,8 @@ Theory of operation
 The connection owns one non-blocking socket and runs three tasks in its own task group:
 
 * the *reader* (:mod:`.reader`) reads a 16-byte record header, checks its length against the
-  limit, reads the body into a preallocated buffer, authenticates and decrypts it -- straight into
-  a stream's waiting buffer when one fits -- and only then lets the
+  limit, reads the body into its receive buffer (grown only as bytes arrive), authenticates and
+  decrypts it -- straight into a stream's waiting buffer when one fits -- and only then lets the
   :class:`~chaosp2p.protocols.channel.mux.Mux` interpret it;
 * the *control writer* (:mod:`.writer`) sends what the reader must never block on (window grants,
   pongs, resets), so a reader never waits for the socket's send side: two peers with full send
@@ -15,7 +15,7 @@ The connection owns one non-blocking socket and runs three tasks in its own task
   answering.
 
 Application tasks write records directly under a fair lock (:mod:`.writer`, :mod:`.flow`); each
-record is encrypted into one preallocated buffer and sent with a single gathered write. Decisions
+record is encrypted into one reused send buffer and sent with a single gathered write. Decisions
 about what a record means live in the mux and record-layer machines; this class only moves bytes
 and wakes tasks. :class:`Connection` assembles those parts (and :mod:`.handlers`, :mod:`.rpc`) on
 :class:`~.core.ConnectionCore`, and owns the lifecycle: :meth:`Connection.run` starts the tasks,

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 The reader reads a 16-byte record header, checks its length against ``max_record_bytes`` before
-reading anything else, reads the body into a preallocated buffer, and dispatches on the record's
-type. A record is authenticated and decrypted before anything acts on it:
+reading anything else, reads the body into the connection's receive buffer (which starts small and
+doubles only as a larger record's bytes arrive, see :meth:`RecordReader._read_growing`), and
+dispatches on the record's type. A record is authenticated and decrypted before anything acts on it:
 
 * DATA, the bulk path, is decrypted straight into a stream's waiting ``receive_into`` buffer when
   the whole record fits (no copy), otherwise into a fresh buffer the stream queues; only then does
@@ -33,6 +34,7 @@ from chaosp2p.protocols.channel.hello import HELLO_CODEC, Hello
 from chaosp2p.protocols.channel.mux import DataReceived, Ignored, StreamRefused, StreamWasReset, WindowGranted
 from chaosp2p.protocols.channel.record_layer import (
     HEADER_BYTES,
+    TAG_BYTES,
     Flag,
     FrameType,
     GoAwayCode,
@@ -58,8 +60,12 @@ class RecordReader(Keepalive):
             while True:
                 await self._read_exact(header_view)
                 header = parse_header(header_buffer, max_record_bytes=self.config.max_record_bytes)
-                ciphertext = body[: header.body_bytes]
-                await self._read_exact(ciphertext)
+                if header.body_bytes > len(body):
+                    body = await self._read_growing(header.body_bytes)
+                    ciphertext = body[: header.body_bytes]
+                else:
+                    ciphertext = body[: header.body_bytes]
+                    await self._read_exact(ciphertext)
                 self._bytes_received += HEADER_BYTES + header.body_bytes
                 self._records_received += 1
                 self.last_received = self._clock.now()
@@ -87,6 +93,26 @@ class RecordReader(Keepalive):
             view = view[count:]
         if view:
             await receive_into(self._sock, view)
+
+    async def _read_growing(self, total: int) -> memoryview:
+        """Read a record body larger than the receive buffer, doubling the buffer as bytes arrive.
+
+        The header's length (checked against ``max_record_bytes``) is the remote's claim: the
+        buffer only doubles once the bytes already received fill it, so the claim alone never
+        takes more than twice what actually came. The grown buffer is kept for later records.
+        """
+        buffer = self._receive_buffer
+        limit = self.config.max_record_bytes + TAG_BYTES
+        filled = 0
+        while filled < total:
+            if filled == len(buffer):
+                grown = bytearray(min(2 * len(buffer), limit))
+                grown[:filled] = buffer
+                buffer = self._receive_buffer = grown
+            end = min(len(buffer), total)
+            await self._read_exact(memoryview(buffer)[filled:end])
+            filled = end
+        return memoryview(buffer)
 
     def _open(self, header: bytes, ciphertext: memoryview, out: memoryview) -> None:
         self._opener.open_into(header, ciphertext, out)

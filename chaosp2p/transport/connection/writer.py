@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 Every record leaves through :meth:`RecordWriter._write_record_locked` under one fair lock: the
-payload is encrypted into one preallocated send buffer, its 16-byte header goes in the AEAD's
-associated data, and both are sent with a single gathered write. Sealing uses the next nonce, so
-from that moment the record must reach the wire whole or the connection must close: the write is
+payload is encrypted into one reused send buffer (grown to the largest record sent), its 16-byte
+header goes in the AEAD's associated data, and both are sent with a single gathered write.
+Sealing uses the next nonce, so from that moment the record must reach the wire whole or the
+connection must close: the write is
 shielded from cancellation (a torn record would desynchronize the stream for every user of the
 connection) and bounded instead by ``dead_connection_timeout_s``.
 
@@ -140,6 +141,10 @@ class RecordWriter(ConnectionCore):
         record is sealed; the caller holds the send lock or writes it before yielding)."""
         length = len(payload)
         header = RecordHeader(length, kind, flags, stream_id, value).pack()
+        if length + TAG_BYTES > len(self._send_buffer):  # grows once per size class, then stays
+            self._send_buffer = bytearray(
+                min(max(length + TAG_BYTES, 2 * len(self._send_buffer)), self.config.max_record_bytes + TAG_BYTES)
+            )
         sealed = memoryview(self._send_buffer)[: length + TAG_BYTES]
         self._sealer.seal_into(header, payload, sealed)
         return header, sealed
