@@ -169,8 +169,8 @@ class RecordStore:
         max_per_sender: int,
         max_total: int,
         max_providers_per_key: int,
+        max_providers_per_sender_per_key: int,
         validator: AddressValidator,
-        max_providers_per_sender_per_key: int | None = None,
         max_clock_skew_s: float = 60.0,
         wall_offset_s: float = 0.0,
     ) -> None:
@@ -183,9 +183,7 @@ class RecordStore:
         self.max_per_sender = max_per_sender
         self.max_total = max_total
         self.max_providers_per_key = max_providers_per_key
-        self.max_providers_per_sender_per_key = (
-            max_providers_per_key if max_providers_per_sender_per_key is None else max_providers_per_sender_per_key
-        )
+        self.max_providers_per_sender_per_key = max_providers_per_sender_per_key
         self.validator = validator
         self._records: dict[bytes, StoredRecord] = {}
         self._providers: dict[bytes, dict[PeerID, StoredProvider]] = {}

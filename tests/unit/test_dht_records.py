@@ -39,6 +39,7 @@ def new_store(**overrides: int | float) -> RecordStore:
         max_per_sender=10,
         max_total=100,
         max_providers_per_key=4,
+        max_providers_per_sender_per_key=4,
     )
     params.update(overrides)
     return RecordStore(validator=AddressValidator(max_addrs=4), **params)  # type: ignore[arg-type]
