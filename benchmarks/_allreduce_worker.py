@@ -87,6 +87,8 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             while len(host.connected_peers()) < len(order) - 1:  # noqa: ASYNC110 - the others dial us
                 await anyio.sleep(0.02)
         members = sorted(order)
+        averager.expect_run("bench", frozenset(members).__contains__)
+        allowances = dict.fromkeys(members, 1.0)
         buffer = np.empty(args.elements, dtype=np.float32)
         inputs = Inputs(args.elements, args.world, args.rank)
         token = np.zeros(64, dtype=np.float32)
@@ -96,7 +98,13 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             inputs.fill(buffer, index)
             barrier = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * index)
             await averager.all_reduce(
-                barrier, token, weight=1.0, members=members, addrs=book.__getitem__, timeout_s=120
+                barrier,
+                token,
+                weight=1.0,
+                max_weights=allowances,
+                members=members,
+                addrs=book.__getitem__,
+                timeout_s=120,
             )
             tag = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * index + 1)
             if PROFILER is not None:
@@ -107,6 +115,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
                 tag,
                 buffer,
                 weight=1.0,
+                max_weights=allowances,
                 members=members,
                 addrs=book.__getitem__,
                 wire_dtype=args.wire,
@@ -133,6 +142,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * args.rounds),
             token,
             weight=1.0,
+            max_weights=allowances,
             members=members,
             addrs=book.__getitem__,
             timeout_s=120,
