@@ -71,7 +71,7 @@ class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
             raise ConfigError("founding a run needs CollaborationConfig.global_batch (samples per step, all members)")
         self.service.register(self)
         # Before any round: members ahead of us send contributions early (unregister forgets it).
-        self.service.averager.expect_run(self.run, self.admits_contribution)
+        self.service.averager.expect_run(self.run, self._admits_contribution)
         self._subscription = self.port.subscribe()
         self._started = True
         try:

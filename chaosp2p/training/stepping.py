@@ -13,7 +13,7 @@ parameters and optimizer state stay bit-identical.
 What the averager takes from the agreed configuration rather than from anyone's word: the weight
 each member's contribution may carry (its batch share, times ``local_steps`` in DiLoCo, 0 once its
 leave is agreed; this member's own weight is its samples, capped the same way), and who may send
-contributions ahead of this member's round (:meth:`Stepping.admits_contribution`).
+contributions ahead of this member's round (:meth:`Stepping._admits_contribution`).
 
 A round that fails (a member failed, left or stalled) is final: the member waits (bounded) for the
 run to agree on a new configuration for this step and redoes the round under it. When nothing
@@ -234,7 +234,7 @@ class Stepping(CollaborationCore):
             excluded=() if outcome is None else tuple(str(e.peer) for e in outcome.excluded),
         )
 
-    def admits_contribution(self, peer: PeerID) -> bool:
+    def _admits_contribution(self, peer: PeerID) -> bool:
         """May ``peer`` send contributions to this run's rounds before they start here?
 
         A member of the newest configuration known here (a newcomer ahead of us), of the one

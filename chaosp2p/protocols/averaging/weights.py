@@ -36,23 +36,21 @@ def weight_allowances(config: Configuration, step: int, *, newest: Configuration
     its ``departed`` from an epoch after ``config``'s) is allowed 0.
     """
     factor = config.params.local_steps if config.params.mode == "diloco" else 1
-    later = newest if newest is not None and newest.epoch > config.epoch else None
-    allowances: dict[PeerID, float] = {}
-    for peer, share, since in zip(config.peers, config.shares, config.since_steps, strict=True):
-        if since > step:
-            continue
-        if later is not None and _removed_since(later, config, peer):
-            allowances[peer] = 0.0
-        else:
-            allowances[peer] = float(share * factor)
+    if max(config.since_steps, default=0) <= step:  # the usual case: everyone takes part
+        allowances = {peer: float(share * factor) for peer, share in zip(config.peers, config.shares, strict=True)}
+    else:
+        allowances = {
+            peer: float(share * factor)
+            for peer, share, since in zip(config.peers, config.shares, config.since_steps, strict=True)
+            if since <= step
+        }
+    if newest is not None and newest.epoch > config.epoch:
+        # Only the (few) departures recorded after ``config`` can lower an allowance.
+        for departed in newest.departed:
+            peer = departed.peer_id
+            if departed.epoch > config.epoch and peer in allowances and not newest.has_member(peer):
+                allowances[peer] = 0.0
     return allowances
-
-
-def _removed_since(later: Configuration, config: Configuration, peer: PeerID) -> bool:
-    if later.has_member(peer):
-        return False
-    departed = later.departed_entry(peer)
-    return departed is not None and departed.epoch > config.epoch
 
 
 __all__ = ["weight_allowances"]
