@@ -94,18 +94,16 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
         token = np.zeros(64, dtype=np.float32)
         seconds: list[float] = []
         stats: list[dict[str, Any]] = []
+
+        async def barrier(step: int) -> None:
+            tag = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=step)
+            await averager.all_reduce(
+                tag, token, weight=1.0, max_weights=allowances, members=members, addrs=book.__getitem__, timeout_s=120
+            )
+
         for index in range(args.rounds):
             inputs.fill(buffer, index)
-            barrier = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * index)
-            await averager.all_reduce(
-                barrier,
-                token,
-                weight=1.0,
-                max_weights=allowances,
-                members=members,
-                addrs=book.__getitem__,
-                timeout_s=120,
-            )
+            await barrier(2 * index)
             tag = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * index + 1)
             if PROFILER is not None:
                 PROFILER.enable()
@@ -137,16 +135,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             )
             if args.check and args.wire == "float32":
                 inputs.check(buffer, index)
-        # a last barrier so that nobody leaves while others still wait for its answers
-        await averager.all_reduce(
-            RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * args.rounds),
-            token,
-            weight=1.0,
-            max_weights=allowances,
-            members=members,
-            addrs=book.__getitem__,
-            timeout_s=120,
-        )
+        await barrier(2 * args.rounds)  # so that nobody leaves while others still wait for its answers
         connections = host.connections()
         in_place = sum(c.statistics().records_decrypted_in_place for c in connections)
         records = sum(c.statistics().records_received for c in connections)

@@ -198,7 +198,8 @@ class Averager:
         """
         me = self.host.peer_id
         wire = WireDtype.from_name(wire_dtype)
-        allowances = self._check_call(tag, buffer, weight, max_weights, members, timeout_s)
+        self._check_call(tag, buffer, weight, members, timeout_s)
+        allowances = self._allowances(weight, max_weights, members)
         plan = plan_shards(list(members), len(buffer), bandwidth)
         chunk_elements = self.config.chunk_bytes // 4
         round_ = RoundState(
@@ -259,14 +260,8 @@ class Averager:
 
     # ------------------------------------------------------------------ the round
     def _check_call(
-        self,
-        tag: RoundTag,
-        buffer: np.ndarray,
-        weight: float,
-        max_weights: Mapping[PeerID, float],
-        members: Sequence[PeerID],
-        timeout_s: float,
-    ) -> dict[PeerID, float]:
+        self, tag: RoundTag, buffer: np.ndarray, weight: float, members: Sequence[PeerID], timeout_s: float
+    ) -> None:
         if not isinstance(buffer, np.ndarray) or buffer.dtype != np.float32 or buffer.ndim != 1:
             raise ConfigError("buffer must be a 1-D float32 numpy array")
         if not buffer.flags.c_contiguous or not buffer.flags.writeable:
@@ -275,6 +270,17 @@ class Averager:
             raise ConfigError(f"weight must be a finite number in 0..{self.config.max_weight:g} (got {weight!r})")
         if self.host.peer_id not in members:
             raise ConfigError("members must include this peer")
+        if not timeout_s > 0:
+            raise ConfigError("timeout_s must be > 0")
+        tag.validate()
+        if tag.run in self._active:
+            raise LocalProtocolError(f"run {tag.run!r} already has a round in progress ({self._active[tag.run].tag})")
+        if tag in self._finished:
+            raise LocalProtocolError(f"round {tag} already ran here")
+
+    def _allowances(
+        self, weight: float, max_weights: Mapping[PeerID, float], members: Sequence[PeerID]
+    ) -> dict[PeerID, float]:
         allowances: dict[PeerID, float] = {}
         for peer in members:
             allowed = max_weights.get(peer)
@@ -285,13 +291,6 @@ class Averager:
             allowances[peer] = float(allowed)
         if weight > allowances[self.host.peer_id]:
             raise ConfigError(f"weight {weight:g} is above this peer's allowance {allowances[self.host.peer_id]:g}")
-        if not timeout_s > 0:
-            raise ConfigError("timeout_s must be > 0")
-        tag.validate()
-        if tag.run in self._active:
-            raise LocalProtocolError(f"run {tag.run!r} already has a round in progress ({self._active[tag.run].tag})")
-        if tag in self._finished:
-            raise LocalProtocolError(f"round {tag} already ran here")
         return allowances
 
     def _adopt_pending(self, round_: RoundState) -> None:

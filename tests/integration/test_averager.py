@@ -144,6 +144,14 @@ def weighted_mean(buffers: Sequence[np.ndarray], weights: Sequence[float]) -> np
     return np.asarray(total / sum(weights))
 
 
+def assert_equal_average(buffers: Sequence[np.ndarray], *, of: Sequence[np.ndarray]) -> None:
+    """Every buffer holds the same bytes: the plain mean of ``of``."""
+    expected = weighted_mean(of, [1.0] * len(of))
+    for buffer in buffers:
+        np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-6)
+        assert buffer.tobytes() == buffers[0].tobytes()
+
+
 async def test_exact_weighted_average_and_identical_bytes_on_every_member() -> None:
     async with swarm(3) as s:
         members = s.by_peer()
@@ -408,10 +416,7 @@ async def test_a_contribution_weighing_more_than_its_allowance_is_refused_and_le
             ]
         )
         assert outcomes[0][0] == outcomes[1][0] == "ok", outcomes
-        expected = weighted_mean(clean, [1.0, 1.0])
-        for buffer in buffers[:2]:
-            np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-6)
-            assert buffer.tobytes() == buffers[0].tobytes()
+        assert_equal_average(buffers[:2], of=clean)
         for _, stats in outcomes[:2]:
             assert [e.peer for e in stats.excluded] == [attacker.peer]
             assert "weight" in stats.excluded[0].reason
@@ -442,10 +447,7 @@ async def test_a_contribution_refused_by_one_owner_only_is_left_out_by_every_mem
             ]
         )
         assert outcomes[0][0] == outcomes[1][0] == "ok", outcomes
-        expected = weighted_mean(clean, [1.0, 1.0])
-        for buffer in buffers[:2]:
-            np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-6)
-            assert buffer.tobytes() == buffers[0].tobytes()
+        assert_equal_average(buffers[:2], of=clean)
         assert outcomes[0][1].excluded == outcomes[1][1].excluded
         assert [e.peer for e in outcomes[0][1].excluded] == [odd.peer]
         assert outcomes[0][1].invalid == (odd.peer,) and outcomes[1][1].invalid == ()

@@ -15,12 +15,8 @@ from chaosp2p.protocols.negotiation.run_configuration import (
     RunParams,
     make_configuration,
 )
-from chaosp2p.wire.identity import Identity
 from tests.spec_blocks import named_lines
-
-SPEC = "averaging.md"
-PEERS = {name: Identity.from_seed(bytes([seed]) * 32).peer_id for name, seed in (("A", 1), ("B", 2), ("C", 3))}
-NAMES = {peer: name for name, peer in PEERS.items()}
+from tests.unit.test_averaging_vectors import NAMES, PEERS, SPEC
 
 
 def weight_cases() -> dict[str, dict[str, Any]]:
