@@ -87,17 +87,23 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             while len(host.connected_peers()) < len(order) - 1:  # noqa: ASYNC110 - the others dial us
                 await anyio.sleep(0.02)
         members = sorted(order)
+        averager.expect_run("bench", frozenset(members).__contains__)
+        allowances = dict.fromkeys(members, 1.0)
         buffer = np.empty(args.elements, dtype=np.float32)
         inputs = Inputs(args.elements, args.world, args.rank)
         token = np.zeros(64, dtype=np.float32)
         seconds: list[float] = []
         stats: list[dict[str, Any]] = []
+
+        async def barrier(step: int) -> None:
+            tag = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=step)
+            await averager.all_reduce(
+                tag, token, weight=1.0, max_weights=allowances, members=members, addrs=book.__getitem__, timeout_s=120
+            )
+
         for index in range(args.rounds):
             inputs.fill(buffer, index)
-            barrier = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * index)
-            await averager.all_reduce(
-                barrier, token, weight=1.0, members=members, addrs=book.__getitem__, timeout_s=120
-            )
+            await barrier(2 * index)
             tag = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * index + 1)
             if PROFILER is not None:
                 PROFILER.enable()
@@ -107,6 +113,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
                 tag,
                 buffer,
                 weight=1.0,
+                max_weights=allowances,
                 members=members,
                 addrs=book.__getitem__,
                 wire_dtype=args.wire,
@@ -128,15 +135,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             )
             if args.check and args.wire == "float32":
                 inputs.check(buffer, index)
-        # a last barrier so that nobody leaves while others still wait for its answers
-        await averager.all_reduce(
-            RoundTag(run="bench", epoch=0, config_digest=b"bench", step=2 * args.rounds),
-            token,
-            weight=1.0,
-            members=members,
-            addrs=book.__getitem__,
-            timeout_s=120,
-        )
+        await barrier(2 * args.rounds)  # so that nobody leaves while others still wait for its answers
         connections = host.connections()
         in_place = sum(c.statistics().records_decrypted_in_place for c in connections)
         records = sum(c.statistics().records_received for c in connections)

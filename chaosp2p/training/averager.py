@@ -19,7 +19,15 @@ what it received, and sends the averaged shard back to everyone. A member plays 
 
 Contributions that reach an owner before it started the round (members arrive at different
 times) wait, if their tag is close ahead of the owner's latest round, with their bytes held by the
-transport's flow control (at most one initial stream window each, a bounded number of them).
+transport's flow control (at most one initial stream window each, a bounded number of them). Only
+members of a run this peer trains may hold such a slot (the collaboration says who, through
+:meth:`Averager.expect_run`), one per member and run: a stranger is answered before its header is
+even decoded, and one member cannot crowd out the others.
+
+Weights come from the agreed configuration: each owner refuses a contribution that states more
+weight than the caller's ``max_weights`` allows its sender
+(:func:`~chaosp2p.protocols.averaging.weights.weight_allowances`), so no contributor can outweigh
+its share of the global batch.
 
 Faults. A bad contribution (wrong length or dtype: ``REFUSED`` before its payload is read;
 NaN/Inf: excluded after) is left out with a log line naming the peer; the round goes on and
@@ -151,6 +159,7 @@ class Averager:
         self.clock = clock or MonotonicClock()
         self.config = config or AveragerConfig.local()
         self._active: dict[str, RoundState] = {}
+        self._expected: dict[str, Callable[[PeerID], bool]] = {}
         self._latest: dict[str, RoundTag] = {}
         self._pending: dict[RoundTag, dict[PeerID, Inbound]] = {}
         self._finished: OrderedDict[RoundTag, Result] = OrderedDict()
@@ -168,6 +177,7 @@ class Averager:
         buffer: np.ndarray,
         *,
         weight: float,
+        max_weights: Mapping[PeerID, float],
         members: Sequence[PeerID],
         addrs: AddressBook,
         bandwidth: Mapping[PeerID, float | None] | None = None,
@@ -178,15 +188,18 @@ class Averager:
 
         ``members`` (including this peer, in the same order on every member) and ``bandwidth``
         decide the shards; ``addrs(peer)`` says where to dial a member not yet connected. A weight
-        of 0 contributes nothing but receives the result. Raises :class:`RoundAborted` (naming the
-        missing members) if a member fails or does not deliver within ``timeout_s``,
-        :class:`RoundMismatch` if members disagree about the round, :class:`ContributionRefused`
-        if the owners refused this peer's own contribution. After an error the buffer's contents
-        are unspecified.
+        of 0 contributes nothing but receives the result. ``max_weights`` gives, for every member,
+        the largest weight the agreed configuration allows its contribution (this peer's own
+        ``weight`` included): as an owner, this peer refuses a contribution that states more.
+        Raises :class:`RoundAborted` (naming the missing members) if a member fails or does not
+        deliver within ``timeout_s``, :class:`RoundMismatch` if members disagree about the round,
+        :class:`ContributionRefused` if the owners refused this peer's own contribution. After an
+        error the buffer's contents are unspecified.
         """
         me = self.host.peer_id
         wire = WireDtype.from_name(wire_dtype)
         self._check_call(tag, buffer, weight, members, timeout_s)
+        allowances = self._allowances(weight, max_weights, members)
         plan = plan_shards(list(members), len(buffer), bandwidth)
         chunk_elements = self.config.chunk_bytes // 4
         round_ = RoundState(
@@ -197,7 +210,7 @@ class Averager:
             weight=weight,
             wire=wire,
             chunk_elements=chunk_elements,
-            max_weight=self.config.max_weight,
+            max_weights=allowances,
             started=self.clock.now(),
         )
         self._active[tag.run] = round_
@@ -215,8 +228,21 @@ class Averager:
                 await self._finish(round_)
         return self._outcome(round_)
 
+    def expect_run(self, run: str, admits: Callable[[PeerID], bool]) -> None:
+        """Hold early contributions to rounds of ``run`` from the peers ``admits`` (until :meth:`forget_run`).
+
+        A contribution that arrives before its round started here waits for it only if its run is
+        expected and ``admits(sender)`` (typically: a member of the run's newest configuration, or
+        of the one governing the current step). Anyone else is answered ``MISMATCH`` at once,
+        without a slot. ``admits`` is called for every early contribution and every inbound
+        stream: keep it cheap, and free of I/O.
+        """
+        self._expected[run] = admits
+
     def forget_run(self, run: str) -> None:
-        """Free what this averager keeps for ``run`` (its scratch memory, its latest round)."""
+        """Free what this averager keeps for ``run`` (its scratch memory, its latest round), and stop
+        expecting contributions to it."""
+        self._expected.pop(run, None)
         if run in self._active:
             raise LocalProtocolError(f"run {run!r} has a round in progress")
         self._scratch.pop(run, None)
@@ -252,6 +278,21 @@ class Averager:
         if tag in self._finished:
             raise LocalProtocolError(f"round {tag} already ran here")
 
+    def _allowances(
+        self, weight: float, max_weights: Mapping[PeerID, float], members: Sequence[PeerID]
+    ) -> dict[PeerID, float]:
+        allowances: dict[PeerID, float] = {}
+        for peer in members:
+            allowed = max_weights.get(peer)
+            if allowed is None or not (math.isfinite(allowed) and 0 <= allowed <= self.config.max_weight):
+                raise ConfigError(
+                    f"max_weights must give every member a finite weight in 0..{self.config.max_weight:g}"
+                )
+            allowances[peer] = float(allowed)
+        if weight > allowances[self.host.peer_id]:
+            raise ConfigError(f"weight {weight:g} is above this peer's allowance {allowances[self.host.peer_id]:g}")
+        return allowances
+
     def _adopt_pending(self, round_: RoundState) -> None:
         for tag in list(self._pending):
             if tag.run != round_.tag.run:
@@ -265,7 +306,7 @@ class Averager:
                     del self._pending[tag][inbound.peer]
                     inbound.reply = mismatch(f"this peer is at round {round_.tag}, not {tag}")
                     inbound.assigned.set()
-                elif inbound.peer in round_.members:
+                elif inbound.peer in round_.member_set:
                     round_.fail("mismatch", frozenset(), f"{inbound.peer.short()} is already at round {tag}")
             if not self._pending[tag]:
                 del self._pending[tag]
@@ -574,6 +615,12 @@ class Averager:
 
     # ------------------------------------------------------------------ inbound streams
     async def _serve(self, stream: Stream) -> None:
+        if not self._admitted_anywhere(stream.remote_peer):
+            # The cheap check first: a peer that is a member of no run trained here gets no slot,
+            # no wait and no decoding (issue 20, finding 5). A newcomer this peer does not know of
+            # yet reads MISMATCH, as for any round it disagrees about, and retries.
+            await _send_quietly(stream, mismatch(f"{stream.remote_peer.short()} is a member of no run trained here"))
+            return
         message = None
         received = False
         with anyio.move_on_after(self.config.header_timeout_s):
@@ -599,7 +646,10 @@ class Averager:
         if active is not None and active.tag == tag:
             active.accept(inbound)
             return
-        if active is not None and peer in active.members and not active.contributed(peer):
+        if not self._admits(tag.run, peer, active):
+            inbound.reply = mismatch(f"{peer.short()} is not a member of run {tag.run!r} here")
+            return
+        if active is not None and peer in active.member_set and not active.contributed(peer):
             if _ahead(tag, active.tag):
                 active.fail("mismatch", frozenset(), f"{peer.short()} is already at round {tag}")
             elif tag.run == active.tag.run and tag.order == active.tag.order:
@@ -612,9 +662,9 @@ class Averager:
         if reference is not None and not self._may_wait(tag, reference):
             inbound.reply = mismatch(f"this peer is at round {reference}, not {tag}")
             return
-        held = sum(len(w) for w in self._pending.values())
-        if peer in self._pending.get(tag, {}) or held >= self.config.max_pending_streams:
-            inbound.reply = Result(status=ResultStatus.REFUSED, detail="duplicate or too many early contributions")
+        self._supersede(tag.run, peer)
+        if sum(len(w) for w in self._pending.values()) >= self.config.max_pending_streams:
+            inbound.reply = Result(status=ResultStatus.REFUSED, detail="too many early contributions")
             return
         waiting = self._pending.setdefault(tag, {})
         waiting[peer] = inbound
@@ -629,6 +679,34 @@ class Averager:
                     del self._pending[tag]
         if not inbound.assigned.is_set():
             inbound.reply = mismatch(f"no round {tag} started here within {self.config.pending_wait_s:g} s")
+
+    def _admits(self, run: str, peer: PeerID, active: RoundState | None) -> bool:
+        """May ``peer`` contribute to rounds of ``run`` here (a member of its active round, or expected)?"""
+        if active is not None and peer in active.member_set:
+            return True
+        admits = self._expected.get(run)
+        return admits is not None and admits(peer)
+
+    def _admitted_anywhere(self, peer: PeerID) -> bool:
+        return any(peer in r.member_set for r in self._active.values()) or any(
+            admits(peer) for admits in self._expected.values()
+        )
+
+    def _supersede(self, run: str, peer: PeerID) -> None:
+        """One early slot per member and run: the member's newer contribution replaces its older one.
+
+        Rounds of a run are sequential on every member, so an honest member that sends a new
+        contribution has given up on the round of its older one; a dishonest one cannot hold more
+        than one slot per run this way.
+        """
+        for tag in [t for t in self._pending if t.run == run]:
+            waiting = self._pending[tag]
+            older = waiting.pop(peer, None)
+            if older is not None:
+                older.reply = mismatch(f"superseded by a later contribution of {peer.short()} to run {run!r}")
+                older.assigned.set()
+                if not waiting:
+                    del self._pending[tag]
 
     def _may_wait(self, tag: RoundTag, reference: RoundTag) -> bool:
         return (

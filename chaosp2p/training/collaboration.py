@@ -70,6 +70,8 @@ class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
         if found and self.config.global_batch < 1:
             raise ConfigError("founding a run needs CollaborationConfig.global_batch (samples per step, all members)")
         self.service.register(self)
+        # Before any round: members ahead of us send contributions early (unregister forgets it).
+        self.service.averager.expect_run(self.run, self._admits_contribution)
         self._subscription = self.port.subscribe()
         self._started = True
         try:

@@ -186,7 +186,11 @@ class OwnerRole:
             wire_dtype=round_.wire,
             payload_bytes=wire.nbytes,
             total_weight=round_.total_weight,
-            excluded=tuple(Exclusion(peer=p, reason=r[:1024]) for p, r in sorted(reducer.excluded.items())),
+            # Refused headers too: every member must leave a contribution out that one owner refused,
+            # or members would disagree about the round (its values stay in the other shards).
+            excluded=tuple(
+                Exclusion(peer=p, reason=r[:1024]) for p, r in sorted({**round_.refused, **reducer.excluded}.items())
+            ),
             included=reducer.included if shard.size else (),
             revision=revision,
         )

@@ -81,19 +81,21 @@ class RoundState:
         weight: float,
         wire: WireDtype,
         chunk_elements: int,
-        max_weight: float,
+        max_weights: dict[PeerID, float],
         started: float,
     ) -> None:
         self.tag = tag
         self.me = me
         self.plan = plan
         self.members = plan.members
+        self.member_set = frozenset(plan.members)
         self.shard = plan.shard_of(me)
         self.buffer = buffer
         self.weight = weight
         self.wire = wire
         self.chunk_elements = chunk_elements
-        self.max_weight = max_weight
+        self.max_weights = max_weights
+        """Per member, the largest weight the agreed configuration allows its contribution."""
         self.started = started
         self.inbound: dict[PeerID, Inbound] = {}
         self.arrived = Beacon()
@@ -122,6 +124,9 @@ class RoundState:
         """Exclusions anywhere in the round, with the first reason heard."""
         self.excluded_here: set[PeerID] = set()
         """Contributions this member, as owner, left out."""
+        self.refused: dict[PeerID, str] = {}
+        """Contributions whose header this owner refused, with the reason: its answers report them
+        among the exclusions, so that every member leaves them out (section 4.3 of the spec)."""
         self.invalid_here: set[PeerID] = set()
         """Of those, the ones that failed a check here (header refused, or NaN/Inf values): what this
         member saw itself, as opposed to a contributor that gave up or an exclusion heard of."""
@@ -152,16 +157,17 @@ class RoundState:
     def accept(self, inbound: Inbound) -> None:
         """Take a contribution stream into this round, or set the refusal to answer it with."""
         peer = inbound.peer
-        if peer not in self.members or peer == self.me:
+        if peer not in self.member_set or peer == self.me:
             inbound.reply = mismatch(f"{peer.short()} is not a member of round {self.tag} here")
         elif peer in self.inbound:
             inbound.reply = Result(status=ResultStatus.REFUSED, detail="duplicate contribution")
         else:
-            problem = self._check(inbound.header)
+            problem = self._check(peer, inbound.header)
             self.inbound[peer] = inbound
             if problem is not None:
                 self.invalid_here.add(peer)
-                self.exclude_here(peer, problem)
+                self.refused[peer] = f"refused: {problem}"
+                self.exclude_here(peer, self.refused[peer])
                 inbound.reply = Result(status=ResultStatus.REFUSED, detail=problem[:1024])
                 inbound.answered = True
             self.arrived.notify()
@@ -174,7 +180,7 @@ class RoundState:
             self.excluded_here.add(peer)
             self.excluded.setdefault(peer, reason)
 
-    def _check(self, header: Contribution) -> str | None:
+    def _check(self, peer: PeerID, header: Contribution) -> str | None:
         shard = self.shard
         if header.wire_dtype is not self.wire:
             return f"wire dtype {header.wire_dtype.name.lower()}, the round uses {self.wire.name.lower()}"
@@ -187,8 +193,11 @@ class RoundState:
                 f"contribution for elements {header.start}..{header.stop} of {header.total_elements}, "
                 f"this owner averages {shard.start}..{shard.stop} of {self.plan.length}"
             )
-        if not (math.isfinite(header.weight) and 0 <= header.weight <= self.max_weight):
-            return f"weight {header.weight!r} is not a finite number in 0..{self.max_weight:g}"
+        # The weight the configuration allows this member, never the one it states (issue 20,
+        # finding 4): a contribution may weigh less (a short batch), never more.
+        allowed = self.max_weights[peer]
+        if not (math.isfinite(header.weight) and 0 <= header.weight <= allowed):
+            return f"weight {header.weight!r} is not a finite number in 0..{allowed:g} (its agreed allowance)"
         expected = shard.size * self.wire.itemsize if header.weight > 0 else 0
         if header.payload_bytes != expected:
             return f"payload of {header.payload_bytes} bytes, expected {expected}"

@@ -10,6 +10,11 @@ message tagged (run, epoch, configuration digest, step, attempt). Then the avera
 into ``.grad`` and the optimizer steps. Every member applies the same bytes to the same state, so
 parameters and optimizer state stay bit-identical.
 
+What the averager takes from the agreed configuration rather than from anyone's word: the weight
+each member's contribution may carry (its batch share, times ``local_steps`` in DiLoCo, 0 once its
+leave is agreed; this member's own weight is its samples, capped the same way), and who may send
+contributions ahead of this member's round (:meth:`Stepping._admits_contribution`).
+
 A round that fails (a member failed, left or stalled) is final: the member waits (bounded) for the
 run to agree on a new configuration for this step and redoes the round under it. When nothing
 changes, some members may have completed the round before it failed here: their result is fetched
@@ -44,6 +49,7 @@ from chaosp2p.errors import (
 )
 from chaosp2p.protocols.averaging.messages import RoundPhase, RoundTag
 from chaosp2p.protocols.averaging.shard_reduce import all_finite
+from chaosp2p.protocols.averaging.weights import weight_allowances
 from chaosp2p.protocols.collab.messages import PROTOCOL, FetchUpdate, UpdateHeader, codec
 from chaosp2p.protocols.negotiation import Configuration, ring_order
 from chaosp2p.training.averager import RoundStats
@@ -149,11 +155,15 @@ class Stepping(CollaborationCore):
                 phase=phase,
                 attempt=attempt,
             )
+            allowances = weight_allowances(config, step, newest=runs.configuration(self.run))
             try:
                 outcome = await self.service.averager.all_reduce(
                     tag,
                     buffer,
-                    weight=float(weight),
+                    # More samples than the share (a drop-in caller's last call overshooting it)
+                    # count as the share: the owners refuse more than the configuration allows.
+                    weight=min(float(weight), allowances.get(self.port.peer_id, 0.0)),
+                    max_weights=allowances,
                     members=participants(config, step),
                     addrs=self.port.dial_addrs,
                     bandwidth=self._bandwidths(config),
@@ -223,6 +233,25 @@ class Stepping(CollaborationCore):
             bytes_received=buffer.nbytes if outcome is None else outcome.bytes_received,
             excluded=() if outcome is None else tuple(str(e.peer) for e in outcome.excluded),
         )
+
+    def _admits_contribution(self, peer: PeerID) -> bool:
+        """May ``peer`` send contributions to this run's rounds before they start here?
+
+        A member of the newest configuration known here (a newcomer ahead of us), of the one
+        governing our next step, or one whose removal is agreed for a later step (it still
+        takes part until then). Called by the averager for every early contribution: lookups only.
+        """
+        runs = self.port.runs
+        newest = runs.configuration(self.run)
+        if newest is None:
+            return False
+        if newest.has_member(peer):
+            return True
+        governing = runs.governing(self.run, self.step_index)
+        if governing is not None and governing.has_member(peer):
+            return True
+        departed = newest.departed_entry(peer)
+        return departed is not None and departed.activation_step > self.step_index
 
     def _judge_contributions(self, config: Configuration, step: int, invalid: tuple[PeerID, ...]) -> None:
         """Sign an EVICT of each member whose contributions failed our own checks (as a shard owner)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -11,13 +12,14 @@ import anyio
 import numpy as np
 import pytest
 
-from chaosp2p.errors import ContributionRefused, RoundAborted, RoundMismatch
-from chaosp2p.protocols.averaging.messages import RoundTag
+from chaosp2p.errors import ChaosError, ContributionRefused, RoundAborted, RoundMismatch
+from chaosp2p.protocols.averaging.messages import PROTOCOL, Contribution, RoundTag, WireDtype, codec
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import Node, open_node
 from chaosp2p.training.averager import Averager, RoundStats
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole
+from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -62,12 +64,18 @@ class Swarm:
 
 
 @asynccontextmanager
-async def swarm(count: int) -> AsyncIterator[Swarm]:
+async def swarm(count: int, *, configs: Sequence[AveragerConfig] = ()) -> AsyncIterator[Swarm]:
+    """``count`` connected peers, each with an averager (``configs[i]`` for the i-th, by default
+    ``CONFIG``) that expects contributions to run ``run`` from all of them."""
     async with AsyncExitStack() as stack:
         members = []
-        for _ in range(count):
+        for index in range(count):
             node = await stack.enter_async_context(open_node(PeerConfig.local()))
-            members.append(Member(node, Averager(node.host, node.clock, config=CONFIG)))
+            config = configs[index] if index < len(configs) else CONFIG
+            members.append(Member(node, Averager(node.host, node.clock, config=config)))
+        peers = frozenset(m.peer for m in members)
+        for member in members:
+            member.averager.expect_run("run", peers.__contains__)
         for i, a in enumerate(members):
             for b in members[i + 1 :]:
                 await a.node.connect(b.node.addrs[0])
@@ -104,6 +112,7 @@ def reduce_call(
     buffer: np.ndarray,
     *,
     weight: float = 1.0,
+    max_weights: dict[PeerID, float] | None = None,
     round_tag: RoundTag | None = None,
     wire_dtype: str = "float32",
     timeout_s: float = 20.0,
@@ -114,6 +123,7 @@ def reduce_call(
             round_tag or tag(),
             buffer,
             weight=weight,
+            max_weights=max_weights or dict.fromkeys(s.peers, 100.0),
             members=s.peers,
             addrs=s.addrs,
             bandwidth=bandwidth or {},
@@ -132,6 +142,14 @@ def make_buffers(count: int, length: int, seed: int = 0) -> list[np.ndarray]:
 def weighted_mean(buffers: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     total = sum(w * b.astype(np.float64) for b, w in zip(buffers, weights, strict=True))
     return np.asarray(total / sum(weights))
+
+
+def assert_equal_average(buffers: Sequence[np.ndarray], *, of: Sequence[np.ndarray]) -> None:
+    """Every buffer holds the same bytes: the plain mean of ``of``."""
+    expected = weighted_mean(of, [1.0] * len(of))
+    for buffer in buffers:
+        np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-6)
+        assert buffer.tobytes() == buffers[0].tobytes()
 
 
 async def test_exact_weighted_average_and_identical_bytes_on_every_member() -> None:
@@ -377,3 +395,143 @@ async def test_consecutive_rounds_reuse_connections_and_buffers() -> None:
             assert [kind for kind, _ in outcomes] == ["ok"] * 2, outcomes
             np.testing.assert_allclose(buffers[0], expected, rtol=1e-5, atol=1e-6)
         assert all(m.averager.statistics().rounds_completed == 3 for m in members)
+
+
+# ---------------------------------------------------------------------------------- hostile peers (issue 20)
+async def test_a_contribution_weighing_more_than_its_allowance_is_refused_and_left_out_by_everyone() -> None:
+    """issue 20, finding 4: a contributor that states weight 1e30 used to set every member's result
+    to its own values; now each owner refuses a weight above the member's agreed allowance."""
+    async with swarm(3) as s:
+        members = s.by_peer()
+        attacker = members[2]
+        buffers = [*make_buffers(2, 30_000, seed=11), np.full(30_000, 1e3, dtype=np.float32)]
+        clean = [b.copy() for b in buffers[:2]]
+        honest = dict.fromkeys(s.peers, 1.0)  # the agreed allowances: one share each
+        lie = {**honest, attacker.peer: 1e30}  # what the attacker's own call claims
+        outcomes = await run_all(
+            [
+                reduce_call(s, members[0], buffers[0], max_weights=honest),
+                reduce_call(s, members[1], buffers[1], max_weights=honest),
+                reduce_call(s, attacker, buffers[2], weight=1e30, max_weights=lie),
+            ]
+        )
+        assert outcomes[0][0] == outcomes[1][0] == "ok", outcomes
+        assert_equal_average(buffers[:2], of=clean)
+        for _, stats in outcomes[:2]:
+            assert [e.peer for e in stats.excluded] == [attacker.peer]
+            assert "weight" in stats.excluded[0].reason
+            assert stats.invalid == (attacker.peer,)  # first-hand: the evidence an EVICT needs
+        kind, error = outcomes[2]
+        assert kind == "error" and isinstance(error, ContributionRefused), outcomes
+
+
+async def test_a_contribution_refused_by_one_owner_only_is_left_out_by_every_member() -> None:
+    """issue 20, known limitation 1 of protocols/averaging.md: an owner that refuses a header now
+    reports it in its answer, so the owners that accepted it revise their shards and every member
+    ends with the same ``excluded`` (it used to differ, the refused values staying in other shards)."""
+    strict = dataclasses.replace(CONFIG, max_weight=2.0)
+    async with swarm(3, configs=[strict]) as s:
+        refusing = s.members[0]  # the one with the strict configuration
+        accepting, odd = (m for m in s.by_peer() if m is not refusing)
+        # The refusing owner allows the odd member 2 (say, it knows of a later configuration);
+        # the accepting owner and the odd member itself allow 10: the odd member sends 5.
+        narrow = dict.fromkeys(s.peers, 2.0)
+        wide = dict.fromkeys(s.peers, 10.0)
+        buffers = make_buffers(3, 40_000, seed=12)
+        clean = [b.copy() for b in buffers[:2]]
+        outcomes = await run_all(
+            [
+                reduce_call(s, refusing, buffers[0], max_weights=narrow),
+                reduce_call(s, accepting, buffers[1], max_weights=wide),
+                reduce_call(s, odd, buffers[2], weight=5.0, max_weights=wide),
+            ]
+        )
+        assert outcomes[0][0] == outcomes[1][0] == "ok", outcomes
+        assert_equal_average(buffers[:2], of=clean)
+        assert outcomes[0][1].excluded == outcomes[1][1].excluded
+        assert [e.peer for e in outcomes[0][1].excluded] == [odd.peer]
+        assert outcomes[0][1].invalid == (odd.peer,) and outcomes[1][1].invalid == ()
+        kind, error = outcomes[2]  # refused by a minority of the owners: it names them
+        assert kind == "error" and isinstance(error, RoundAborted) and error.missing == frozenset({refusing.peer})
+
+
+async def _open_contributions(attacker: Node, target: Member, tags: Sequence[RoundTag]) -> list[Stream]:
+    """Contribution headers for ``tags`` from ``attacker`` to ``target``, their payloads never sent."""
+    connection = await attacker.host.connection_to(target.peer, list(target.node.addrs))
+    streams = []
+    for round_tag in tags:
+        stream = connection.open_stream(PROTOCOL)
+        header = Contribution(
+            tag=round_tag,
+            total_elements=1 << 20,
+            start=0,
+            stop=1 << 20,
+            wire_dtype=WireDtype.FLOAT32,
+            weight=1.0,
+            payload_bytes=4 << 20,
+        )
+        await stream.send_message(codec, header)
+        streams.append(stream)
+    return streams
+
+
+async def _late_round_after(s: Swarm, late: Member, streams: Sequence[Stream]) -> list[tuple[str, Any]]:
+    """Once ``streams`` are answered or held at ``late``: a round in which the others reach ``late``
+    before it starts (their contributions must wait for it)."""
+    answers: list[Any] = []
+
+    async def read(stream: Stream) -> None:
+        try:
+            answers.append(await stream.receive_message(codec))
+        except ChaosError as exc:
+            answers.append(exc)
+
+    members = s.by_peer()
+    buffers = make_buffers(len(members), 50_000, seed=13)
+    expected = weighted_mean(buffers, [1.0] * len(members))
+    results: list[Any] = []
+    async with anyio.create_task_group() as readers:
+        for stream in streams:
+            readers.start_soon(read, stream)
+        await eventually(lambda: len(answers) + late.averager.statistics().early_contributions_waiting >= len(streams))
+        held = late.averager.statistics().early_contributions_held
+        others = [reduce_call(s, m, buffers[i]) for i, m in enumerate(members) if m is not late]
+
+        async def early_ones() -> None:
+            results.extend(await run_all(others))
+
+        async def late_one() -> None:
+            # the others' contributions are held here too (a full table would refuse them)
+            await eventually(lambda: late.averager.statistics().early_contributions_held >= held + len(others))
+            results.extend(await run_all([reduce_call(s, late, buffers[members.index(late)])]))
+
+        await run_all([early_ones, late_one])
+        readers.cancel_scope.cancel()
+    assert [kind for kind, _ in results] == ["ok"] * len(members), results
+    for buffer in buffers:
+        np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-6)
+    return results
+
+
+async def test_a_stranger_cannot_fill_the_early_contribution_slots_with_made_up_runs() -> None:
+    """issue 20, finding 5: 64 early contributions to made-up runs from a peer that is no member
+    used to take every slot, and the members' own early contributions were refused."""
+    async with swarm(3) as s:
+        stranger = await s.stack.enter_async_context(open_node(PeerConfig.local()))
+        late = s.by_peer()[0]
+        slots = CONFIG.max_pending_streams
+        junk = [RoundTag(run=f"junk-{i}", epoch=0, config_digest=b"x", step=1) for i in range(slots)]
+        streams = await _open_contributions(stranger, late, junk)
+        await _late_round_after(s, late, streams)
+        assert late.averager.statistics().early_contributions_waiting == 0
+
+
+async def test_one_member_holds_at_most_one_early_slot_per_run() -> None:
+    """issue 20, finding 5 (per-peer cap): a member's newer early contribution replaces its older
+    one, so one member cannot take every slot with made-up attempts of the run's next rounds."""
+    async with swarm(3) as s:
+        late, _, greedy = s.by_peer()
+        junk = [tag(2) for _ in range(CONFIG.max_pending_streams)]
+        junk = [dataclasses.replace(t, attempt=i) for i, t in enumerate(junk)]
+        streams = await _open_contributions(greedy.node, late, junk)
+        await _late_round_after(s, late, streams)

@@ -414,6 +414,7 @@ class AverageCall:
     tag: RoundTag
     contribution: np.ndarray
     weight: float
+    max_weights: dict[PeerID, float]
     members: list[PeerID]
     addrs: Callable[[PeerID], Sequence[Multiaddr]]
     bandwidth: Mapping[PeerID, float | None] | None
@@ -435,6 +436,8 @@ class FakeAverager:
     script: deque[RoundScript] = field(default_factory=deque)
     calls: list[AverageCall] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
+    expected: dict[str, Callable[[PeerID], bool]] = field(default_factory=dict)
+    """What ``expect_run`` was given: per run, who may contribute early."""
     busy_runs: set[str] = field(default_factory=set)
     """Runs ``forget_run`` refuses (a round still in progress)."""
     bytes_sent: int = 111
@@ -454,6 +457,7 @@ class FakeAverager:
             tag=tag,
             contribution=buffer.copy(),
             weight=options["weight"],
+            max_weights=dict(options["max_weights"]),
             members=list(options["members"]),
             addrs=options["addrs"],
             bandwidth=None if bandwidth is None else dict(bandwidth),
@@ -483,8 +487,13 @@ class FakeAverager:
         fields.update(overrides or {})
         return RoundStats(**fields)
 
+    def expect_run(self, run: str, admits: Callable[[PeerID], bool]) -> None:
+        """Recorded in ``expected``."""
+        self.expected[run] = admits
+
     def forget_run(self, run: str) -> None:
         """Recorded in ``forgotten`` (refused for ``busy_runs``, as the real one refuses during a round)."""
+        self.expected.pop(run, None)
         if run in self.busy_runs:
             raise LocalProtocolError(f"run {run!r} has a round in progress")
         self.forgotten.append(run)

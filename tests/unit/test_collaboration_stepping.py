@@ -27,7 +27,11 @@ from chaosp2p.errors import (  # noqa: E402
 from chaosp2p.protocols.averaging.messages import Exclusion, RoundPhase, RoundTag  # noqa: E402
 from chaosp2p.protocols.collab.messages import PROTOCOL, FetchUpdate, UpdateHeader  # noqa: E402
 from chaosp2p.protocols.negotiation import Configuration, ring_order  # noqa: E402
-from chaosp2p.protocols.negotiation.run_configuration import LinkEntry  # noqa: E402
+from chaosp2p.protocols.negotiation.run_configuration import (  # noqa: E402
+    DepartedEntry,
+    LinkEntry,
+    make_configuration,
+)
 from chaosp2p.training.collab_core import StepStatistics  # noqa: E402
 from chaosp2p.training.flat import FlatParameters  # noqa: E402
 from tests.unit.fake_port import RUN, AverageCall, FakePort, Rig, configuration, identities, rig  # noqa: E402
@@ -547,3 +551,68 @@ async def test_diloco_outer_step_averages_the_pseudo_gradient_and_applies_the_ou
     assert r.gates.reported == [("entered", 0), ("completed", 0)]
     await r.collab.step(1)  # the count of inner steps starts over
     assert len(r.averager.calls) == 1
+
+
+# ---------------------------------------------------------------------------------- trust (issue 20)
+async def test_every_members_weight_is_bounded_by_its_share_in_the_configuration_and_ours_is_capped() -> None:
+    """issue 20, finding 4: the averager is told each member's allowance from the agreed
+    configuration (its batch share), and this member never states more than its own."""
+    ids, config = _three_members_with_a_ring_unlike_peer_order(epoch=1)
+    r = _rig(FakePort(ids[1]))
+    await r.collab.start(found=True)
+    r.gates.install(config)
+    _set_grads(r.collab.model, GRADIENT)
+    share = r.collab.local_batch_size
+    await r.collab.step(share + 5)  # a caller overshooting its share (a drop-in's last call)
+    [call] = r.averager.calls
+    assert call.max_weights == {m.peer_id: float(m.batch_share) for m in config.members}
+    assert call.weight == share
+
+
+async def test_a_member_whose_removal_is_agreed_for_a_later_step_is_allowed_weight_zero() -> None:
+    """issue 20, finding 4: a leaver still takes part until its leave takes effect, with weight 0;
+    in DiLoCo the others may weigh share x local_steps."""
+    ids = identities(3)
+    p0, p1, p2 = (i.peer_id for i in ids)
+    r = _rig(FakePort(ids[0]), mode="diloco", local_steps=2)
+    await r.collab.start(found=True)
+    current = r.gates.install(configuration([p0, p1, p2], epoch=1, global_batch=6, mode="diloco", local_steps=2))
+    staying = sorted([p0, p1], key=lambda p: p.raw)
+    r.gates.install(
+        make_configuration(
+            run=RUN,
+            epoch=2,
+            activation_step=5,
+            peers=staying,
+            incarnations=[1, 1],
+            throughputs=[1.0, 1.0],
+            links=(),
+            params=current.params,
+            seed=8,
+            departed=[DepartedEntry(peer_id=p2, incarnation=1, epoch=2, activation_step=5)],
+        )
+    )
+    for _ in range(2):
+        _set_grads(r.collab.model, GRADIENT)
+        await r.collab.step(2)
+    [call] = r.averager.calls
+    assert call.tag.epoch == 1
+    assert call.max_weights == {p0: 4.0, p1: 4.0, p2: 0.0}
+    assert call.weight == 4.0
+
+
+async def test_the_collaboration_tells_the_averager_who_may_contribute_before_its_rounds() -> None:
+    """issue 20, finding 5: early contributions are held only for the runs this peer trains and
+    only from their members (the newest configuration's, the governing one's, a leaver's)."""
+    ids = identities(4)
+    p0, p1, p2, stranger = (i.peer_id for i in ids)
+    r = _rig(FakePort(ids[0]))
+    await r.collab.start(found=True)
+    admits = r.averager.expected[RUN]
+    assert admits(p0) and not admits(p1)
+    r.gates.install(configuration([p0, p1], epoch=1))
+    assert admits(p1) and not admits(p2) and not admits(stranger)
+    r.gates.install(configuration([p0, p1, p2], epoch=2, activation_step=3))  # a newcomer from step 3
+    assert admits(p2) and not admits(stranger)
+    await r.collab.leave(timeout_s=0.1)
+    assert RUN not in r.averager.expected

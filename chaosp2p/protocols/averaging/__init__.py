@@ -6,7 +6,8 @@ owner its slice of that owner's shard (a :class:`Contribution` header and raw by
 :mod:`.messages`), each owner averages what it received with a fixed order of operations
 (:mod:`.shard_reduce`) and sends the same bytes back to everyone (a :class:`Result`).
 :mod:`.contributions` counts, per member, the rounds in a row whose contribution failed this
-owner's own checks (the evidence behind an EVICT).
+owner's own checks (the evidence behind an EVICT); :mod:`.weights` says how much each member's
+contribution may weigh, from the agreed configuration (never from what the contributor states).
 
 The driver that moves the bytes is :mod:`chaosp2p.training.averager`; ``protocols/averaging.md``
 is the normative description, with test vectors.
@@ -44,6 +45,7 @@ from chaosp2p.protocols.averaging.shard_reduce import (
     encode,
     storage_dtype,
 )
+from chaosp2p.protocols.averaging.weights import weight_allowances
 
 __all__ = [
     "BLOCK_ELEMENTS",
@@ -75,4 +77,5 @@ __all__ = [
     "encode",
     "plan_shards",
     "storage_dtype",
+    "weight_allowances",
 ]
