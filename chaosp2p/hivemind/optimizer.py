@@ -37,6 +37,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,6 +52,7 @@ from chaosp2p.hivemind.optim.state_averager import StateAveragerView
 from chaosp2p.hivemind.utils.logging import get_logger
 
 if TYPE_CHECKING:
+    from chaosp2p.api.async_peer import AsyncPeer
     from chaosp2p.api.blocking_collaboration import Collaboration
     from chaosp2p.training.collab_core import StepStatistics
 
@@ -190,6 +192,10 @@ def _enable_verbose_logging() -> None:
         log.setLevel(logging.INFO)
 
 
+async def _forget_removal(peer: AsyncPeer, run: str) -> None:
+    peer.negotiation.forget_removal(run)
+
+
 class Optimizer(torch.optim.Optimizer):
     """hivemind 1.1.12's ``Optimizer`` on a chaosp2p collaboration (see the module docstring).
 
@@ -291,8 +297,15 @@ class Optimizer(torch.optim.Optimizer):
         config = self.settings.collaboration_config(dht.config.profile)
         # The first optimizer to find no run founds it; a peer that only runs the DHT (a monitor)
         # answers that it takes part in none, so it never blocks a start (see founding.py).
-        member = dht.peer.call(find_member, dht.peer.async_peer, self.run_id) if dht.config.bootstrap else None
+        member = None
+        if dht.config.bootstrap:
+            member = dht.peer.call(
+                partial(find_member, dht.peer.async_peer, self.run_id, patience_s=self.settings.join_timeout_s)
+            )
         joining = member is not None
+        # A removal this peer saw earlier (it left this run before, e.g. to re-synchronise) must
+        # not count against the new membership. (The collaboration should do this itself.)
+        dht.peer.call(_forget_removal, dht.peer.async_peer, self.run_id)
         if joining:
             logger_verb = "Joining run %r through %s: downloading the members' state and catching up"
             log.log(self.status_loglevel, logger_verb, self.run_id, member)
@@ -553,20 +566,9 @@ class Optimizer(torch.optim.Optimizer):
             self._resynchronise()
 
     def _resynchronise(self) -> None:
-        from chaosp2p.api.blocking_collaboration import Collaboration
-
         log.log(self.status_loglevel, "Re-synchronising with run %r after a local state change", self.run_id)
         self._collab.leave(timeout=max(self.settings.leave_timeout_s, 3.0 * self._epoch_s))
-        config = self.settings.collaboration_config(self.dht.config.profile)
-        self._collab = Collaboration(
-            self.dht.peer,
-            run=self.run_id,
-            model=self._module,
-            optimizer=self._stepper,
-            config=config,
-            found=False,
-            timeout=self.settings.join_timeout_s,
-        )
+        self._collab = self._start_collaboration(self.dht)
         self.load_state_from_peers()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

@@ -8,9 +8,10 @@ flag per dataclass field, lists as several values, booleans as ``True``/``False`
 
 import argparse
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 
 @dataclass
@@ -18,20 +19,20 @@ class BaseTrainingArguments:
     run_id: str = field(
         default="albert", metadata={"help": "A unique 'name' of this experiment, used to store metadata on the DHT"}
     )
-    initial_peers: List[str] = field(
+    initial_peers: list[str] = field(
         default_factory=list,
         metadata={"help": "Multiaddrs of the peers that will welcome you into the existing collaboration."},
     )
     use_ipfs: bool = field(default=False, metadata={"help": "Use IPFS to find initial_peers."})
-    host_maddrs: List[str] = field(
+    host_maddrs: list[str] = field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"],
         metadata={"help": "Multiaddrs to listen for external connections from other p2p instances."},
     )
-    announce_maddrs: List[str] = field(
+    announce_maddrs: list[str] = field(
         default_factory=list,
         metadata={"help": "Visible multiaddrs the host announces for external connections from other p2p instances"},
     )
-    identity_path: Optional[str] = field(default=None, metadata={"help": "Path to a pre-generated private key file."})
+    identity_path: str | None = field(default=None, metadata={"help": "Path to a pre-generated private key file."})
 
 
 @dataclass
@@ -87,8 +88,8 @@ class TinyTrainingArguments:
     seed: int = 42
     dataset_size: int = 4096
     step_delay: float = 0.0  # seconds of "compute" per step, to pace a demo
-    stop_file: Optional[str] = None  # stop once the epoch written in this file is reached (for tests)
-    report_file: Optional[str] = None  # JSON lines: one per epoch, and the final parameters
+    stop_file: str | None = None  # stop once the epoch written in this file is reached (for tests)
+    report_file: str | None = None  # JSON lines: one per epoch, and the final parameters
 
 
 def _bool(text: str) -> bool:
@@ -119,10 +120,10 @@ class ArgumentParser:
         default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
         options: dict = {"default": default, "help": item.metadata.get("help")}
         origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if origin is typing.Union:  # Optional[X]
+        if origin in (typing.Union, types.UnionType):  # Optional[X], X | None
             hint = next(arg for arg in args if arg is not type(None))
             origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if origin in (list, List):
+        if origin in (list, list):
             options.update(nargs="*", type=args[0])
         elif hint is bool:
             options.update(type=_bool)

@@ -27,15 +27,6 @@ import time
 from dataclasses import asdict
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-from hivemind import DHT, Optimizer
-from hivemind.compression import Float16Compression
-from hivemind.optim.state_averager import LRSchedulerBase
-from hivemind.utils import get_dht_time
-from hivemind.utils.logging import get_logger, use_hivemind_log_handler
-from hivemind.utils.networking import log_visible_maddrs
-
 import utils
 from arguments import (
     ArgumentParser,
@@ -44,6 +35,13 @@ from arguments import (
     ProgressTrackerArguments,
     TinyTrainingArguments,
 )
+from hivemind import DHT, Optimizer
+from hivemind.compression import Float16Compression
+from hivemind.optim.state_averager import LRSchedulerBase
+from hivemind.utils import get_dht_time
+from hivemind.utils.logging import get_logger, use_hivemind_log_handler
+from hivemind.utils.networking import log_visible_maddrs
+from torch.utils.data import DataLoader, TensorDataset
 
 use_hivemind_log_handler("in_root_logger")
 logger = get_logger(__name__)
@@ -132,7 +130,7 @@ class CollaborativeCallback:
 
     @torch.no_grad()
     def params_are_finite(self):
-        for param in self.model.parameters():
+        for param in self.model.parameters():  # noqa: SIM110 (albert's code)
             if not torch.all(torch.isfinite(param)):
                 return False
         return True
@@ -236,7 +234,9 @@ def should_stop(training_args, optimizer):
 
 
 def main():
-    parser = ArgumentParser((TinyTrainingArguments, CollaborationArguments, AveragerArguments, ProgressTrackerArguments))
+    parser = ArgumentParser(
+        (TinyTrainingArguments, CollaborationArguments, AveragerArguments, ProgressTrackerArguments)
+    )
     training_args, collaboration_args, averager_args, tracker_args = parser.parse_args_into_dataclasses()
     logger.info(f"Found {len(collaboration_args.initial_peers)} initial peers: {collaboration_args.initial_peers}")
     signal.signal(signal.SIGTERM, lambda *_: STOPPING.append(True))

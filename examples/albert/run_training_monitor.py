@@ -14,14 +14,12 @@ import json
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import hivemind
-from hivemind.utils.logging import get_logger, use_hivemind_log_handler
-from hivemind.utils.networking import log_visible_maddrs
-
 import utils
 from arguments import ArgumentParser, AveragerArguments, BaseTrainingArguments, OptimizerArguments
+from hivemind.utils.logging import get_logger, use_hivemind_log_handler
+from hivemind.utils.networking import log_visible_maddrs
 
 use_hivemind_log_handler("in_root_logger")
 logger = get_logger(__name__)
@@ -39,7 +37,7 @@ class TrainingMonitorArguments(BaseTrainingArguments):
 
     refresh_period: float = field(default=30, metadata={"help": "Period (in seconds) for fetching the keys from DHT"})
     store_checkpoints: bool = field(default=False, metadata={"help": "If False, disables periodic checkpoint saving"})
-    report_file: Optional[str] = field(default=None, metadata={"help": "JSON lines: what each refresh saw"})
+    report_file: str | None = field(default=None, metadata={"help": "JSON lines: what each refresh saw"})
 
 
 def report(path, **record):

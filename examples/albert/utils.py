@@ -1,13 +1,11 @@
 """albert's ``utils.py`` (hivemind 1.1.12 ``examples/albert``), unchanged: the metrics schema and validators."""
 
-from typing import Dict, List, Tuple
-
-from pydantic.v1 import BaseModel, StrictFloat, confloat, conint
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils.logging import get_logger
+from pydantic.v1 import BaseModel, StrictFloat, confloat, conint
 
 logger = get_logger(__name__)
 
@@ -21,10 +19,10 @@ class LocalMetrics(BaseModel):
 
 
 class MetricSchema(BaseModel):
-    metrics: Dict[BytesWithPublicKey, LocalMetrics]
+    metrics: dict[BytesWithPublicKey, LocalMetrics]
 
 
-def make_validators(run_id: str) -> Tuple[List[RecordValidatorBase], bytes]:
+def make_validators(run_id: str) -> tuple[list[RecordValidatorBase], bytes]:
     signature_validator = RSASignatureValidator()
     validators = [SchemaValidator(MetricSchema, prefix=run_id), signature_validator]
     return validators, signature_validator.local_public_key

@@ -28,6 +28,7 @@ import pytest
 from .processes import ROOT, wait_until
 
 pytest.importorskip("torch")
+pytest.importorskip("pydantic")  # albert's utils.py: pydantic.v1 models (the test extra installs it)
 ALBERT = ROOT / "examples" / "albert"
 HIVEMIND_PYTHON = os.environ.get("CHAOSP2P_HIVEMIND_PYTHON")
 RUN_ID = "tiny_albert"
@@ -59,7 +60,12 @@ class Script:
         command += [*COMMON, *args, "--report_file", str(self.report_path)]
         with self.log_path.open("w") as out:
             self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir, env=_pydantic_path()
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=workdir,
+                env=_pydantic_path(),
             )
 
     def log(self) -> str:
