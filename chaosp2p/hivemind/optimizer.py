@@ -287,7 +287,9 @@ class Optimizer(torch.optim.Optimizer):
         self.state_averager = StateAveragerView(self)
         """The optimizer, scheduler, parameters and epoch (read-only; hivemind's ``TrainingStateAverager``)."""
         self.grad_averager: GradientAveragerView | None = (
-            None if use_local_updates else GradientAveragerView(self, reuse_grad_buffers=reuse_grad_buffers)
+            None
+            if use_local_updates
+            else GradientAveragerView(self.accumulation, self.is_alive, reuse_grad_buffers=reuse_grad_buffers)
         )
         """Gradient accumulation in this epoch (read-only); None with ``use_local_updates=True``, as in hivemind."""
 

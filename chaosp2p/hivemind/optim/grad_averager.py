@@ -2,40 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
-
-class AccumulationSource(Protocol):
-    """What the view reads from the drop-in's optimizer."""
-
-    def accumulation(self) -> tuple[int, int]:
-        """``(samples, step() calls)`` accumulated in the current epoch."""
-
-    def is_alive(self) -> bool:
-        """Whether the optimizer still takes part in its run."""
+from collections.abc import Callable
 
 
 class GradientAveragerView:
     """Gradients accumulated towards this peer's share of the epoch (averaged when it is full)."""
 
-    def __init__(self, source: AccumulationSource, *, reuse_grad_buffers: bool) -> None:
-        self._source = source
+    def __init__(
+        self, accumulation: Callable[[], tuple[int, int]], alive: Callable[[], bool], *, reuse_grad_buffers: bool
+    ) -> None:
+        self._accumulation, self._alive = accumulation, alive
         self.reuse_grad_buffers = reuse_grad_buffers
         """Whether gradients accumulate in the parameters' ``.grad`` (the script never zeroes them)."""
 
     @property
     def local_samples_accumulated(self) -> int:
         """Samples whose gradients were accumulated in the current epoch."""
-        return self._source.accumulation()[0]
+        return self._accumulation()[0]
 
     @property
     def local_times_accumulated(self) -> int:
         """``step()`` calls accumulated in the current epoch."""
-        return self._source.accumulation()[1]
+        return self._accumulation()[1]
 
     def is_alive(self) -> bool:
         """Whether the optimizer still takes part in its run."""
-        return self._source.is_alive()
+        return self._alive()
 
 
 __all__ = ["GradientAveragerView"]

@@ -9,7 +9,7 @@ checkpoints) is not provided.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -22,33 +22,11 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], LRSchedulerBase]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
 
-class StateSource(Protocol):
-    """What the view reads from the drop-in's optimizer."""
-
-    @property
-    def opt(self) -> Any:
-        """The wrapped torch optimizer."""
-
-    @property
-    def scheduler(self) -> Any:
-        """The learning-rate scheduler, if any."""
-
-    @property
-    def local_epoch(self) -> int:
-        """The run's current epoch."""
-
-    def is_alive(self) -> bool:
-        """Whether the optimizer still takes part in its run."""
-
-    def load_state_from_peers(self, **kwargs: Any) -> None:
-        """Be in sync with the run."""
-
-
 class StateAveragerView:
     """``optimizer.state_averager``: the optimizer, scheduler, parameters and epoch, read-only."""
 
-    def __init__(self, source: StateSource) -> None:
-        self._source = source
+    def __init__(self, source: Any) -> None:
+        self._source = source  # the drop-in's Optimizer (a type annotation would be an import cycle)
 
     @property
     def optimizer(self) -> Any:
@@ -68,11 +46,11 @@ class StateAveragerView:
     @property
     def local_epoch(self) -> int:
         """The run's current epoch."""
-        return self._source.local_epoch
+        return int(self._source.local_epoch)
 
     def is_alive(self) -> bool:
         """Whether the optimizer still takes part in its run."""
-        return self._source.is_alive()
+        return bool(self._source.is_alive())
 
     def load_state_from_peers(self, **kwargs: Any) -> None:
         """The optimizer's ``load_state_from_peers``."""
