@@ -1,7 +1,7 @@
 """Training benchmark (d): hivemind's quickstart on chaosp2p's drop-in against hivemind 1.1.12 itself.
 
     python benchmarks/training_hivemind.py [--epochs 5] [--target-batch-size 10000] [--json out.json]
-                                           [--hivemind-python /work/hm-venv/bin/python]
+                                           [--hivemind-python /tmp/hm-venv/bin/python]
 
 Both sides run the very same script, ``examples/hivemind_quickstart.py`` (hivemind's quickstart, the
 CNN on a local CIFAR-shaped set): once as is (``import chaosp2p.hivemind as hivemind``) and once with
@@ -17,6 +17,9 @@ same way: ``target_batch_size`` samples processed by all peers together). Measur
   state download included) until B's parameters were first averaged with A's. The drop-in reports
   an epoch's members in its statistics; hivemind only in its log ("Averaged parameters with N
   peers"), which the script turns into records.
+* **where B's start-up goes**: seconds from B's launch to each phase marker in its log (drop-in:
+  run found, joined, first averaged epoch; hivemind: state download started and done, first averaged
+  epoch), and the length of A's epochs while it trained alone (a join waits for epoch boundaries).
 * **samples per second**: both peers' samples per second added up, from the end of B's first
   averaged epoch to the end of the run (each peer's rate from its own per-epoch records).
 
@@ -27,6 +30,7 @@ backend goes first) with the ratios, from the same invocation of this script. No
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -146,8 +150,53 @@ def run_backend(backend: str, python: str, args: argparse.Namespace, root: Path)
         "samples_per_s_by_peer": [rate_a, rate_b],
         "epochs_measured": [epochs_a, epochs_b],
         "a_started_to_b_launch_s": b.launched - a.launched,
+        "b_phases_s": phases(b, backend),
+        "a_epoch_alone_s": epoch_seconds_alone(a, averaged),
         "workdir": str(workdir),
     }
+
+
+# Log lines that mark B's phases (both sides log "Nov 27 19:32:51.372 [INFO] ..."), first occurrence each.
+PHASE_MARKERS = {
+    "chaosp2p": {
+        "run_found_s": "Joining run",  # imports, DHT start, asking peers whether they train the run
+        "joined_s": "Joined run",  # observe a sponsor, snapshot, parallel download, replay, admission
+        "first_averaged_epoch_s": "Averaged parameters with 2 peers",  # B's share of that epoch
+    },
+    "hivemind": {
+        "download_started_s": "Downloading parameters from peer",
+        "download_done_s": "Finished downloading state",
+        "first_averaged_epoch_s": "Averaged parameters with 2 peers",
+    },
+}
+
+
+def phases(peer: Peer, backend: str) -> dict[str, float]:
+    """Seconds from launching ``peer`` to each of its phase markers (where B's start-up time goes)."""
+    found: dict[str, float] = {}
+    log = peer.workdir / f"{peer.name}.log"
+    year = time.localtime(peer.launched).tm_year
+    for line in log.read_text(errors="replace").splitlines():
+        for name, marker in PHASE_MARKERS[backend].items():
+            if name in found or marker not in line:
+                continue
+            try:
+                stamp = time.strptime(f"{year} {line[:15]}", "%Y %b %d %H:%M:%S")
+                at = time.mktime(stamp) + float("0" + line[15:19])
+            except ValueError:
+                continue
+            found[name] = at - peer.launched
+    started = [r["time"] for r in peer.records() if r.get("event") == "started"]
+    if started:
+        found["script_started_s"] = float(started[0]) - peer.launched
+    return found
+
+
+def epoch_seconds_alone(peer: Peer, until: float) -> float:
+    """Median length of ``peer``'s epochs that ended before ``until`` (A training alone)."""
+    times = [float(r["time"]) for r in peer.records() if "step" in r and float(r["time"]) < until]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return median(gaps) if gaps else float("nan")
 
 
 def median(values: list[float]) -> float:
@@ -161,7 +210,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5, help="both peers stop after this epoch")
     parser.add_argument("--target-batch-size", type=int, default=10000, help="the quickstart's value by default")
     parser.add_argument("--repeats", type=int, default=1, help="runs per backend, alternating; medians reported")
-    parser.add_argument("--hivemind-python", default="/work/hm-venv/bin/python", help="an interpreter with hivemind")
+    parser.add_argument(
+        "--hivemind-python",
+        default=os.environ.get("CHAOSP2P_HIVEMIND_PYTHON", "/tmp/hm-venv/bin/python"),
+        help="an interpreter with hivemind (default: $CHAOSP2P_HIVEMIND_PYTHON)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="give up a backend after this many seconds")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -176,7 +229,8 @@ def main() -> None:
             result["load_average"] = os.getloadavg()
             runs[backend].append(result)
             print(f"{backend} run {repeat}: first averaged epoch {result['first_averaged_epoch_s']:.1f} s, "
-                  f"{result['samples_per_s']:.0f} samples/s", flush=True)
+                  f"{result['samples_per_s']:.0f} samples/s; B's phases {result['b_phases_s']}, "
+                  f"A's epochs alone {result['a_epoch_alone_s']:.1f} s", flush=True)
     summary = {
         backend: {
             "first_averaged_epoch_s": median([r["first_averaged_epoch_s"] for r in results]),

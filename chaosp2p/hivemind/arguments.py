@@ -1,13 +1,16 @@
 """Which hivemind 1.1.12 arguments the drop-in honours, what each becomes, and which it refuses.
 
-Every keyword argument of ``hivemind.DHT`` and ``hivemind.Optimizer`` falls into one of three groups:
+Every keyword argument of ``hivemind.DHT`` and ``hivemind.Optimizer`` falls into one of four groups:
 
 * **Mapped**: it has a chaosp2p meaning (``host_maddrs`` -> listen addresses,
-  ``averaging_timeout`` -> the round timeout floor, ...). The table is in the package docstring.
-* **Accepted at hivemind's default only**: the argument switches on something chaosp2p does not
-  have (relays, client mode, auxiliary peers, delayed updates, ...). Left at hivemind's default
-  value it asks for nothing, so the call goes through; any other value raises a
-  :class:`~chaosp2p.errors.ConfigError` that names every such argument at once.
+  ``averaging_timeout`` -> the round timeout floor, ...). The table is in the README's compat table.
+* **Accepted without effect** (``IGNORE``): tuning of something chaosp2p does differently (Kademlia
+  caches, relays, delayed updates, averager and tracker options, client mode, ...). Any value is
+  accepted; values other than hivemind's default are named, each with its reason, in one warning.
+* **Refused** (``REFUSE``): accepting would change results or weaken a guarantee (auxiliary peers,
+  extra averaged tensors, custom gradient averagers, an authorizer, IPFS discovery); some only
+  with ``use_local_updates=True``, where they would change what is averaged. Each refusal says why,
+  and all of a call's refusals come in one :class:`~chaosp2p.errors.ConfigError`.
 * **Unknown**: a name hivemind does not take either. Also a :class:`ConfigError` (hivemind forwards
   stray DHT keywords to its P2P daemon, which refuses them).
 
@@ -32,84 +35,129 @@ from chaosp2p.wire.multiaddr import Multiaddr
 HIVEMIND_DEFAULT_HOST_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
 """hivemind listens on loopback unless told otherwise (so does the drop-in)."""
 
+IGNORE = "ignore"
+REFUSE = "refuse"
+REFUSE_WITH_LOCAL_UPDATES = "refuse with use_local_updates=True"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """What the drop-in does with a hivemind argument given a value other than hivemind's default."""
+
+    default: Any
+    """hivemind 1.1.12's default (any value meaning the same is accepted silently)."""
+    action: str
+    """``IGNORE`` (accepted, named in one warning), ``REFUSE`` or ``REFUSE_WITH_LOCAL_UPDATES``."""
+    reason: str
+    """Why: the warning's or the error's text for this argument."""
+
+
+_KADEMLIA = "Kademlia tuning: chaosp2p's DHT has its own (DHTConfig in PeerConfig)"
+_DAEMON = "libp2p daemon tuning: chaosp2p has no separate daemon"
+_RELAY = "NAT traversal through relays is not provided; the peer stays reachable only where it listens"
+
 # hivemind.DHT forwards its **kwargs to DHTNode.create and P2P.create: these are their defaults.
-DHT_DEFAULT_ONLY: dict[str, Any] = {
-    "p2p": None,
-    "num_workers": 4,
-    "record_validators": (),
-    "node_id": None,
-    "bucket_size": 20,
-    "num_replicas": 5,
-    "depth_modulo": 5,
-    "parallel_rpc": None,
-    "wait_timeout": 3,
-    "refresh_timeout": None,
-    "bootstrap_timeout": None,
-    "cache_locally": True,
-    "cache_nearest": 1,
-    "cache_size": None,
-    "cache_refresh_before_expiry": 5,
-    "cache_on_store": True,
-    "reuse_get_requests": True,
-    "chunk_size": 16,
-    "blacklist_time": 5.0,
-    "backoff_rate": 2.0,
-    "client_mode": False,
-    "record_validator": None,
-    "authorizer": None,
-    "ensure_bootstrap_success": True,
-    "strict": True,
-    "announce_maddrs": None,
-    "auto_nat": True,
-    "conn_manager": True,
-    "dht_mode": "server",
-    "force_reachability": None,
-    "idle_timeout": 30,
-    "nat_port_map": True,
-    "relay_hop_limit": 0,
-    "startup_timeout": 15,
-    "tls": True,
-    "use_auto_relay": False,
-    "use_ipfs": False,
-    "use_relay": True,
-    "persistent_conn_max_msg_size": 4 * 1024**2,
-    "quic": None,
-    "use_relay_hop": None,
-    "use_relay_discovery": None,
-    "check_if_identity_free": True,
-    "no_listen": False,
-    "trusted_relays": None,
+DHT_ARGUMENTS: dict[str, Rule] = {
+    "p2p": Rule(None, REFUSE, "a hivemind P2P instance cannot carry a chaosp2p peer (leave it out)"),
+    "num_workers": Rule(4, IGNORE, "DHT requests run concurrently on the peer's event loop"),
+    "node_id": Rule(None, IGNORE, "the DHT id is derived from the peer's identity"),
+    "bucket_size": Rule(20, IGNORE, _KADEMLIA),
+    "num_replicas": Rule(5, IGNORE, _KADEMLIA),
+    "depth_modulo": Rule(5, IGNORE, _KADEMLIA),
+    "parallel_rpc": Rule(None, IGNORE, _KADEMLIA),
+    "wait_timeout": Rule(3, IGNORE, _KADEMLIA),
+    "refresh_timeout": Rule(None, IGNORE, _KADEMLIA),
+    "bootstrap_timeout": Rule(None, IGNORE, _KADEMLIA),
+    "cache_locally": Rule(True, IGNORE, _KADEMLIA),
+    "cache_nearest": Rule(1, IGNORE, _KADEMLIA),
+    "cache_size": Rule(None, IGNORE, _KADEMLIA),
+    "cache_refresh_before_expiry": Rule(5, IGNORE, _KADEMLIA),
+    "cache_on_store": Rule(True, IGNORE, _KADEMLIA),
+    "reuse_get_requests": Rule(True, IGNORE, _KADEMLIA),
+    "chunk_size": Rule(16, IGNORE, _KADEMLIA),
+    "blacklist_time": Rule(5.0, IGNORE, _KADEMLIA),
+    "backoff_rate": Rule(2.0, IGNORE, _KADEMLIA),
+    "strict": Rule(True, IGNORE, _KADEMLIA),
+    "client_mode": Rule(
+        False, IGNORE, "this peer still accepts connections and serves the DHT (chaosp2p has no client mode)"
+    ),
+    "dht_mode": Rule("server", IGNORE, "every chaosp2p peer serves the DHT (no client mode)"),
+    "no_listen": Rule(False, IGNORE, "every chaosp2p peer listens (no client mode)"),
+    "record_validator": Rule(None, IGNORE, "pass record_validators= to DHT() instead"),
+    "authorizer": Rule(
+        None,
+        REFUSE,
+        "chaosp2p admits peers by swarm key or allowlist (PeerConfig), and ignoring an authorizer would "
+        "let in peers it refuses",
+    ),
+    "announce_maddrs": Rule(
+        None, IGNORE, "chaosp2p announces the addresses it listens on (an address behind NAT cannot be announced)"
+    ),
+    "auto_nat": Rule(True, IGNORE, _RELAY),
+    "conn_manager": Rule(True, IGNORE, _DAEMON),
+    "force_reachability": Rule(None, IGNORE, _RELAY),
+    "idle_timeout": Rule(30, IGNORE, _DAEMON),
+    "nat_port_map": Rule(True, IGNORE, _RELAY),
+    "relay_hop_limit": Rule(0, IGNORE, _RELAY),
+    "tls": Rule(True, IGNORE, "chaosp2p always encrypts (Noise); it cannot be switched off"),
+    "use_auto_relay": Rule(False, IGNORE, _RELAY),
+    "use_ipfs": Rule(
+        False, REFUSE, "chaosp2p cannot find initial peers through IPFS: pass full multiaddrs as initial_peers"
+    ),
+    "use_relay": Rule(True, IGNORE, _RELAY),
+    "persistent_conn_max_msg_size": Rule(4 * 1024**2, IGNORE, _DAEMON),
+    "quic": Rule(None, IGNORE, "chaosp2p listens on TCP only"),
+    "use_relay_hop": Rule(None, IGNORE, _RELAY),
+    "use_relay_discovery": Rule(None, IGNORE, _RELAY),
+    "check_if_identity_free": Rule(True, IGNORE, _DAEMON),
+    "trusted_relays": Rule(None, IGNORE, _RELAY),
 }
+"""Every hivemind DHT keyword the drop-in does not map, with what it does with another value."""
 
-OPTIMIZER_DEFAULT_ONLY: dict[str, Any] = {
-    "next_chunk_timeout": None,
-    "reuse_grad_buffers": False,
-    "delay_optimizer_step": None,
-    "delay_grad_averaging": False,
-    "average_state_every": 1,
-    "client_mode": None,
-    "auxiliary": False,
-    "grad_averager_factory": None,
-    "load_state_compression": NoCompression(),
-    "average_opt_statistics": (),
-    "extra_tensors": (),
-    "averager_opts": None,
-    "tracker_opts": None,
-    "performance_ema_alpha": 0.1,
+OPTIMIZER_ARGUMENTS: dict[str, Rule] = {
+    "next_chunk_timeout": Rule(None, IGNORE, "a round is bounded by averaging_timeout as a whole"),
+    "delay_optimizer_step": Rule(
+        None, IGNORE, "the optimizer steps inside step(), never later than hivemind's delayed step would"
+    ),
+    "delay_grad_averaging": Rule(False, IGNORE, "gradients are averaged inside step(), not in the background"),
+    "average_state_every": Rule(
+        1,
+        REFUSE_WITH_LOCAL_UPDATES,
+        "averaged gradients keep every member's parameters identical, so averaging them is a no-op; with "
+        "use_local_updates=True parameters are averaged every epoch here, and fewer averages change results",
+    ),
+    "client_mode": Rule(None, IGNORE, "this peer accepts connections and is a full member of the run"),
+    "auxiliary": Rule(
+        False,
+        REFUSE,
+        "every member of a run trains here; an averaging-only peer has no counterpart (a DHT-only peer can "
+        "watch the run)",
+    ),
+    "grad_averager_factory": Rule(
+        None,
+        REFUSE,
+        "a custom gradient averager (e.g. PowerSGD) changes what is averaged; chaosp2p averages "
+        "exact (or float16) gradients",
+    ),
+    "load_state_compression": Rule(NoCompression(), IGNORE, "state downloads are exact (bit-identical joins)"),
+    "average_opt_statistics": Rule(
+        (),
+        REFUSE_WITH_LOCAL_UPDATES,
+        "with averaged gradients every member holds the same optimizer state; with use_local_updates=True each "
+        "member keeps its own, and averaging statistics would change results",
+    ),
+    "extra_tensors": Rule(
+        (),
+        REFUSE,
+        "extra tensors would be averaged with the parameters; chaosp2p averages the optimizer's parameters only",
+    ),
+    "averager_opts": Rule(
+        None, IGNORE, "group sizes, bandwidth and matchmaking are decided by the run's agreed configuration"
+    ),
+    "tracker_opts": Rule(None, IGNORE, "every member learns the epoch from the run's agreed configuration"),
+    "performance_ema_alpha": Rule(0.1, IGNORE, "throughput is measured over each epoch"),
 }
-
-WHY_UNSUPPORTED: dict[str, str] = {
-    "client_mode": "every chaosp2p peer accepts connections (no client mode)",
-    "auxiliary": "every member of a run trains (no auxiliary averaging-only peers)",
-    "reuse_grad_buffers": "the drop-in accumulates gradients in its own buffers; call zero_grad() as usual",
-    "delay_optimizer_step": "chaosp2p steps the optimizer inside step() (no delayed updates)",
-    "delay_grad_averaging": "chaosp2p averages inside step() (no delayed gradient averaging)",
-    "average_state_every": "with use_local_updates=True parameters are averaged every epoch",
-    "load_state_compression": "state transfer is exact (bit-identical joins)",
-    "announce_maddrs": "chaosp2p advertises the addresses it listens on",
-    "use_ipfs": "chaosp2p does not bootstrap from IPFS",
-    "tls": "chaosp2p always encrypts (Noise); it cannot be switched off",
-}
+"""Every hivemind Optimizer keyword the drop-in does not map, with what it does with another value."""
 
 _COMPRESSION_WIRE_DTYPES = {"NoCompression": "float32", "Float16Compression": "float16"}
 
@@ -121,29 +169,48 @@ def _is_default(value: Any, default: Any) -> bool:
     if isinstance(default, tuple) and not default:
         return value is None or (isinstance(value, Iterable) and not isinstance(value, str) and not list(value))
     if default is None:
-        # hivemind reads None as "off" (or "derive it"): False and empty option dicts say the same.
-        return value is None or value is False or (isinstance(value, Mapping) and not value)
+        # hivemind reads None as "off" (or "derive it"): False and empty lists or dicts say the same.
+        return value is None or value is False or (isinstance(value, (Mapping, list, tuple)) and not value)
     if isinstance(default, bool) or isinstance(value, bool):
         return value is default
     return bool(value == default)
 
 
-def refuse_unsupported(component: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
-    """Raise one :class:`ConfigError` naming every argument in ``given`` that cannot be honoured.
+def _shown(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(sorted(str(key) for key in value)) + "}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
-    ``given`` holds the keywords that are not mapped; each must be a known hivemind argument left
-    at its hivemind default.
+
+def check_arguments(
+    component: str, given: Mapping[str, Any], rules: Mapping[str, Rule], *, local_updates: bool = False
+) -> tuple[str, ...]:
+    """Check the keywords in ``given`` against ``rules``; return one note per argument accepted without effect.
+
+    Unknown names and refused values raise one :class:`ConfigError` naming each, with its reason.
     """
-    unknown = sorted(name for name in given if name not in defaults)
-    refused = sorted(name for name in given if name in defaults and not _is_default(given[name], defaults[name]))
-    problems = []
+    unknown = sorted(name for name in given if name not in rules)
+    problems, ignored = [], []
     if unknown:
         problems.append(f"unknown argument(s) {', '.join(unknown)} (not taken by hivemind 1.1.12's {component} either)")
-    for name in refused:
-        reason = WHY_UNSUPPORTED.get(name, "not supported by chaosp2p's drop-in")
-        problems.append(f"{name}={given[name]!r} is not supported: {reason} (hivemind's default {defaults[name]!r} is)")
+    for name in sorted(set(given) - set(unknown)):
+        rule = rules[name]
+        if _is_default(given[name], rule.default):
+            continue
+        refused = rule.action == REFUSE or (rule.action == REFUSE_WITH_LOCAL_UPDATES and local_updates)
+        if refused:
+            problems.append(f"{name}={_shown(given[name])} is not supported: {rule.reason}")
+        else:
+            ignored.append(f"{name}={_shown(given[name])} ({rule.reason})")
     if problems:
         raise ConfigError(f"chaosp2p.hivemind.{component}: " + "; ".join(problems))
+    return tuple(ignored)
+
+
+def ignored_warning(component: str, notes: Sequence[str]) -> str:
+    """The one warning naming every argument accepted without effect."""
+    return f"chaosp2p.hivemind.{component}: accepted without effect here: " + "; ".join(notes)
 
 
 # ------------------------------------------------------------------------------------------ DHT
@@ -169,6 +236,13 @@ def is_loopback(text: str) -> bool:
     return ipaddress.ip_address(address.host).is_loopback
 
 
+def udp_listen_addresses(host_maddrs: Sequence[Any] | None) -> tuple[str, ...]:
+    """The QUIC (``/udp/...``) listen addresses in ``host_maddrs``: dropped (TCP only), with a warning."""
+    if host_maddrs is None or isinstance(host_maddrs, (str, bytes)) or not isinstance(host_maddrs, Sequence):
+        return ()
+    return tuple(str(text) for text in host_maddrs if "/udp/" in str(text) and "/quic" in str(text))
+
+
 def dht_peer_config(
     *,
     initial_peers: Sequence[Any] | None,
@@ -184,7 +258,11 @@ def dht_peer_config(
     machines, so the ``lan`` profile's longer timeouts. Internet-wide runs should pass a ``wan``
     ``base`` (``peer_config=`` of :class:`chaosp2p.hivemind.DHT`); hivemind has no such knob.
     """
-    listen = _addresses("host_maddrs", host_maddrs if host_maddrs is not None else HIVEMIND_DEFAULT_HOST_MADDRS)
+    given = host_maddrs if host_maddrs is not None else HIVEMIND_DEFAULT_HOST_MADDRS
+    quic = udp_listen_addresses(given)
+    listen = _addresses("host_maddrs", [text for text in given if str(text) not in quic])
+    if quic and not listen:
+        raise ConfigError(f"host_maddrs: chaosp2p listens on TCP only; add a /tcp/ address beside {', '.join(quic)}")
     bootstrap = _addresses("initial_peers", initial_peers)
     if base is None:
         profile = "local" if listen and all(is_loopback(text) for text in listen) else "lan"
@@ -210,8 +288,12 @@ class OptimizerSettings:
     join_timeout_s: float
     leave_timeout_s: float
     verbose: bool
+    reuse_grad_buffers: bool = False
+    """Gradients accumulate in ``.grad`` across calls (the script never calls ``zero_grad()``)."""
     notes: tuple[str, ...] = ()
     """Arguments accepted but without effect, as hivemind also has them (logged at start)."""
+    ignored: tuple[str, ...] = ()
+    """Tuning arguments accepted without effect here, each with its reason (one warning at start)."""
 
     def collaboration_config(self, profile: str) -> CollaborationConfig:
         """The collaboration configuration on top of the peer's profile."""
@@ -275,9 +357,14 @@ def optimizer_settings(
     delay_state_averaging: bool,
     verbose: bool,
     unsupported: Mapping[str, Any],
+    reuse_grad_buffers: bool = False,
 ) -> OptimizerSettings:
     """Check a ``hivemind.Optimizer`` call's arguments and map them (see the package docstring)."""
-    refuse_unsupported("Optimizer", unsupported, OPTIMIZER_DEFAULT_ONLY)
+    ignored = check_arguments("Optimizer", unsupported, OPTIMIZER_ARGUMENTS, local_updates=bool(use_local_updates))
+    if not isinstance(reuse_grad_buffers, bool):
+        raise ConfigError("reuse_grad_buffers must be a bool")
+    if reuse_grad_buffers and use_local_updates:
+        raise ConfigError("reuse_grad_buffers=True needs use_local_updates=False (no gradients are accumulated)")
     if isinstance(target_batch_size, bool) or not isinstance(target_batch_size, int) or target_batch_size <= 0:
         raise ConfigError(f"target_batch_size must be a positive int (got {target_batch_size!r})")
     if batch_size_per_step is not None and (
@@ -316,5 +403,7 @@ def optimizer_settings(
         join_timeout_s=join_timeout,
         leave_timeout_s=leave_timeout,
         verbose=bool(verbose),
+        reuse_grad_buffers=reuse_grad_buffers,
         notes=tuple(notes),
+        ignored=ignored,
     )

@@ -33,37 +33,30 @@ scheduler is moved to it before the next optimizer step (replayed catch-up steps
 from __future__ import annotations
 
 import logging
-import sys
 import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from chaosp2p.errors import ConfigError, LocalProtocolError
-from chaosp2p.hivemind.arguments import OptimizerSettings, optimizer_settings
+from chaosp2p.hivemind.arguments import OptimizerSettings, ignored_warning, optimizer_settings
 from chaosp2p.hivemind.dht import DHT
+from chaosp2p.hivemind.founding import ANNOUNCE_TTL_S, announce_member, find_member
+from chaosp2p.hivemind.optim.grad_averager import GradientAveragerView
+from chaosp2p.hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
+from chaosp2p.hivemind.optim.state_averager import StateAveragerView
+from chaosp2p.hivemind.utils.logging import get_logger
 
 if TYPE_CHECKING:
+    from chaosp2p.api.async_peer import AsyncPeer
     from chaosp2p.api.blocking_collaboration import Collaboration
     from chaosp2p.training.collab_core import StepStatistics
 
 log = logging.getLogger("chaosp2p.hivemind")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LocalTrainingProgress:
-    """This peer's progress in the current epoch (the fields of hivemind's record of the same name)."""
-
-    peer_id: bytes
-    epoch: int
-    samples_accumulated: int
-    samples_per_second: float
-    time: float
-    client_mode: bool
 
 
 class ParameterModule(torch.nn.Module):
@@ -192,18 +185,15 @@ def _build_scheduler(scheduler: Any, optimizer: Any) -> Any:
     raise ConfigError("scheduler must be an LR scheduler or a callable(optimizer) -> scheduler")
 
 
-_verbose_handler: logging.Handler | None = None
-
-
 def _enable_verbose_logging() -> None:
-    """Print the drop-in's progress lines, as hivemind's ``verbose=True`` does, unless logging is set up."""
-    global _verbose_handler
+    """Print the drop-in's progress lines, as hivemind's ``verbose=True`` does (its handler, its format)."""
+    get_logger("chaosp2p.hivemind")
     if log.level == logging.NOTSET or log.level > logging.INFO:
         log.setLevel(logging.INFO)
-    if _verbose_handler is None and not logging.getLogger().handlers:
-        _verbose_handler = logging.StreamHandler(sys.stderr)
-        _verbose_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s][%(name)s] %(message)s"))
-        log.addHandler(_verbose_handler)
+
+
+async def _forget_removal(peer: AsyncPeer, run: str) -> None:
+    peer.negotiation.forget_removal(run)
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -231,6 +221,7 @@ class Optimizer(torch.optim.Optimizer):
         averaging_timeout: float | None = 60.0,
         allreduce_timeout: float | None = None,
         load_state_timeout: float = 600.0,
+        reuse_grad_buffers: bool = False,
         offload_optimizer: bool | None = None,
         delay_state_averaging: bool = True,
         use_local_updates: bool = False,
@@ -258,6 +249,7 @@ class Optimizer(torch.optim.Optimizer):
             delay_state_averaging=delay_state_averaging,
             verbose=verbose,
             unsupported=kwargs,
+            reuse_grad_buffers=reuse_grad_buffers,
         )
         """The arguments in chaosp2p terms."""
         self.dht, self.run_id = dht, run_id
@@ -269,6 +261,8 @@ class Optimizer(torch.optim.Optimizer):
             _enable_verbose_logging()
         for note in self.settings.notes:
             log.warning("%s", note)
+        if self.settings.ignored:
+            log.warning("%s", ignored_warning("Optimizer", self.settings.ignored))
         inner = _build_optimizer(optimizer, params)
         parameters = _parameters(inner)
         if offload_optimizer and any(p.device.type != "cpu" for p in parameters):
@@ -284,17 +278,41 @@ class Optimizer(torch.optim.Optimizer):
         self._samples_per_second = 0.0
         self._epoch_s = 0.0
         self._left = False
+        self._announced_at = float("-inf")
         self._collab = self._start_collaboration(dht)
+        self._announce()
         dht.on_shutdown(self.shutdown)
+        self.tracker = ProgressTracker(self)
+        """The run's progress (read-only; hivemind's ``ProgressTracker``)."""
+        self.state_averager = StateAveragerView(self)
+        """The optimizer, scheduler, parameters and epoch (read-only; hivemind's ``TrainingStateAverager``)."""
+        self.grad_averager: GradientAveragerView | None = (
+            None
+            if use_local_updates
+            else GradientAveragerView(self.accumulation, self.is_alive, reuse_grad_buffers=reuse_grad_buffers)
+        )
+        """Gradient accumulation in this epoch (read-only); None with ``use_local_updates=True``, as in hivemind."""
 
     def _start_collaboration(self, dht: DHT) -> Collaboration:
         from chaosp2p.api.blocking_collaboration import Collaboration
 
         config = self.settings.collaboration_config(dht.config.profile)
-        joining = bool(dht.config.bootstrap)
+        # The first optimizer to find no run founds it; a peer that only runs the DHT (a monitor)
+        # answers that it takes part in none, so it never blocks a start (see founding.py).
+        member = None
+        if dht.config.bootstrap:
+            member = dht.peer.call(
+                partial(find_member, dht.peer.async_peer, self.run_id, patience_s=self.settings.join_timeout_s)
+            )
+        joining = member is not None
+        # A removal this peer saw earlier (it left this run before, e.g. to re-synchronise) must
+        # not count against the new membership. (The collaboration should do this itself.)
+        dht.peer.call(_forget_removal, dht.peer.async_peer, self.run_id)
         if joining:
-            logger_verb = "Joining run %r: downloading the members' state and catching up"
-            log.log(self.status_loglevel, logger_verb, self.run_id)
+            logger_verb = "Joining run %r through %s: downloading the members' state and catching up"
+            log.log(self.status_loglevel, logger_verb, self.run_id, member)
+        else:
+            log.log(self.status_loglevel, "Found no peer training run %r: starting it", self.run_id)
         started = time.perf_counter()
         collab = Collaboration(
             dht.peer,
@@ -302,6 +320,7 @@ class Optimizer(torch.optim.Optimizer):
             model=self._module,
             optimizer=self._stepper,
             config=config,
+            found=not joining,
             timeout=self.settings.join_timeout_s,
         )
         params = collab.configuration.params
@@ -414,7 +433,7 @@ class Optimizer(torch.optim.Optimizer):
         if self._samples < share:
             if self.use_local_updates:
                 self._inner.step()
-            else:
+            elif not self.settings.reuse_grad_buffers:
                 self._accumulate(size)
             return loss
         self._end_epoch(size)
@@ -432,6 +451,14 @@ class Optimizer(torch.optim.Optimizer):
         """Leave the samples-weighted mean of this epoch's gradients in ``.grad``."""
         if self._calls == 1:
             return  # one call made the whole share: .grad already is its mean
+        if self.settings.reuse_grad_buffers:
+            # The script let backward() sum every call's gradient into .grad; hivemind divides
+            # that sum by the number of calls.
+            with torch.no_grad():
+                for p in self._trainable:
+                    if p.grad is not None:
+                        p.grad.div_(self._calls)
+            return
         self._accumulate(size)
         assert self._accumulators is not None
         with torch.no_grad():
@@ -450,6 +477,12 @@ class Optimizer(torch.optim.Optimizer):
         result = self._collab.step(samples=samples)
         self._samples = 0
         self._calls = 0
+        if self.settings.reuse_grad_buffers:
+            with torch.no_grad():  # the buffers start the next epoch empty, as hivemind resets them
+                for p in self._trainable:
+                    if p.grad is not None:
+                        p.grad.zero_()
+        self._announce()
         now = time.perf_counter()
         elapsed = now - self._epoch_started
         self._epoch_started = now
@@ -468,7 +501,12 @@ class Optimizer(torch.optim.Optimizer):
         )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset the gradients of the wrapped optimizer's parameters."""
+        """Reset the gradients of the wrapped optimizer's parameters (refused with ``reuse_grad_buffers``)."""
+        if self.settings.reuse_grad_buffers:
+            raise ConfigError(
+                "with reuse_grad_buffers=True gradients accumulate in .grad until the epoch ends: "
+                "never call zero_grad() (hivemind refuses it too)"
+            )
         for p in _parameters(self._inner):
             if set_to_none:
                 p.grad = None
@@ -510,18 +548,30 @@ class Optimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load optimizer state: only while this peer trains alone, at the same epoch.
+        """Load optimizer state (albert restores a backup this way) without members ever differing.
 
-        Loading state into one member of a run would make it diverge from the others, and the
-        epoch is agreed by the run, not set by one peer: both are refused with a ConfigError.
+        The epoch stays the run's (it is agreed, not set by one peer; hivemind would take the
+        backup's and then find the peer out of sync). Training alone, the state is loaded as is.
+        With use_local_updates=True each member's optimizer state is its own, so it is loaded as
+        is too, and the parameters meet the others' at the next epoch's average. With averaged
+        gradients the members hold one state: loading a different one into one member would make
+        it diverge, so this peer loads it and then re-synchronises with the run -- it leaves and
+        joins again, downloading the members' state (what hivemind's ``load_state_from_peers`` does
+        when a restored peer finds itself behind).
         """
         inner_state = dict(state_dict["state"])
         epoch = inner_state.pop("local_epoch", self.local_epoch)
         if epoch != self.local_epoch:
-            raise ConfigError(f"the state is from epoch {epoch}; the run is at epoch {self.local_epoch}")
-        if self._collab.world_size > 1:
-            raise ConfigError("cannot load optimizer state into one member of a run with others in it")
+            log.warning("loaded optimizer state from epoch %s; the run stays at epoch %d", epoch, self.local_epoch)
         self._inner.load_state_dict({**state_dict, "state": inner_state})
+        if self.use_gradient_averaging and self._collab.world_size > 1:
+            self._resynchronise()
+
+    def _resynchronise(self) -> None:
+        log.log(self.status_loglevel, "Re-synchronising with run %r after a local state change", self.run_id)
+        self._collab.leave(timeout=max(self.settings.leave_timeout_s, 3.0 * self._epoch_s))
+        self._collab = self._start_collaboration(self.dht)
+        self.load_state_from_peers()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Refused: parameter groups are fixed at creation (as in hivemind)."""
@@ -542,6 +592,28 @@ class Optimizer(torch.optim.Optimizer):
             timeout = max(self.settings.leave_timeout_s, 3.0 * self._epoch_s)
             log.log(self.status_loglevel, "Leaving run %r at epoch %d", self.run_id, self.local_epoch)
             self._collab.leave(timeout=timeout)
+
+    # ------------------------------------------------------------------ what the views read
+    @property
+    def scheduler(self) -> Any:
+        """The learning-rate scheduler, stepped once per epoch (hivemind: ``state_averager.scheduler``)."""
+        return self._stepper.scheduler
+
+    def run_shape(self) -> tuple[int, int, int]:
+        """``(members, global batch, this peer's share)`` of the run's current configuration."""
+        return self._collab.world_size, self._collab.global_batch, self._collab.local_batch_size
+
+    def accumulation(self) -> tuple[int, int]:
+        """``(samples, step() calls)`` accumulated towards this peer's share of the current epoch."""
+        return self._samples, self._calls
+
+    def _announce(self) -> None:
+        """Keep this peer announced as a member of the run, so that peers outside its view find it."""
+        now = time.monotonic()
+        if now - self._announced_at < ANNOUNCE_TTL_S / 2 or not self.dht.is_alive():
+            return
+        self._announced_at = now
+        self.dht.peer.call(announce_member, self.dht.peer.async_peer, self.run_id)
 
     # ------------------------------------------------------------------ chaosp2p extras
     @property

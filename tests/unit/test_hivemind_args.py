@@ -11,11 +11,11 @@ import pytest
 from chaosp2p.errors import ConfigError
 from chaosp2p.hivemind import DHT, Float16Compression, NoCompression
 from chaosp2p.hivemind.arguments import (
-    DHT_DEFAULT_ONLY,
-    OPTIMIZER_DEFAULT_ONLY,
+    DHT_ARGUMENTS,
+    OPTIMIZER_ARGUMENTS,
+    check_arguments,
     dht_peer_config,
     optimizer_settings,
-    refuse_unsupported,
 )
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.wire.identity import Identity
@@ -79,10 +79,18 @@ def test_a_given_peer_config_is_kept_and_only_addresses_are_replaced() -> None:
     assert config.listen == ("/ip4/127.0.0.1/tcp/0",)
 
 
-@pytest.mark.parametrize("address", ["/ip4/0.0.0.0/udp/0/quic", "/ip4/0.0.0.0/tcp/0/ws"])
-def test_non_tcp_listen_addresses_are_refused_naming_host_maddrs(address: str) -> None:
+def test_non_tcp_listen_addresses_are_refused_naming_host_maddrs() -> None:
     with pytest.raises(ConfigError, match="host_maddrs"):
-        DHT(start=False, host_maddrs=["/ip4/0.0.0.0/tcp/0", address])
+        DHT(start=False, host_maddrs=["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/tcp/0/ws"])
+
+
+def test_a_quic_listen_address_beside_a_tcp_one_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """issue 22, item 4: lightning-hivemind's default listens on TCP and QUIC; TCP is enough here."""
+    dht = DHT(start=False, host_maddrs=["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic"])
+    assert dht.config.listen == ("/ip4/0.0.0.0/tcp/0",)
+    assert "/ip4/0.0.0.0/udp/0/quic" in caplog.text and "TCP only" in caplog.text
+    with pytest.raises(ConfigError, match="TCP only"):
+        DHT(start=False, host_maddrs=["/ip4/0.0.0.0/udp/0/quic"])
 
 
 def test_a_single_string_is_not_taken_for_a_list_of_peers() -> None:
@@ -96,13 +104,28 @@ def test_dht_arguments_at_hivemind_defaults_are_accepted_without_starting() -> N
     assert dht.config.profile == "local"
 
 
-def test_unsupported_dht_arguments_are_named_all_at_once() -> None:
+def test_refused_dht_arguments_are_named_all_at_once_each_with_its_reason() -> None:
     with pytest.raises(ConfigError) as caught:
-        DHT(start=False, client_mode=True, use_ipfs=True, announce_maddrs=["/ip4/1.2.3.4/tcp/5"])
+        DHT(start=False, use_ipfs=True, authorizer=object(), client_mode=True)
     message = str(caught.value)
-    for name in ("client_mode", "use_ipfs", "announce_maddrs"):
-        assert name in message
-    assert "no client mode" in message  # the reason, not only the name
+    assert "use_ipfs" in message and "IPFS" in message
+    assert "authorizer" in message and "swarm key" in message
+    assert "client_mode" not in message  # accepted without effect, not refused
+
+
+def test_tuning_dht_arguments_are_accepted_with_one_warning_naming_each(caplog: pytest.LogCaptureFixture) -> None:
+    """issue 22, item 4: what albert and lightning pass (client_mode, announce_maddrs, ...) no longer refuses."""
+    DHT(start=False, client_mode=True, announce_maddrs=["/ip4/1.2.3.4/tcp/5"], wait_timeout=10, num_workers=8)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    for name in ("client_mode=True", "announce_maddrs=", "wait_timeout=10", "num_workers=8"):
+        assert name in warnings[0]
+    assert "no client mode" in warnings[0]  # the reason, not only the name
+
+
+def test_an_empty_announce_list_means_the_default_and_is_not_named(caplog: pytest.LogCaptureFixture) -> None:
+    DHT(start=False, announce_maddrs=[], record_validators=[])
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_unknown_dht_arguments_are_refused() -> None:
@@ -110,9 +133,11 @@ def test_unknown_dht_arguments_are_refused() -> None:
         DHT(start=False, bogus_option=1)
 
 
-def test_every_listed_default_is_accepted_by_the_checker() -> None:
-    refuse_unsupported("DHT", DHT_DEFAULT_ONLY, DHT_DEFAULT_ONLY)
-    refuse_unsupported("Optimizer", OPTIMIZER_DEFAULT_ONLY, OPTIMIZER_DEFAULT_ONLY)
+def test_every_listed_default_is_accepted_by_the_checker_without_a_note() -> None:
+    for rules in (DHT_ARGUMENTS, OPTIMIZER_ARGUMENTS):
+        defaults = {name: rule.default for name, rule in rules.items()}
+        assert check_arguments("X", defaults, rules) == ()
+        assert check_arguments("X", defaults, rules, local_updates=True) == ()
 
 
 # ------------------------------------------------------------------------------------ Optimizer
@@ -172,23 +197,46 @@ def test_compression_chaosp2p_cannot_do_is_refused_by_name() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "value", "local_updates"),
+    [
+        ("auxiliary", True, False),
+        ("extra_tensors", [object()], False),
+        ("grad_averager_factory", object(), False),
+        ("average_state_every", 4, True),
+        ("average_opt_statistics", ["exp_avg_sq"], True),
+    ],
+)
+def test_optimizer_arguments_that_would_change_results_raise_naming_them(
+    name: str, value: object, local_updates: bool
+) -> None:
+    with pytest.raises(ConfigError, match=name):
+        settings(unsupported={name: value}, use_local_updates=local_updates)
+
+
+@pytest.mark.parametrize(
     ("name", "value"),
     [
         ("delay_optimizer_step", True),
         ("delay_grad_averaging", True),
-        ("reuse_grad_buffers", True),
-        ("auxiliary", True),
         ("client_mode", True),
         ("average_state_every", 4),
-        ("extra_tensors", [object()]),
         ("average_opt_statistics", ["exp_avg_sq"]),
         ("averager_opts", {"bandwidth": 1000.0}),
+        ("tracker_opts", {"min_refresh_period": 0.5}),
         ("performance_ema_alpha", 0.5),
+        ("next_chunk_timeout", 3.0),
     ],
 )
-def test_unsupported_optimizer_arguments_raise_naming_them(name: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=name):
-        settings(unsupported={name: value})
+def test_optimizer_tuning_arguments_are_accepted_and_named(name: str, value: object) -> None:
+    """issue 22, item 4: albert passes delay_*, averager_opts, tracker_opts, client_mode; none changes results."""
+    mapped = settings(unsupported={name: value})
+    assert any(note.startswith(name + "=") for note in mapped.ignored)  # type: ignore[attr-defined]
+
+
+def test_reuse_grad_buffers_is_honoured_and_needs_gradient_averaging() -> None:
+    assert settings(reuse_grad_buffers=True).reuse_grad_buffers  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="reuse_grad_buffers"):
+        settings(reuse_grad_buffers=True, use_local_updates=True)
 
 
 def test_unsupported_optimizer_arguments_at_their_defaults_pass() -> None:
@@ -228,8 +276,10 @@ def test_the_optimizer_refuses_unsupported_arguments_before_joining_anything() -
             optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
             delay_grad_averaging=True,
             grad_averager_factory=object(),
+            auxiliary=True,
         )
-    assert "delay_grad_averaging" in str(caught.value) and "grad_averager_factory" in str(caught.value)
+    assert "auxiliary" in str(caught.value) and "grad_averager_factory" in str(caught.value)
+    assert "delay_grad_averaging" not in str(caught.value)  # accepted without effect
     assert not dht.is_alive()
 
 
