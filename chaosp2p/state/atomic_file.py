@@ -115,7 +115,11 @@ def write_bytes_atomically(
     path: str | os.PathLike[str], data: bytes, *, suffix: str = ".partial", mode: int = 0o644
 ) -> None:
     """:func:`write_atomically` with ``data`` as the whole content."""
-    write_atomically(path, lambda handle: handle.write(data), suffix=suffix, mode=mode)
+
+    def write(handle: BinaryIO) -> None:
+        handle.write(data)
+
+    write_atomically(path, write, suffix=suffix, mode=mode)
 
 
 def _fsync_directory(directory: Path) -> None:
