@@ -16,15 +16,54 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 
-from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest
+from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest, Ticket
+from chaosp2p.protocols.collab.ticket import is_member, issue_ticket, snapshot_refusal
 from chaosp2p.protocols.collab.vouch import sign_vouch, vouched_reply
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.state.torch_adapter import publish_torch
 from chaosp2p.training.collab_core import VOUCHES_KEPT, CollaborationCore
+from chaosp2p.training.feed import Observer
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
 
 
 class ServingNewcomers(CollaborationCore):
     """The member role towards newcomers (see the module docstring)."""
+
+    # ------------------------------------------------------------------ who is served
+    def _member_configurations(self) -> tuple[Configuration | None, ...]:
+        """The configurations whose members this member serves: the newest it holds, and the one
+        governing its next step (they differ while a change is pending)."""
+        runs = self.port.runs
+        return runs.configuration(self.run), runs.governing(self.run, self.step_index)
+
+    def is_member(self, peer: PeerID) -> bool:
+        """Whether ``peer`` is a member of the run's configuration (it may fetch updates)."""
+        return is_member(peer, self._member_configurations())
+
+    def snapshot_refusal(self, request: SnapshotRequest, asker: PeerID) -> str | None:
+        """Why ``asker``'s snapshot request is refused (not a member and no valid ticket, or a step
+        too far ahead), or None to serve it (:func:`chaosp2p.protocols.collab.ticket.snapshot_refusal`)."""
+        return snapshot_refusal(
+            request,
+            asker=asker,
+            configurations=self._member_configurations(),
+            completed=max(self.step_index - 1, 0),
+            ticket_steps=self.config.ticket_steps,
+        )
+
+    def sponsor(self, stream: Stream) -> tuple[Ticket, Observer] | str:
+        """Sponsor the newcomer observing on ``stream``: its ticket and its place in the update feed,
+        or why not (this peer is no member, or already sponsors ``max_newcomers`` newcomers)."""
+        newcomer = stream.remote_peer
+        if not self.is_member(self.port.peer_id):
+            return "this peer is not a member of the run (yet)"
+        self.feed.drop(newcomer)  # a newcomer observes once: a retry replaces its earlier stream
+        if self.feed.observing >= self.config.max_newcomers:
+            return f"this member already sponsors {self.feed.observing} newcomers; ask another member"
+        until = max(self.step_index - 1, 0) + self.config.ticket_steps
+        ticket = issue_ticket(self.port.identity, run=self.run, newcomer=newcomer, until_step=until)
+        return ticket, self.feed.watch(stream)
 
     async def _publish_snapshot(self, step: int, config: Configuration) -> None:
         module, optimizer = self._snapshot_target()
