@@ -21,7 +21,7 @@ from chaosp2p.protocols.transfer import ResumeRecord
 from chaosp2p.state.buffers import StagingBuffer
 from chaosp2p.state.checkpoint_file import read_checkpoint, write_checkpoint
 from chaosp2p.state.manifest import FlatState
-from chaosp2p.state.resume import load_resume, save_resume
+from chaosp2p.state.resume import save_resume
 from chaosp2p.state.snapshot import SnapshotStore
 from chaosp2p.trainers.script import write_ready_file
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -46,27 +46,25 @@ def _record() -> ResumeRecord:
     return ResumeRecord(run="r", step=3, hash_algorithm="xxh3", digest=b"\1" * 32, chunk_count=9, verified=b"\xff\x01")
 
 
-def test_a_link_planted_at_a_checkpoints_partial_file_is_refused_not_followed(tmp_path: Path) -> None:
-    """Issue 20, finding 13: ``state pull --out`` writes OUT.partial without following a link."""
-    victim = _victim(tmp_path)
-    out = tmp_path / "pulled.npz"
-    (tmp_path / "pulled.npz.partial").symlink_to(victim)
-    with pytest.raises(ConfigError, match="symbolic link"):
-        write_checkpoint(out, _state())
-    assert victim.read_bytes() == VICTIM_TEXT
-    assert not out.exists()
-    assert (tmp_path / "pulled.npz.partial").is_symlink()  # refused, left for the user to look at
+WRITERS = {
+    # `state pull --out` writes OUT.partial, then renames it
+    "checkpoint": ("pulled.npz", ".partial", lambda path: write_checkpoint(path, _state())),
+    # a pull's resume record goes through PATH.tmp
+    "resume record": ("pull.resume", ".tmp", lambda path: save_resume(path, _record())),
+}
 
 
-def test_a_link_planted_at_a_resume_records_tmp_file_is_refused_not_followed(tmp_path: Path) -> None:
-    """Issue 20, finding 13: the resume record goes through PATH.tmp, never through a link."""
+@pytest.mark.parametrize("what", sorted(WRITERS))
+def test_a_link_planted_at_the_temporary_name_is_refused_not_followed(tmp_path: Path, what: str) -> None:
+    """Issue 20, finding 13: a checkpoint's .partial and a resume record's .tmp followed links."""
+    name, suffix, write = WRITERS[what]
     victim = _victim(tmp_path)
-    path = tmp_path / "pull.resume"
-    (tmp_path / "pull.resume.tmp").symlink_to(victim)
+    (tmp_path / (name + suffix)).symlink_to(victim)
     with pytest.raises(ConfigError, match="symbolic link"):
-        save_resume(path, _record())
+        write(tmp_path / name)
     assert victim.read_bytes() == VICTIM_TEXT
-    assert load_resume(path) is None
+    assert not (tmp_path / name).exists()
+    assert (tmp_path / (name + suffix)).is_symlink()  # refused, left for the user to look at
 
 
 def test_a_link_or_a_hard_link_at_a_pulls_staging_file_is_refused(tmp_path: Path) -> None:
