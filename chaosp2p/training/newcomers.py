@@ -26,6 +26,9 @@ from chaosp2p.training.feed import Observer
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
 
+NEWCOMERS_REMEMBERED = 256
+"""Newcomers a member remembers as allowed to load its snapshots (the oldest are forgotten first)."""
+
 
 class ServingNewcomers(CollaborationCore):
     """The member role towards newcomers (see the module docstring)."""
@@ -43,14 +46,34 @@ class ServingNewcomers(CollaborationCore):
 
     def snapshot_refusal(self, request: SnapshotRequest, asker: PeerID) -> str | None:
         """Why ``asker``'s snapshot request is refused (not a member and no valid ticket, or a step
-        too far ahead), or None to serve it (:func:`chaosp2p.protocols.collab.ticket.snapshot_refusal`)."""
-        return snapshot_refusal(
+        too far ahead), or None to serve it (:func:`chaosp2p.protocols.collab.ticket.snapshot_refusal`).
+
+        A newcomer whose request is served may then load this member's snapshots over
+        ``/chaos/transfer/1`` for ``join_timeout_s`` (:meth:`may_load`).
+        """
+        configurations = self._member_configurations()
+        refusal = snapshot_refusal(
             request,
             asker=asker,
-            configurations=self._member_configurations(),
+            configurations=configurations,
             completed=max(self.step_index - 1, 0),
             ticket_steps=self.config.ticket_steps,
         )
+        if refusal is None and not is_member(asker, configurations):
+            served = self._newcomers_served
+            served.pop(asker, None)
+            served[asker] = self.port.clock.now() + self.config.join_timeout_s
+            while len(served) > NEWCOMERS_REMEMBERED:  # the oldest first (each sponsor admits a few at a time)
+                del served[next(iter(served))]
+        return refusal
+
+    def may_load(self, peer: PeerID) -> bool:
+        """Whether ``peer`` may load this member's snapshots: a member of the run, or a newcomer whose
+        ticketed snapshot request this member served less than ``join_timeout_s`` ago."""
+        if self.is_member(peer):
+            return True
+        until = self._newcomers_served.get(peer)
+        return until is not None and self.port.clock.now() < until
 
     def sponsor(self, stream: Stream) -> tuple[Ticket, Observer] | str:
         """Sponsor the newcomer observing on ``stream``: its ticket and its place in the update feed,
@@ -76,8 +99,8 @@ class ServingNewcomers(CollaborationCore):
         self._vouches[step] = (vouch, config)
         while len(self._vouches) > VOUCHES_KEPT:
             del self._vouches[next(iter(self._vouches))]
-        if not self._serving:
-            await self.port.serve_state(store, runs=[self.run])
+        if not self._serving:  # to the members and admitted newcomers of the peer's runs only
+            await self.port.serve_state(store, runs=[self.run], allow=self.service.may_load)
             self._serving = True
         self.snapshots.done(step, True)
 

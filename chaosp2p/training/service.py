@@ -73,6 +73,10 @@ class Collaborator(Protocol):
         """Why ``asker`` may not have this snapshot (None: serve it)."""
         ...
 
+    def may_load(self, peer: PeerID) -> bool:
+        """Whether ``peer`` may load this member's snapshots over ``/chaos/transfer/1``."""
+        ...
+
     def sponsor(self, stream: Stream) -> tuple[Ticket, Observer] | str:
         """Sponsor the newcomer observing on ``stream`` (its ticket and feed slot), or why not."""
         ...
@@ -124,6 +128,11 @@ class TrainingService:
     def collaborations(self) -> list[Collaborator]:
         """The runs this peer trains."""
         return list(self._collaborations.values())
+
+    def may_load(self, peer: PeerID) -> bool:
+        """Whether ``peer`` may load the snapshots this peer serves for its runs: a member of one of
+        them, or a newcomer one of them admitted (the store is the peer's, shared by its runs)."""
+        return any(collaboration.may_load(peer) for collaboration in self._collaborations.values())
 
     async def _serve(self, stream: Stream) -> None:
         request = await stream.receive_message(codec)

@@ -434,6 +434,12 @@ async def test_a_newcomer_with_a_members_ticket_is_served_and_one_without_is_not
             await r.collab.step(4)
     [reply] = served[0].sent
     assert isinstance(reply, collab.SnapshotReply) and reply.ok and reply.step == 1
+    # Over /chaos/transfer/1 the snapshot goes to members and to this newcomer, for join_timeout_s.
+    may_load = r.port.served_to
+    assert may_load == r.service.may_load
+    assert may_load(sponsor.peer_id) and may_load(ASKER) and not may_load(outsider.peer_id)
+    r.port.clock.advance(r.collab.config.join_timeout_s)
+    assert not may_load(ASKER) and may_load(sponsor.peer_id)
 
 
 async def test_a_member_sponsors_a_bounded_number_of_newcomers_once_each() -> None:
