@@ -7,7 +7,7 @@ transport host, providers by the state service. This adapter only routes; it dec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from chaosp2p.clock import Clock
 from chaosp2p.protocols.membership import MemberState
@@ -66,9 +66,11 @@ class PeerTrainingPort:
         """Hand inbound streams of ``protocol`` to ``handler``."""
         self._node.host.set_stream_handler(protocol, handler, idle_timeout_s=idle_timeout_s)
 
-    async def serve_state(self, store: SnapshotStore, *, runs: Iterable[str]) -> None:
-        """Offer ``store`` to newcomers and announce this peer as a provider of ``runs``."""
-        await self._state.serve(store, runs=runs)
+    async def serve_state(
+        self, store: SnapshotStore, *, runs: Iterable[str], allow: Callable[[PeerID], bool] | None = None
+    ) -> None:
+        """Offer ``store`` to the peers ``allow`` accepts and announce this peer as a provider of ``runs``."""
+        await self._state.serve(store, runs=runs, allow=allow)
 
     async def load_state(self, run: str, *, step: int, sources: Sequence[str], digest: bytes | None) -> LoadedState:
         """Pull ``run`` at ``step`` from ``sources`` in parallel, pinned to ``digest``."""

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
+import anyio.to_thread
 import click
 from rich.console import Console
 from rich.logging import RichHandler
 
 from chaosp2p.runtime.config import PROFILES, PeerConfig
+from chaosp2p.state.atomic_file import write_bytes_atomically
 from chaosp2p.wire.multiaddr import Multiaddr
 
 console = Console(stderr=True)
@@ -150,7 +152,7 @@ async def announce_ready(peer_id: object, addrs: Sequence[Multiaddr], ready_file
         click.echo(f"listening on {addr}")
     sys.stdout.flush()
     if ready_file:
-        # Write then rename, so a script polling for the file never reads half of it.
-        partial = anyio.Path(ready_file + ".partial")
-        await partial.write_text(json.dumps({"peer_id": str(peer_id), "addrs": [str(a) for a in addrs]}))
-        await partial.rename(ready_file)
+        # Write then rename, so a script polling for the file never reads half of it; the
+        # temporary name is created without following a link planted there.
+        data = json.dumps({"peer_id": str(peer_id), "addrs": [str(a) for a in addrs]}).encode()
+        await anyio.to_thread.run_sync(functools.partial(write_bytes_atomically, ready_file, data))

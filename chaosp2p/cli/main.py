@@ -36,7 +36,8 @@ from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import request_status
 from chaosp2p.runtime.status import StatusReport
-from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key, write_swarm_key
+from chaosp2p.transport.keyfile import load_identity, load_or_create_identity, load_swarm_key, write_swarm_key
+from chaosp2p.wire.identity import Identity
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,14 +108,25 @@ async def _run_peer(config: PeerConfig, ready_file: str | None, dashboard: Dashb
     default=None,
     help="The swarm key, if the swarm has one.",
 )
+@click.option(
+    "--identity",
+    "identity_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Ask as this identity (a key file): a peer lists its training runs only to their members and "
+    "to the observers its [status] section names. Default: a throwaway identity, which sees no runs.",
+)
 @click.option("--timeout", "timeout_s", default=5.0, show_default=True, help="Seconds to wait for an answer.")
 @click.option("--backend", default="trio", show_default=True, type=click.Choice(BACKENDS))
-def status(addr: str, as_json: bool, swarm_key_path: str | None, timeout_s: float, backend: str) -> None:
-    """Ask the peer at MULTIADDR for its id, addresses, connections and uptime."""
+def status(
+    addr: str, as_json: bool, swarm_key_path: str | None, identity_path: str | None, timeout_s: float, backend: str
+) -> None:
+    """Ask the peer at MULTIADDR for its id, addresses, connections, members and the runs it may show."""
     setup_logging("warning")
     try:
         swarm_key = load_swarm_key(swarm_key_path) if swarm_key_path else None
-        report = anyio.run(_status, addr, swarm_key, timeout_s, backend=backend)
+        identity = load_identity(identity_path) if identity_path else None
+        report = anyio.run(_status, addr, swarm_key, identity, timeout_s, backend=backend)
     except TimeoutError:
         fail(f"no status answer from {addr} within {timeout_s:g} s")
     except ChaosError as exc:
@@ -123,10 +135,15 @@ def status(addr: str, as_json: bool, swarm_key_path: str | None, timeout_s: floa
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         print_status(report, Console())
+        if not report.runs:
+            Console().print(
+                "[dim]runs: none shown to this identity (a peer lists a run to its members and to the "
+                "observers of its [status] section; ask with --identity)[/]"
+            )
 
 
-async def _status(addr: str, swarm_key: bytes | None, timeout_s: float) -> StatusReport:
-    return await request_status(addr, swarm_key=swarm_key, timeout_s=timeout_s)
+async def _status(addr: str, swarm_key: bytes | None, identity: Identity | None, timeout_s: float) -> StatusReport:
+    return await request_status(addr, swarm_key=swarm_key, timeout_s=timeout_s, identity=identity)
 
 
 def print_status(report: StatusReport, out: Console) -> None:

@@ -36,6 +36,9 @@ class DashboardConfig:
     """Events a browser may fall behind by; older ones are dropped and counted."""
     max_clients: int = 16
     """Concurrent event streams; more are answered 503."""
+    max_streams_per_client: int = 4
+    """Concurrent event streams of one client -- a browser, known by the cookie the page sets, or
+    else an address -- so that one cannot take every slot (more are answered 503)."""
     history_events: int = 200
     """Recent events a newly opened page receives at once."""
     keepalive_interval_s: float = 15.0
@@ -52,6 +55,7 @@ class DashboardConfig:
             "min_snapshot_spacing_s",
             "client_queue_events",
             "max_clients",
+            "max_streams_per_client",
             "history_events",
             "keepalive_interval_s",
             "shutdown_grace_s",

@@ -317,7 +317,9 @@ def event_message(event: Any, *, seq: int, now: float, wall: float) -> dict[str,
 class FeedClient:
     """One browser's stream: a bounded event queue and a slot for the newest snapshot."""
 
-    def __init__(self, *, queue_events: int) -> None:
+    def __init__(self, *, queue_events: int, key: str | None = None) -> None:
+        self.key = key
+        """Who opened it (see :meth:`DashboardFeed.connect`); None: not counted per client."""
         self._events: deque[str] = deque()
         self._limit = queue_events
         self._snapshot: str | None = None
@@ -403,6 +405,7 @@ class DashboardFeed:
         self._wall = wall
         self._view = view or (lambda: gather_view(node, role=config.role, wall=wall))
         self._clients: set[FeedClient] = set()
+        self._per_key: dict[str, int] = {}  # open streams per client key
         self._history: deque[str] = deque(maxlen=config.history_events)
         self._seq = 0
         self._snapshot_frame: str | None = None
@@ -422,15 +425,25 @@ class DashboardFeed:
         """Browsers currently streaming."""
         return len(self._clients)
 
-    def connect(self) -> tuple[FeedClient, list[str]]:
-        """A new client and its opening frames (recent history, then the current snapshot)."""
+    def connect(self, key: str | None = None) -> tuple[FeedClient, list[str]]:
+        """A new client and its opening frames (recent history, then the current snapshot).
+
+        ``key`` names who asks (the server passes the browser's dashboard cookie, else its
+        address): one key holds at most ``max_streams_per_client`` streams, so a page or script
+        that opens many cannot take every slot (``max_clients`` in all).
+        """
         if len(self._clients) >= self.config.max_clients:
             self.clients_refused += 1
             raise TooManyClients(f"the dashboard already streams to {self.config.max_clients} browsers")
-        client = FeedClient(queue_events=self.config.client_queue_events)
+        if key is not None and self._per_key.get(key, 0) >= self.config.max_streams_per_client:
+            self.clients_refused += 1
+            raise TooManyClients(f"this client already holds {self.config.max_streams_per_client} event streams")
+        client = FeedClient(queue_events=self.config.client_queue_events, key=key)
         if self._closed:
             client.close()
         self._clients.add(client)
+        if key is not None:
+            self._per_key[key] = self._per_key.get(key, 0) + 1
         opening = [encode_frame("history", {"events": [json.loads(e) for e in self._history]})]
         opening.append(self.current_snapshot())
         return client, opening
@@ -438,6 +451,12 @@ class DashboardFeed:
     def disconnect(self, client: FeedClient) -> None:
         """Forget ``client`` (its stream ended)."""
         client.close()
+        if client in self._clients and client.key is not None:
+            left = self._per_key[client.key] - 1
+            if left:
+                self._per_key[client.key] = left
+            else:
+                del self._per_key[client.key]
         self._clients.discard(client)
 
     def stats(self) -> dict[str, int]:

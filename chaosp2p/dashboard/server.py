@@ -18,12 +18,24 @@ Access: on loopback without a token, requests whose ``Host`` is not a loopback n
 (a web page elsewhere cannot read the dashboard through DNS rebinding). With a token -- mandatory
 off loopback -- every request must present it: ``Authorization: Bearer TOKEN``, or ``?token=TOKEN``
 (which also sets an HttpOnly, SameSite=Strict cookie so the page's own requests carry it).
+
+Cross-site requests are refused before either check (403): a browser says where a request comes
+from in ``Sec-Fetch-Site`` (only ``same-origin`` and ``none`` -- the user typed the address -- pass;
+``same-site`` is another port of the same host, another page) and, for scripts' requests, in
+``Origin`` (it must be this dashboard's own ``http(s)://Host``). Tools that send neither (curl,
+scripts) are not browsers running someone else's page and pass. So a page on another site cannot
+read the dashboard nor open its event streams (which would take the slots of the user's own page).
+
+Streams are also capped per client (``max_streams_per_client``): a client is a browser, known by a
+random HttpOnly, SameSite=Strict cookie the page sets (a foreign page can neither set nor send it),
+or else the address it connects from.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import secrets
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -54,6 +66,12 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 COOKIE = "chaosp2p_dashboard"
+CLIENT_COOKIE = "chaosp2p_client"
+"""Names one browser, for the per-client stream cap (random, set by the page's response)."""
+SAME_ORIGIN_FETCH_SITES = ("same-origin", "none")
+"""``Sec-Fetch-Site`` values of requests made by the dashboard's own page, or typed by the user."""
+CLIENT_SCOPE_KEY = "chaosp2p.client"
+"""Where the guard leaves the client's key in the ASGI scope for the event stream."""
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
@@ -79,7 +97,8 @@ def load_assets() -> dict[str, bytes]:
 
 # ------------------------------------------------------------------------------------- access guard
 class Guard:
-    """ASGI middleware: GET/HEAD only, the Host check or the token, and the security headers."""
+    """ASGI middleware: GET/HEAD only, no cross-site request, the Host check or the token, the
+    client key of the per-client stream cap, and the security headers."""
 
     def __init__(self, app: ASGIApp, config: DashboardConfig) -> None:
         self.app = app
@@ -95,6 +114,10 @@ class Guard:
             await _plain(send, 405, b"read-only: GET only\n", [(b"allow", b"GET, HEAD")])
             return
         headers = _headers(scope)
+        refusal = _cross_site(headers)
+        if refusal is not None:
+            await _plain(send, 403, refusal.encode() + b"\n")
+            return
         set_cookie = False
         if self.token is None:
             if not _loopback_host(headers.get("host", "")):
@@ -106,10 +129,19 @@ class Guard:
                 await _plain(send, 401, b"token required\n", [(b"www-authenticate", b"Bearer")])
                 return
             set_cookie = from_query
+        client_id = _client_id(headers)
+        new_client_id = None
+        if client_id is None and scope.get("path") == "/":  # the page: name this browser from now on
+            client_id = new_client_id = secrets.token_hex(16)
+        address = scope.get("client") or ("?", 0)
+        scope[CLIENT_SCOPE_KEY] = f"browser:{client_id}" if client_id else f"address:{address[0]}"
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 extra = list(SECURITY_HEADERS)
+                if new_client_id is not None:
+                    cookie = f"{CLIENT_COOKIE}={new_client_id}; Path=/; HttpOnly; SameSite=Strict"
+                    extra.append((b"set-cookie", cookie.encode()))
                 if set_cookie and self.token is not None:
                     cookie = f"{COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Strict"
                     extra.append((b"set-cookie", cookie.encode()))
@@ -131,6 +163,38 @@ def _loopback_host(host: str) -> bool:
     return is_loopback(name)
 
 
+def _cross_site(headers: dict[str, str]) -> str | None:
+    """Why a request made by another site's page is refused; None for the dashboard's own page,
+    a typed address, or a client that is no browser (it sends neither header)."""
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in SAME_ORIGIN_FETCH_SITES:
+        return f"cross-site request refused (Sec-Fetch-Site: {site[:32]})"
+    origin = headers.get("origin")
+    if origin is not None:
+        host = headers.get("host", "")
+        if not host or origin not in (f"http://{host}", f"https://{host}"):
+            return "cross-origin request refused (Origin is not this dashboard)"
+    return None
+
+
+def _cookie(headers: dict[str, str], name: str) -> str | None:
+    cookie: SimpleCookie = SimpleCookie()
+    try:
+        cookie.load(headers.get("cookie", ""))
+    except Exception:  # a malformed Cookie header is just no cookie
+        return None
+    morsel = cookie.get(name)
+    return None if morsel is None else morsel.value
+
+
+def _client_id(headers: dict[str, str]) -> str | None:
+    """The browser's client cookie, if it is one this server could have set (32 hex digits)."""
+    value = _cookie(headers, CLIENT_COOKIE)
+    if value is None or len(value) != 32 or any(c not in "0123456789abcdef" for c in value):
+        return None
+    return value
+
+
 def _presented_token(scope: Scope, headers: dict[str, str]) -> tuple[str | None, bool]:
     """(token, whether it came in the query string) from header, query or cookie."""
     authorization = headers.get("authorization", "")
@@ -139,13 +203,7 @@ def _presented_token(scope: Scope, headers: dict[str, str]) -> tuple[str | None,
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     if query.get("token"):
         return query["token"][0], True
-    cookie: SimpleCookie = SimpleCookie()
-    try:
-        cookie.load(headers.get("cookie", ""))
-    except Exception:  # a malformed Cookie header is just no cookie
-        return None, False
-    morsel = cookie.get(COOKIE)
-    return (None if morsel is None else morsel.value), False
+    return _cookie(headers, COOKIE), False
 
 
 async def _plain(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -168,7 +226,7 @@ class EventStream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            client, opening = self.feed.connect()
+            client, opening = self.feed.connect(scope.get(CLIENT_SCOPE_KEY))
         except TooManyClients as exc:
             await _plain(send, 503, f"{exc}\n".encode(), [(b"retry-after", b"10")])
             return

@@ -26,6 +26,7 @@ from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.transfer.config import TransferConfig
+from chaosp2p.runtime.status import StatusConfig
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -55,6 +56,8 @@ class PeerConfig:
     membership: MembershipConfig = field(default_factory=MembershipConfig.local)
     negotiation: NegotiationConfig = field(default_factory=NegotiationConfig.local)
     transfer: TransferConfig = field(default_factory=TransferConfig.local)
+    status: StatusConfig = field(default_factory=StatusConfig)
+    """Who sees what in this peer's status report (runs: their members, by default)."""
 
     def __post_init__(self) -> None:
         require(self.profile in PROFILES, f"profile must be one of {PROFILES} (got {self.profile!r})")
@@ -171,7 +174,7 @@ class PeerConfig:
 
 
 def _is_component(f: dataclasses.Field[Any]) -> bool:
-    return f.name in ("transport", "dht", "membership", "negotiation", "transfer")
+    return f.name in ("transport", "dht", "membership", "negotiation", "transfer", "status")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

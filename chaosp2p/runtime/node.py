@@ -44,6 +44,7 @@ from chaosp2p.runtime.status import (
     RunStatusInfo,
     StatusReport,
     StatusRequest,
+    report_for,
 )
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import unwrap_single_error
@@ -264,7 +265,8 @@ class Node:
 
     # ------------------------------------------------------------------ status
     def status_report(self) -> StatusReport:
-        """What ``chaosp2p status`` shows for this peer."""
+        """What this peer sees, in full (the local dashboard shows it); a remote asker of
+        ``chaosp2p status`` gets it filtered by ``config.status`` (:func:`report_for`)."""
         connections = []
         for connection in self.host.connections():
             stats = connection.statistics()
@@ -318,7 +320,8 @@ class Node:
 
     async def _serve_status(self, connection: Connection, request: Any) -> Any:
         STATUS_CODEC.from_obj(request)
-        return STATUS_CODEC.to_obj(self.status_report())
+        # The runs are shown to their members (and the configured observers) only.
+        return STATUS_CODEC.to_obj(report_for(self.status_report(), connection.remote_peer, self.config.status))
 
     # ------------------------------------------------------------------ internals
     def _on_connection_change(self, connection: Connection, opened: bool) -> None:
@@ -382,15 +385,24 @@ async def open_node(
 
 
 async def request_status(
-    addr: Multiaddr | str, *, swarm_key: bytes | None = None, timeout_s: float = 5.0
+    addr: Multiaddr | str,
+    *,
+    swarm_key: bytes | None = None,
+    timeout_s: float = 5.0,
+    identity: Identity | None = None,
 ) -> StatusReport:
-    """Connect to ``addr`` with a throwaway identity and ask for its :class:`StatusReport`."""
+    """Connect to ``addr`` and ask for its :class:`StatusReport`.
+
+    The asker is ``identity``, or a throwaway one: a peer lists its training runs only to their
+    members and to the observers its ``[status]`` config names, so an operator who wants to see
+    runs asks with an identity listed there.
+    """
     from chaosp2p.transport.config import TransportConfig
     from chaosp2p.transport.host import open_host
 
     config = TransportConfig.local()
     with anyio.fail_after(timeout_s):
-        async with open_host(Identity.generate(), config, swarm_key=swarm_key) as host:
+        async with open_host(identity or Identity.generate(), config, swarm_key=swarm_key) as host:
             connection = await host.connect(addr)
             reply = await connection.request("status", STATUS_CODEC.to_obj(StatusRequest()), timeout_s=timeout_s)
             report = STATUS_CODEC.from_obj(reply)

@@ -3,15 +3,26 @@
 The response is a typed message whose :meth:`StatusReport.to_json` gives the stable, documented
 JSON shape of ``chaosp2p status --json`` (see README "Status JSON"): scripts may rely on every key
 listed there; new keys may be added, none removed or renamed within major version 1.
+
+Who sees which runs (:class:`StatusConfig`): a training run's details (its members, epoch, step,
+pending operations) are the run's business, so by default a peer lists a run only to a peer that
+is a member of it (the asker is known by its authenticated PeerID) and to the ``observers`` the
+operator named; everyone else gets the same report with an empty ``runs`` list. Setting
+``runs_visible_to = "anyone"`` shows every run to every asker, as before. The swarm-wide parts
+(addresses, connections, membership, links) are what any peer of the swarm learns from gossip
+anyway, and stay visible to every asker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any
 
+from chaosp2p.configbase import require
 from chaosp2p.errors import RemoteProtocolError
+from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message, MessageCodec
 
 MAX_STATUS_ENTRIES = 4096
@@ -152,3 +163,54 @@ class StatusReport(Message):
                 for r in self.runs
             ],
         }
+
+
+RUN_VISIBILITY = ("members", "anyone")
+"""Values of :attr:`StatusConfig.runs_visible_to`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusConfig:
+    """Who may read what in this peer's ``/chaos/status/1`` report (``[status]`` in a profile)."""
+
+    runs_visible_to: str = "members"
+    """``"members"``: a run is listed only to its members and to ``observers``; ``"anyone"``:
+    every run to every asker (for an open swarm whose runs are public)."""
+    observers: tuple[str, ...] = ()
+    """PeerIDs that see every run (the operator's ``chaosp2p status --identity`` or dashboard key)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.runs_visible_to in RUN_VISIBILITY,
+            f"status.runs_visible_to must be one of {RUN_VISIBILITY} (got {self.runs_visible_to!r})",
+        )
+        for text in self.observers:
+            PeerID.parse(text)  # ConfigError naming the bad one
+
+    @classmethod
+    def local(cls, **changes: Any) -> StatusConfig:
+        """Runs visible to their members only (the default in every profile)."""
+        return cls(**changes)
+
+    @classmethod
+    def lan(cls, **changes: Any) -> StatusConfig:
+        """As :meth:`local`."""
+        return cls(**changes)
+
+    @classmethod
+    def wan(cls, **changes: Any) -> StatusConfig:
+        """As :meth:`local`."""
+        return cls(**changes)
+
+    def shows_every_run_to(self, asker: PeerID) -> bool:
+        """Whether ``asker`` sees every run, member or not."""
+        return self.runs_visible_to == "anyone" or str(asker) in self.observers
+
+
+def report_for(report: StatusReport, asker: PeerID, config: StatusConfig) -> StatusReport:
+    """``report`` as ``asker`` may see it: only the runs it is a member of, unless ``config``
+    shows it every run (see the module docstring)."""
+    if config.shows_every_run_to(asker):
+        return report
+    me = str(asker)
+    return dataclasses.replace(report, runs=tuple(run for run in report.runs if me in run.members))

@@ -21,6 +21,7 @@ import numpy as np
 from chaosp2p.errors import ConfigError, LocalProtocolError, TransferError
 from chaosp2p.protocols.transfer import Completed, PayloadKind, PayloadSlot
 from chaosp2p.protocols.transfer.messages import Manifest
+from chaosp2p.state.atomic_file import create_exclusive, open_existing_regular
 from chaosp2p.state.manifest import FlatState, array_views, as_bytes, verify_chunks
 from chaosp2p.state.snapshot import Allocator, default_allocator
 
@@ -41,18 +42,32 @@ class StagingBuffer:
         """True if ``path`` already held a staging file of the right size (resume case)."""
         self._committed = False
         total = manifest.total_bytes
-        if self.path is not None and total > 0:
-            exists = self.path.exists() and self.path.stat().st_size == total
-            self.reused_file = exists
-            self.data: np.ndarray = np.memmap(self.path, dtype=np.uint8, mode="r+" if exists else "w+", shape=(total,))
-        elif self.path is not None:
-            self.path.write_bytes(b"")
-            self.data = np.empty(0, dtype=np.uint8)
+        if self.path is not None:
+            self.data: np.ndarray = self._map_file(self.path, total)
         else:
             self.data = (allocator or default_allocator)(total)
             if self.data.dtype != np.uint8 or self.data.shape != (total,) or not self.data.flags.c_contiguous:
                 raise ConfigError("the allocator must return a contiguous 1-D uint8 array of the requested size")
         self._view = as_bytes(self.data)
+
+    def _map_file(self, path: Path, total: int) -> np.ndarray:
+        """``path`` mapped: reused if it holds ``total`` bytes (resume), else created afresh.
+
+        The staging file sits at a predictable name: it is opened without following links and
+        created exclusively (:mod:`chaosp2p.state.atomic_file`), so a link planted there is refused.
+        """
+        fd = open_existing_regular(path)
+        if fd is not None and os.fstat(fd).st_size != total:  # another snapshot's bytes: start over
+            os.close(fd)
+            fd = None
+        self.reused_file = fd is not None
+        if fd is None:
+            fd = create_exclusive(path, mode=0o600, read=True)  # removes a leftover regular file first
+            os.ftruncate(fd, total)
+        with os.fdopen(fd, "r+b") as handle:  # the map keeps its own reference to the file
+            if total == 0:
+                return np.empty(0, dtype=np.uint8)
+            return np.memmap(handle, dtype=np.uint8, mode="r+", shape=(total,))
 
     @property
     def total_bytes(self) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from chaosp2p.errors import ConfigError
+from chaosp2p.state.atomic_file import write_atomically
 from chaosp2p.state.manifest import FlatState, dtype_name_of, storage_dtype
 from chaosp2p.wire.framing import pack, unpack
 
@@ -44,18 +45,17 @@ def read_checkpoint(path: str | os.PathLike[str]) -> FlatState:
 
 
 def write_checkpoint(path: str | os.PathLike[str], state: FlatState) -> None:
-    """Write ``state`` as ``.npz`` or ``.pt`` (chosen by the file name), atomically."""
+    """Write ``state`` as ``.npz`` or ``.pt`` (chosen by the file name), atomically.
+
+    The bytes go to ``path + ".partial"`` first, which is refused (:class:`ConfigError`) if a
+    symbolic link sits there, then are renamed over ``path``.
+    """
     file = Path(path)
     suffix = file.suffix.lower()
     if suffix not in (".npz", ".pt", ".pth"):
         raise ConfigError(f"unsupported checkpoint format {suffix!r} (use .npz, .pt or .pth)")
-    partial = file.with_name(file.name + ".partial")
-    with partial.open("wb") as handle:
-        if suffix == ".npz":
-            _write_npz(handle, state)
-        else:
-            _write_torch(handle, state)
-    partial.replace(file)
+    # Through FILE.partial, created without following a link planted there (see atomic_file).
+    write_atomically(file, lambda handle: (_write_npz if suffix == ".npz" else _write_torch)(handle, state))
 
 
 # ---------------------------------------------------------------------------------------- numpy

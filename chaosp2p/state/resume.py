@@ -2,8 +2,9 @@
 
 The record names the snapshot (run, step, hash algorithm, manifest digest) and holds a bitmap of
 verified chunks; a pull machine given the record applies it only if it ends up pulling exactly that
-snapshot, so stale progress can never mix versions. Files are written atomically (temporary file,
-fsync, rename) with a checksum; a torn or foreign file is a clear :class:`TransferError`.
+snapshot, so stale progress can never mix versions. Files are written atomically (a temporary file
+created without following links, fsync, rename) with a checksum; a torn or foreign file is a clear
+:class:`TransferError`.
 
 Order matters: the staged bytes must be on disk before the record that vouches for them, which is
 what :func:`checkpoint` does. :func:`reverify` re-hashes the claimed chunks after a crash, for
@@ -20,6 +21,7 @@ import xxhash
 
 from chaosp2p.errors import TransferError
 from chaosp2p.protocols.transfer import PullMachine, ResumeRecord
+from chaosp2p.state.atomic_file import write_bytes_atomically
 from chaosp2p.state.buffers import StagingBuffer
 
 MAGIC = b"chaosp2p-resume\x01"
@@ -66,14 +68,9 @@ def decode_resume(data: bytes) -> ResumeRecord:
 
 
 def save_resume(path: str | os.PathLike[str], record: ResumeRecord) -> None:
-    """Atomically write ``record`` to ``path``."""
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(encode_resume(record))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
+    """Atomically write ``record`` to ``path`` (a link planted at ``path + ".tmp"`` is refused)."""
+    # Through PATH.tmp, created without following a link planted there (see atomic_file).
+    write_bytes_atomically(path, encode_resume(record), suffix=".tmp")
 
 
 def load_resume(path: str | os.PathLike[str]) -> ResumeRecord | None:

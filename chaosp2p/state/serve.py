@@ -9,11 +9,16 @@ message, and for data a read-only slice of the immutable snapshot that goes stra
 memory into the encrypted records -- no copy of the state is made per request. Reading ahead lets
 a ``CancelRequest`` reach a queued request before the writer starts on it. When the stream ends,
 every lease that newcomer held is released, so retired snapshots can be freed.
+
+An offer may name who is served (``allow``, a predicate on the asker's authenticated PeerID): a
+training peer serves its run's snapshots to the run's members and the newcomers they admitted only.
+Anyone else is answered as if no state were offered (``UNKNOWN_RUN``), before the request is looked at.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -42,6 +47,7 @@ from chaosp2p.state.frames import receive_transfer_message
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 
 log = logging.getLogger("chaosp2p.state")
@@ -65,11 +71,14 @@ class StateServer:
         self._config = config
         self._task_group = task_group
         self.session: SourceSession | None = None
+        self._allow: Callable[[PeerID], bool] | None = None
         self._wake = anyio.Event()
         host.set_stream_handler(PROTOCOL_ID, self._serve_stream)
 
-    def offer(self, catalog: SnapshotCatalog) -> None:
-        """Serve ``catalog`` from now on (replacing any earlier one; its leases are released)."""
+    def offer(self, catalog: SnapshotCatalog, *, allow: Callable[[PeerID], bool] | None = None) -> None:
+        """Serve ``catalog`` from now on (replacing any earlier one; its leases are released), to the
+        peers ``allow`` accepts (everyone if None)."""
+        self._allow = allow
         if self.session is not None:
             self.session.close()
         else:
@@ -121,7 +130,7 @@ class StateServer:
                 continue
             shared.has_room.set()
             session = self.session
-            if session is None:
+            if session is None or (self._allow is not None and not self._allow(peer)):
                 if isinstance(item, (*_REQUESTS, SkippedRequest)):  # a lease release needs no answer
                     await stream.send_message(TRANSFER_CODEC, _no_state(item))
                 continue

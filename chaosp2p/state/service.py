@@ -10,7 +10,7 @@ byte of the new state verified.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,14 +73,17 @@ class StateService:
         self._pulls: dict[int, TransferProgress | None] = {}  # latest progress of each load in flight
         self._next_pull = 0
 
-    async def serve(self, store: SnapshotCatalog, *, runs: Iterable[str] = ()) -> None:
-        """Offer ``store``'s snapshots and announce this peer as a provider of ``runs``.
+    async def serve(
+        self, store: SnapshotCatalog, *, runs: Iterable[str] = (), allow: Callable[[PeerID], bool] | None = None
+    ) -> None:
+        """Offer ``store``'s snapshots (to the peers ``allow`` accepts; everyone if None) and
+        announce this peer as a provider of ``runs``.
 
         Announcing happens in the background (the DHT may still be bootstrapping) and is retried
         until at least one DHT peer holds the provider record; :meth:`wait_announced` waits for it.
         """
         self.store = store
-        self.server.offer(store)
+        self.server.offer(store, allow=allow)
         for run in runs:
             key = run_provider_key(run)  # validates the run id before anything starts
             if run not in self._announced:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import threading
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
+
+from chaosp2p.state.atomic_file import write_bytes_atomically
 
 
 def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +38,8 @@ def write_ready_file(path: Path | None, peer_id: str, addrs: list[str]) -> None:
     """Atomically write the ready file (a reader never sees half of it)."""
     if path is None:
         return
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps({"peer_id": peer_id, "addrs": addrs}))
-    os.replace(temporary, path)
+    # The temporary file (PATH.tmp) is created without following a link planted there.
+    write_bytes_atomically(path, json.dumps({"peer_id": peer_id, "addrs": addrs}).encode(), suffix=".tmp")
 
 
 class MetricsWriter:

@@ -17,18 +17,23 @@ import anyio.abc
 import numpy as np
 
 from chaosp2p.errors import ChaosError, RemoteProtocolError, TransferError
-from chaosp2p.protocols.collab.messages import ObserveAccepted, ObserveRequest, Refused, UpdateHeader, codec
+from chaosp2p.protocols.collab.messages import ObserveAccepted, ObserveRequest, Refused, Ticket, UpdateHeader, codec
 from chaosp2p.transport.stream import Stream
 
 
 class UpdateReceiver:
     """Averaged updates streamed by a sponsor, queued in step order."""
 
-    def __init__(self, stream: Stream, *, numel: int, completed: int, max_queued: int) -> None:
+    def __init__(
+        self, stream: Stream, *, numel: int, completed: int, max_queued: int, ticket: Ticket | None = None
+    ) -> None:
         self._stream = stream
         self._numel = numel
         self.sponsor_completed = completed
         """The newest step the sponsor had completed when it accepted us."""
+        self.ticket = ticket
+        """The sponsor's ticket, shown to the members with our snapshot requests (None from a
+        sponsor that gives none)."""
         self._max_queued = max_queued
         self._queue: deque[tuple[UpdateHeader, np.ndarray]] = deque()
         self._arrived = anyio.Event()
@@ -47,7 +52,10 @@ class UpdateReceiver:
             raise RemoteProtocolError(f"expected ObserveAccepted, got {type(reply).__name__}")
         if reply.numel != numel:
             raise TransferError(f"{stream.remote_peer} trains a model of {reply.numel} parameters, ours has {numel}")
-        return cls(stream, numel=numel, completed=reply.completed, max_queued=max_queued)
+        ticket = reply.ticket
+        if ticket is not None and (ticket.sponsor != stream.remote_peer or ticket.newcomer == ticket.sponsor):
+            raise RemoteProtocolError(f"{stream.remote_peer} sent a ticket that is not its own")
+        return cls(stream, numel=numel, completed=reply.completed, max_queued=max_queued, ticket=ticket)
 
     async def run(self) -> None:
         """Receive updates until the stream ends or fails (run it in a task group)."""

@@ -119,6 +119,7 @@ class CollaborationCore:
         self._inner_samples = 0
         self._outer = OuterState(model, lr=config.outer_lr, momentum=config.outer_momentum) if self.diloco else None
         self._serving = False
+        self._newcomers_served: dict[PeerID, float] = {}  # newcomer -> until when it may load our snapshots
         self._vouches: dict[int, tuple[Vouch, Configuration]] = {}  # step -> our vouch, what governed it
         self._subscription: EventQueue | None = None
         self._records: list[dict[str, Any]] = []

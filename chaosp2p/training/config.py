@@ -64,6 +64,12 @@ class CollaborationConfig:
     max_snapshot_sources: int = 0
     """A newcomer loads its snapshot from at most this many of the members that prepared it (0 =
     all of them). 1 is a single-source download: the baseline of ``benchmarks/training_elastic.py``."""
+    max_newcomers: int = 4
+    """Newcomers this member sponsors at once (observe streams, each with a ticket); more are refused
+    (``protocols/collab.md`` §4.4)."""
+    ticket_steps: int = 16
+    """A sponsor's ticket lets its newcomer ask for snapshots of steps up to the sponsor's completed
+    step + this; no member snapshots a step further ahead of its own completed step than this."""
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"mode must be one of {MODES} (got {self.mode!r})")
@@ -82,11 +88,17 @@ class CollaborationConfig:
             "join_timeout_s",
             "snapshot_ahead_steps",
             "rebalance_interval_steps",
+            "max_newcomers",
+            "ticket_steps",
         )
         require(0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)")
         require(self.join_lag_steps >= 1, "join_lag_steps must be >= 1")
         require(self.max_snapshot_sources >= 0, "max_snapshot_sources must be >= 0 (0 = all members)")
         require(self.evict_after_invalid_rounds >= 0, "evict_after_invalid_rounds must be >= 0 (0 = never)")
+        require(
+            self.snapshot_ahead_steps <= self.ticket_steps,
+            "snapshot_ahead_steps must be <= ticket_steps (a sponsor's ticket covers no further)",
+        )
 
     def replace(self, **changes: Any) -> CollaborationConfig:
         """A copy with fields replaced."""

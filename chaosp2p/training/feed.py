@@ -36,7 +36,9 @@ from chaosp2p.wire.identity import PeerID
 log = logging.getLogger("chaosp2p.training")
 
 
-class _Observer:
+class Observer:
+    """One newcomer observing this member: its stream and the updates queued for it."""
+
     __slots__ = ("cut", "queue", "sent", "skip_through", "stream", "wake")
 
     def __init__(self, stream: Stream) -> None:
@@ -54,7 +56,7 @@ class UpdateFeed:
     """Averaged updates of completed steps, streamed to the newcomers observing this member."""
 
     def __init__(self, *, max_queued: int) -> None:
-        self._observers: list[_Observer] = []
+        self._observers: list[Observer] = []
         self._max_queued = max_queued
         self.cut_off = 0
         """Observers dropped for falling too far behind."""
@@ -101,10 +103,29 @@ class UpdateFeed:
                     self.skipped += 1
                 log.info("newcomer %s replays from step %d: not sending it the updates before", peer, step + 1)
 
-    async def serve(self, stream: Stream) -> None:
-        """Send queued updates to one observer until it goes away (runs as the stream handler)."""
-        observer = _Observer(stream)
+    def watch(self, stream: Stream) -> Observer:
+        """Register the observer on ``stream`` (its updates are queued from now on; send them with
+        :meth:`serve`). An earlier observer of the same peer is cut off: a newcomer observes once."""
+        self.drop(stream.remote_peer)
+        observer = Observer(stream)
         self._observers.append(observer)
+        return observer
+
+    def drop(self, peer: PeerID) -> None:
+        """Cut off ``peer``'s observers now (their streams are reset)."""
+        for observer in [o for o in self._observers if o.stream.remote_peer == peer]:
+            observer.cut = True
+            observer.wake.set()
+            self._observers.remove(observer)
+
+    def forget(self, observer: Observer) -> None:
+        """Stop queueing updates for ``observer`` (its stream ended before :meth:`serve`)."""
+        if observer in self._observers:
+            self._observers.remove(observer)
+
+    async def serve(self, observer: Observer) -> None:
+        """Send queued updates to one observer until it goes away (runs in its stream handler)."""
+        stream = observer.stream
         try:
             while not observer.cut:
                 while observer.queue and not observer.cut:
@@ -119,7 +140,7 @@ class UpdateFeed:
         except ChaosError as exc:
             log.info("observer %s went away: %s", stream.remote_peer, exc)
         finally:
-            self._observers.remove(observer)
+            self.forget(observer)
             if observer.cut:
                 stream.reset()
 

@@ -5,10 +5,12 @@ Theory of operation
 A newcomer never stops the run. It finds a member (any peer it can reach may know the run), opens
 an *observe* stream to it (its sponsor), which from then on streams the averaged update of every
 step it completes, and asks every member of the configuration for a snapshot of a step a little
-ahead (``snapshot_ahead_steps``). Members snapshot that step while they keep training, and each
-vouches for it: a signature over (run, step, state digest, configuration). Only the state a quorum
-of the configuration that governed the step vouches for is loaded, from the members that vouched
-for it, in parallel, pinned to its digest (see :mod:`chaosp2p.protocols.collab.vouch`).
+ahead (``snapshot_ahead_steps``), showing them the ticket its sponsor signed for it (members serve
+snapshots to members and ticketed newcomers only). Members snapshot that step while they keep
+training, and each vouches for it: a signature over (run, step, state digest, configuration). Only
+the state a quorum of the configuration that governed the step vouches for is loaded, from the
+members that vouched for it, in parallel, pinned to its digest (see
+:mod:`chaosp2p.protocols.collab.vouch`).
 
 Then the newcomer replays the sponsor's updates after the snapshot step, asks to be admitted once
 it is within ``join_lag_steps`` of the sponsor, and keeps replaying until the admission step: its
@@ -28,7 +30,7 @@ import anyio.to_thread
 import numpy as np
 
 from chaosp2p.errors import ChaosError, TrainingError, TransferError
-from chaosp2p.protocols.collab.messages import PROTOCOL, SnapshotReply, SnapshotRequest, codec
+from chaosp2p.protocols.collab.messages import PROTOCOL, Refused, SnapshotReply, SnapshotRequest, Ticket, codec
 from chaosp2p.protocols.collab.vouch import choose_vouched_state, read_vouches
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.state.service import load_into_torch
@@ -105,7 +107,9 @@ class Joining(CollaborationCore):
 
     async def _catch_up(self, sponsor: PeerID, config: Configuration, receiver: UpdateReceiver) -> None:
         snapshot_step = receiver.sponsor_completed + self.config.snapshot_ahead_steps
-        replies = await self._request_snapshots(config, snapshot_step)
+        if receiver.ticket is not None:  # members serve no snapshot past what the sponsor's ticket covers
+            snapshot_step = min(snapshot_step, receiver.ticket.until_step)
+        replies = await self._request_snapshots(config, snapshot_step, receiver.ticket)
         # Only the state a quorum of the configuration that held the step vouches for (see vouch.py),
         # from the members that vouched for it; the pull pins its digest.
         limits = self.port.runs.config
@@ -217,11 +221,15 @@ class Joining(CollaborationCore):
             raise errors[0]
         return result[0] if result else (None, None)
 
-    async def _request_snapshots(self, config: Configuration, step: int) -> list[tuple[PeerID, str, SnapshotReply]]:
-        """Ask every member to snapshot ``step``: (member, address, reply) of each that did, in
-        the order they answered."""
+    async def _request_snapshots(
+        self, config: Configuration, step: int, ticket: Ticket | None
+    ) -> list[tuple[PeerID, str, SnapshotReply]]:
+        """Ask every member to snapshot ``step``, showing the sponsor's ``ticket``: (member,
+        address, reply) of each that did, in the order they answered."""
         ready: list[tuple[PeerID, str, SnapshotReply]] = []
-        request = SnapshotRequest(run=self.run, step=step, layout=self.layout, config_digest=config.digest)
+        request = SnapshotRequest(
+            run=self.run, step=step, layout=self.layout, config_digest=config.digest, ticket=ticket
+        )
 
         async def ask(member: PeerID) -> None:
             try:
@@ -235,7 +243,7 @@ class Joining(CollaborationCore):
             if isinstance(reply, SnapshotReply) and reply.ok:
                 addrs = self.port.dial_addrs(member)
                 ready.append((member, f"{addrs[0]}/p2p/{member}" if addrs else "", reply))
-            elif isinstance(reply, SnapshotReply):
+            elif isinstance(reply, (SnapshotReply, Refused)):
                 log.info("member %s will not snapshot step %d: %s", member, step, reply.reason)
 
         async with anyio.create_task_group() as tg:

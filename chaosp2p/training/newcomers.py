@@ -16,15 +16,77 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 
-from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest
+from chaosp2p.protocols.collab.messages import SnapshotReply, SnapshotRequest, Ticket
+from chaosp2p.protocols.collab.ticket import is_member, issue_ticket, snapshot_refusal
 from chaosp2p.protocols.collab.vouch import sign_vouch, vouched_reply
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.state.torch_adapter import publish_torch
 from chaosp2p.training.collab_core import VOUCHES_KEPT, CollaborationCore
+from chaosp2p.training.feed import Observer
+from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
+
+NEWCOMERS_REMEMBERED = 256
+"""Newcomers a member remembers as allowed to load its snapshots (the oldest are forgotten first)."""
 
 
 class ServingNewcomers(CollaborationCore):
     """The member role towards newcomers (see the module docstring)."""
+
+    # ------------------------------------------------------------------ who is served
+    def _member_configurations(self) -> tuple[Configuration | None, ...]:
+        """The configurations whose members this member serves: the newest it holds, and the one
+        governing its next step (they differ while a change is pending)."""
+        runs = self.port.runs
+        return runs.configuration(self.run), runs.governing(self.run, self.step_index)
+
+    def is_member(self, peer: PeerID) -> bool:
+        """Whether ``peer`` is a member of the run's configuration (it may fetch updates)."""
+        return is_member(peer, self._member_configurations())
+
+    def snapshot_refusal(self, request: SnapshotRequest, asker: PeerID) -> str | None:
+        """Why ``asker``'s snapshot request is refused (not a member and no valid ticket, or a step
+        too far ahead), or None to serve it (:func:`chaosp2p.protocols.collab.ticket.snapshot_refusal`).
+
+        A newcomer whose request is served may then load this member's snapshots over
+        ``/chaos/transfer/1`` for ``join_timeout_s`` (:meth:`may_load`).
+        """
+        configurations = self._member_configurations()
+        refusal = snapshot_refusal(
+            request,
+            asker=asker,
+            configurations=configurations,
+            completed=max(self.step_index - 1, 0),
+            ticket_steps=self.config.ticket_steps,
+        )
+        if refusal is None and not is_member(asker, configurations):
+            served = self._newcomers_served
+            served.pop(asker, None)
+            served[asker] = self.port.clock.now() + self.config.join_timeout_s
+            while len(served) > NEWCOMERS_REMEMBERED:  # the oldest first (each sponsor admits a few at a time)
+                del served[next(iter(served))]
+        return refusal
+
+    def may_load(self, peer: PeerID) -> bool:
+        """Whether ``peer`` may load this member's snapshots: a member of the run, or a newcomer whose
+        ticketed snapshot request this member served less than ``join_timeout_s`` ago."""
+        if self.is_member(peer):
+            return True
+        until = self._newcomers_served.get(peer)
+        return until is not None and self.port.clock.now() < until
+
+    def sponsor(self, stream: Stream) -> tuple[Ticket, Observer] | str:
+        """Sponsor the newcomer observing on ``stream``: its ticket and its place in the update feed,
+        or why not (this peer is no member, or already sponsors ``max_newcomers`` newcomers)."""
+        newcomer = stream.remote_peer
+        if not self.is_member(self.port.peer_id):
+            return "this peer is not a member of the run (yet)"
+        self.feed.drop(newcomer)  # a newcomer observes once: a retry replaces its earlier stream
+        if self.feed.observing >= self.config.max_newcomers:
+            return f"this member already sponsors {self.feed.observing} newcomers; ask another member"
+        until = max(self.step_index - 1, 0) + self.config.ticket_steps
+        ticket = issue_ticket(self.port.identity, run=self.run, newcomer=newcomer, until_step=until)
+        return ticket, self.feed.watch(stream)
 
     async def _publish_snapshot(self, step: int, config: Configuration) -> None:
         module, optimizer = self._snapshot_target()
@@ -37,8 +99,8 @@ class ServingNewcomers(CollaborationCore):
         self._vouches[step] = (vouch, config)
         while len(self._vouches) > VOUCHES_KEPT:
             del self._vouches[next(iter(self._vouches))]
-        if not self._serving:
-            await self.port.serve_state(store, runs=[self.run])
+        if not self._serving:  # to the members and admitted newcomers of the peer's runs only
+            await self.port.serve_state(store, runs=[self.run], allow=self.service.may_load)
             self._serving = True
         self.snapshots.done(step, True)
 

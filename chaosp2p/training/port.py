@@ -164,8 +164,11 @@ class TrainingPort(Protocol):
         ...
 
     # ------------------------------------------------------------------ providers
-    async def serve_state(self, store: SnapshotStore, *, runs: Iterable[str]) -> None:
-        """Offer ``store``'s snapshots to newcomers and announce this peer for ``runs``."""
+    async def serve_state(
+        self, store: SnapshotStore, *, runs: Iterable[str], allow: Callable[[PeerID], bool] | None = None
+    ) -> None:
+        """Offer ``store``'s snapshots to the peers ``allow`` accepts (everyone if None) and announce
+        this peer for ``runs``."""
         ...
 
     async def load_state(self, run: str, *, step: int, sources: Sequence[str], digest: bytes | None) -> LoadedState:

@@ -6,6 +6,11 @@ registered here when the peer is built -- before it accepts connections, because
 HELLO advertises the protocols the peer speaks -- and requests are routed to the collaboration of
 the run they name (seen here as a :class:`Collaborator`). A request for a run this peer does not train is refused with
 a reason, never an error that would close the connection.
+
+Members only (``protocols/collab.md`` §4.4): a snapshot request is served to members of the run's
+configuration and to newcomers holding a member's ticket, an update is fetched by members only, and
+observing a member makes it the newcomer's sponsor (a ticket, at most ``max_newcomers`` at once,
+for at most ``join_timeout_s``). These checks come before any work for the request.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+import anyio
 import numpy as np
 
 from chaosp2p.errors import LocalProtocolError, RemoteProtocolError
@@ -24,14 +30,17 @@ from chaosp2p.protocols.collab.messages import (
     Refused,
     SnapshotReply,
     SnapshotRequest,
+    Ticket,
     UpdateHeader,
     codec,
 )
 from chaosp2p.state.snapshot import SnapshotStore
 from chaosp2p.training.averager import Averager
-from chaosp2p.training.feed import UpdateFeed
+from chaosp2p.training.config import CollaborationConfig
+from chaosp2p.training.feed import Observer, UpdateFeed
 from chaosp2p.training.port import TrainingPort
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
 
@@ -49,10 +58,27 @@ class Collaborator(Protocol):
     """The next step it runs."""
     feed: UpdateFeed
     """Its averaged updates, streamed to observing newcomers."""
+    config: CollaborationConfig
 
     @property
     def numel(self) -> int:
         """Elements of its flat parameter buffer."""
+        ...
+
+    def is_member(self, peer: PeerID) -> bool:
+        """Whether ``peer`` is a member of the run's configuration."""
+        ...
+
+    def snapshot_refusal(self, request: SnapshotRequest, asker: PeerID) -> str | None:
+        """Why ``asker`` may not have this snapshot (None: serve it)."""
+        ...
+
+    def may_load(self, peer: PeerID) -> bool:
+        """Whether ``peer`` may load this member's snapshots over ``/chaos/transfer/1``."""
+        ...
+
+    def sponsor(self, stream: Stream) -> tuple[Ticket, Observer] | str:
+        """Sponsor the newcomer observing on ``stream`` (its ticket and feed slot), or why not."""
         ...
 
     async def handle_snapshot_request(self, request: SnapshotRequest) -> SnapshotReply:
@@ -103,12 +129,22 @@ class TrainingService:
         """The runs this peer trains."""
         return list(self._collaborations.values())
 
+    def may_load(self, peer: PeerID) -> bool:
+        """Whether ``peer`` may load the snapshots this peer serves for its runs: a member of one of
+        them, or a newcomer one of them admitted (the store is the peer's, shared by its runs)."""
+        return any(collaboration.may_load(peer) for collaboration in self._collaborations.values())
+
     async def _serve(self, stream: Stream) -> None:
         request = await stream.receive_message(codec)
         if isinstance(request, SnapshotRequest):
             collaboration = self._collaborations.get(request.run)
             if collaboration is None:
                 await stream.send_message(codec, Refused(reason="this peer does not train that run"), eof=True)
+                return
+            refusal = collaboration.snapshot_refusal(request, stream.remote_peer)
+            if refusal is not None:  # before anything is waited for or published
+                log.info("run %r: refused a snapshot request from %s: %s", request.run, stream.remote_peer, refusal)
+                await stream.send_message(codec, Refused(reason=refusal), eof=True)
                 return
             # If the newcomer observes us, it replays from this step on: the updates before are useless to it.
             collaboration.feed.skip_through(stream.remote_peer, request.step)
@@ -120,12 +156,29 @@ class TrainingService:
                 reason = "this peer does not train that run" if collaboration is None else "different model"
                 await stream.send_message(codec, Refused(reason=reason), eof=True)
                 return
-            accepted = ObserveAccepted(completed=max(collaboration.step_index - 1, 0), numel=collaboration.numel)
-            await stream.send_message(codec, accepted)
-            log.info("newcomer %s observes run %r from step %d", stream.remote_peer, request.run, accepted.completed)
-            await collaboration.feed.serve(stream)
+            granted = collaboration.sponsor(stream)
+            if isinstance(granted, str):
+                await stream.send_message(codec, Refused(reason=granted), eof=True)
+                return
+            ticket, observer = granted
+            completed = max(collaboration.step_index - 1, 0)
+            accepted = ObserveAccepted(completed=completed, numel=collaboration.numel, ticket=ticket)
+            try:
+                await stream.send_message(codec, accepted)
+                log.info("newcomer %s observes run %r from step %d", stream.remote_peer, request.run, completed)
+                # A sponsorship lasts as long as a join may: an observer that never joins frees its slot.
+                with anyio.move_on_after(collaboration.config.join_timeout_s) as scope:
+                    await collaboration.feed.serve(observer)
+                if scope.cancelled_caught:
+                    log.info("newcomer %s observed run %r for too long: cut off", stream.remote_peer, request.run)
+                    stream.reset()
+            finally:
+                collaboration.feed.forget(observer)
         elif isinstance(request, FetchUpdate):
             collaboration = self._collaborations.get(request.run)
+            if collaboration is not None and not collaboration.is_member(stream.remote_peer):
+                await stream.send_message(codec, Refused(reason="this member serves updates to members only"), eof=True)
+                return
             found = None if collaboration is None else collaboration.applied_update(request.step, request.config_digest)
             if collaboration is None or found is None:
                 await stream.send_message(codec, Refused(reason="no such update here"), eof=True)

@@ -18,7 +18,7 @@ import anyio
 from chaosp2p import PeerConfig
 from chaosp2p.cli.common import announce_ready
 from chaosp2p.runtime.node import Node, open_node
-from chaosp2p.runtime.status import RunStatusInfo, StatusReport
+from chaosp2p.runtime.status import RunStatusInfo, StatusConfig, StatusReport
 from chaosp2p.transport.host import Host
 
 HOSTILE_AGENT = "<img src=x onerror=window.pwned=1><script>pwned=2</script>"
@@ -43,7 +43,11 @@ class HostileAgentNode(Node):
 
 
 async def run(bootstrap: Sequence[str], ready_file: str) -> None:
-    config = PeerConfig.local(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=list(bootstrap))
+    # It shows its (hostile) run to anyone who asks, as a peer may choose to (runs are members-only
+    # by default): the dashboard observer must render what it reports as text.
+    config = PeerConfig.local(
+        listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=list(bootstrap), status=StatusConfig(runs_visible_to="anyone")
+    )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_node(config, node_class=HostileAgentNode) as node:
             await announce_ready(node.peer_id, node.addrs, ready_file)

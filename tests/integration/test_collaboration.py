@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import chaosp2p  # noqa: E402
 from chaosp2p.api.async_peer import AsyncPeer  # noqa: E402
+from chaosp2p.errors import ChaosError  # noqa: E402
 from chaosp2p.protocols.membership import MembershipConfig  # noqa: E402
 from chaosp2p.training import AsyncCollaboration, CollaborationConfig, TrainingError  # noqa: E402
 
@@ -310,3 +311,27 @@ async def test_async_peer_collaborate_founds_and_joins_a_run_and_leaving_frees_t
         assert len(first.configuration.members) == 1, "the newcomer's leave was not committed"
         assert newcomer.training.collaborations() == []
         assert RUN not in newcomer.training.averager._latest, "leaving kept the run's memory in the averager"
+
+
+async def test_a_runs_snapshots_are_served_to_its_members_and_admitted_newcomers_only() -> None:
+    """Issue 20, finding 11: once a member published a snapshot for a newcomer, any peer could pull
+    the run's model and optimizer state from it over /chaos/transfer/1."""
+    async with swarm(3) as peers:
+        founder, newcomer = Member(peers[0], 0), Member(peers[1], 1)
+        outsider = peers[2]
+        await founder.collab.start(found=True)
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(founder.train_until, 60)
+
+                async def join_and_train() -> None:
+                    await newcomer.collab.start(found=False)  # loads the snapshot it asked for
+                    await newcomer.train_until(60)
+
+                tg.start_soon(join_and_train)
+        (joined,) = [r for r in newcomer.collab.take_events() if r.get("event") == "joined"]
+        source = str(founder.peer.addrs[0])
+        with pytest.raises(ChaosError):
+            await outsider.load_state(RUN, sources=[source])
+        loaded = await newcomer.peer.load_state(RUN, sources=[source])  # a member may
+        assert loaded.step == joined["snapshot_step"]

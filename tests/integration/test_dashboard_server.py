@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 from urllib.parse import urlparse
 
 import anyio
+import anyio.abc
 import numpy as np
 import pytest
 
@@ -162,3 +163,65 @@ async def test_a_load_in_flight_is_shown_as_a_transfer_with_its_sources() -> Non
         assert {s["peer"] for t in seen for s in t["sources"]} == {str(source.peer_id)}
         assert newcomer.state.transfers_in_progress() == ()
         assert dashboard.feed.snapshot_now()["transfers"] == []
+
+
+async def test_requests_from_another_sites_page_are_refused() -> None:
+    """Issue 20, finding 12: a page elsewhere could read the dashboard and open its streams."""
+    for config in (DashboardConfig(port=0), DashboardConfig(port=0, token=TOKEN)):
+        async with served(config) as (_, dashboard):
+            port = urlparse(dashboard.url).port
+            auth = {} if config.token is None else {"Authorization": f"Bearer {TOKEN}"}
+            for foreign in (
+                {"Sec-Fetch-Site": "cross-site"},
+                {"Sec-Fetch-Site": "same-site"},  # another port of this host is another page
+                {"Origin": "http://attacker.example"},
+                {"Origin": f"http://127.0.0.1:{port + 1 if port != 65535 else 1}"},
+                {"Origin": "null"},
+                {"Sec-Fetch-Site": "same-origin", "Origin": "http://attacker.example"},
+            ):
+                for path in ("/", "/api/snapshot", "/api/events", "/static/app.js"):
+                    status, _, body = await request(dashboard, path, headers={**auth, **foreign})
+                    assert status == 403 and b"refused" in body, (foreign, path, status)
+            # The dashboard's own page, an address the user typed, and tools that are no browser.
+            for own in (
+                {"Sec-Fetch-Site": "same-origin", "Origin": f"http://127.0.0.1:{port}"},
+                {"Sec-Fetch-Site": "none"},
+                {},
+            ):
+                assert (await request(dashboard, "/api/snapshot", headers={**auth, **own}))[0] == 200, own
+
+
+async def _open_event_stream(dashboard: Dashboard, headers: dict[str, str]) -> tuple[int, anyio.abc.ByteStream]:
+    """Open ``/api/events`` and read the response head; (status, the connection, left open)."""
+    url = urlparse(dashboard.url)
+    assert url.hostname is not None and url.port is not None
+    lines = ["GET /api/events HTTP/1.1", f"Host: 127.0.0.1:{url.port}", *(f"{k}: {v}" for k, v in headers.items())]
+    stream = await anyio.connect_tcp(url.hostname, url.port)
+    await stream.send(("\r\n".join(lines) + "\r\n\r\n").encode())
+    data = b""
+    with anyio.fail_after(10):
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive()
+    return int(data.split(b" ", 2)[1]), stream
+
+
+async def test_one_client_cannot_take_every_stream_slot_from_the_users_page() -> None:
+    """Issue 20, finding 12: 16 streams from one client took every slot; the user's page got 503."""
+    async with served(DashboardConfig(port=0)) as (_, dashboard), AsyncExitStack() as held:
+        config = dashboard.config
+        accepted = 0
+        for _ in range(config.max_clients):  # a script (or an old browser's foreign page) without the cookie
+            status, stream = await _open_event_stream(dashboard, {})
+            held.push_async_callback(stream.aclose)
+            accepted += status == 200
+        assert accepted < config.max_clients
+        # The user's page: loaded with a typed address, it names the browser with a cookie ...
+        status, headers, _ = await request(dashboard, "/", headers={"Sec-Fetch-Site": "none"})
+        set_cookie = headers["set-cookie"]
+        assert status == 200 and "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie
+        cookie = set_cookie.split(";", 1)[0]
+        # ... and its stream still gets a slot.
+        status, stream = await _open_event_stream(dashboard, {"Cookie": cookie, "Sec-Fetch-Site": "same-origin"})
+        held.push_async_callback(stream.aclose)
+        assert status == 200
+        assert accepted == config.max_streams_per_client and dashboard.feed.client_count == accepted + 1

@@ -347,6 +347,8 @@ class FakePort:
         self.opened: list[FakeStream] = []
         self.handlers: list[tuple[str, Any, float | None]] = []
         self.served_state: list[tuple[SnapshotStore, list[str]]] = []
+        self.served_to: Any = None
+        """The ``allow`` predicate of the last ``serve_state``."""
         self.loads: list[dict[str, Any]] = []
         self.loadable: dict[tuple[str, int], Any] = {}
         """(run, step) -> the ``LoadedState`` that ``load_state`` hands back."""
@@ -392,9 +394,10 @@ class FakePort:
         """Recorded in ``handlers``."""
         self.handlers.append((str(protocol), handler, idle_timeout_s))
 
-    async def serve_state(self, store: SnapshotStore, *, runs: Iterable[str]) -> None:
-        """Recorded in ``served_state``."""
+    async def serve_state(self, store: SnapshotStore, *, runs: Iterable[str], allow: Any = None) -> None:
+        """Recorded in ``served_state`` (and who may load, in ``served_to``)."""
         self.served_state.append((store, list(runs)))
+        self.served_to = allow
 
     async def load_state(self, run: str, *, step: int, sources: Sequence[str], digest: bytes | None) -> Any:
         """Recorded; ``loadable[(run, step)]`` (``PeerUnreachable`` if the test put nothing there)."""

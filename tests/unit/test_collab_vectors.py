@@ -39,15 +39,25 @@ def configuration() -> Configuration:
     )
 
 
+def ticket_for_b() -> collab.Ticket:
+    """A's ticket letting B ask run-a's members for snapshots up to step 56 (40 + 16)."""
+    return collab.issue_ticket(IA, run=RUN, newcomer=IB.peer_id, until_step=56)
+
+
 def vector_messages() -> dict[str, Message]:
     """Every message vector by name."""
     config = configuration()
     vouch_a = sign_vouch(IA, run=RUN, step=STEP, state_digest=STATE_DIGEST, config_digest=config.digest)
+    ticket = ticket_for_b()
     return {
         "ObserveRequest": collab.ObserveRequest(run=RUN, layout=LAYOUT),
         "ObserveAccepted": collab.ObserveAccepted(completed=40, numel=1000),
+        "ObserveAcceptedWithTicket": collab.ObserveAccepted(completed=40, numel=1000, ticket=ticket),
         "UpdateHeader": collab.UpdateHeader(step=41, epoch=3, config_digest=config.digest, numel=1000),
         "SnapshotRequest": collab.SnapshotRequest(run=RUN, step=STEP, layout=LAYOUT, config_digest=config.digest),
+        "SnapshotRequestWithTicket": collab.SnapshotRequest(
+            run=RUN, step=STEP, layout=LAYOUT, config_digest=config.digest, ticket=ticket
+        ),
         "SnapshotReplyVouched": vouched_reply(vouch_a, config, asker_config_digest=config.digest),
         "SnapshotReplyWithConfiguration": vouched_reply(vouch_a, config, asker_config_digest=b""),
         "SnapshotReplyRefused": SnapshotReply(ok=False, step=STEP, reason="already past that step"),
@@ -102,6 +112,14 @@ def test_the_vouches_in_the_vectors_verify_and_a_quorum_of_them_is_chosen() -> N
     )
     chosen = collab.choose_vouched_state(vouches, run=RUN, step=STEP, anchor=config, configurations=cited)
     assert chosen.state_digest == STATE_DIGEST and chosen.vouchers == tuple(sorted([IA.peer_id, IB.peer_id]))
+
+
+def test_the_ticket_in_the_vectors_verifies_for_its_run_only() -> None:
+    for name in ("ObserveAcceptedWithTicket", "SnapshotRequestWithTicket"):
+        message = codec.decode(bytes.fromhex(spec_vectors()[name]), max_bytes=1 << 20)
+        ticket = getattr(message, "ticket", None)
+        assert ticket is not None and (ticket.sponsor, ticket.newcomer) == (IA.peer_id, IB.peer_id)
+        assert collab.verify_ticket(ticket, RUN) and not collab.verify_ticket(ticket, "run-b")
 
 
 if __name__ == "__main__":

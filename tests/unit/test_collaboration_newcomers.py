@@ -11,6 +11,7 @@ routing (``TrainingService``) is driven with scripted streams too.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import anyio
@@ -132,7 +133,10 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
 
     # The sponsor streams the updates of steps 5..8 (5 and 6 precede the snapshot), then stays open.
     updates = {step: np.full(numel, step / 10, dtype=np.float32) for step in range(5, 9)}
-    observed: list[Any] = [collab.ObserveAccepted(completed=4, numel=numel)]
+    from chaosp2p.protocols.collab.ticket import issue_ticket
+
+    ticket = issue_ticket(m1, run=RUN, newcomer=r.port.peer_id, until_step=4 + 16)
+    observed: list[Any] = [collab.ObserveAccepted(completed=4, numel=numel, ticket=ticket)]
     for step, update in updates.items():
         observed += [collab.UpdateHeader(step=step, epoch=1, config_digest=held.digest, numel=numel), update.tobytes()]
     r.port.contacts = [m1.peer_id]
@@ -149,16 +153,13 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
     with anyio.fail_after(10):
         assert await r.collab.start(found=False) == ADMITTED_AT
 
-    # Observed the sponsor, asked every member for the same snapshot.
+    # Observed the sponsor, asked every member for the same snapshot, showing the sponsor's ticket.
     observe, *asked = r.port.opened
     assert observe.sent == [collab.ObserveRequest(run=RUN, layout=r.collab.layout)] and observe.was_reset
-    assert sorted((s.remote_peer.raw, s.sent[0]) for s in asked) == sorted(
-        (
-            member.raw,
-            collab.SnapshotRequest(run=RUN, step=SNAPSHOT_STEP, layout=r.collab.layout, config_digest=held.digest),
-        )
-        for member in members
+    wanted = collab.SnapshotRequest(
+        run=RUN, step=SNAPSHOT_STEP, layout=r.collab.layout, config_digest=held.digest, ticket=ticket
     )
+    assert sorted((s.remote_peer.raw, s.sent[0]) for s in asked) == sorted((member.raw, wanted) for member in members)
     # Loaded only from the members that vouched for the quorum's state, pinned to its digest.
     [load] = r.port.loads
     assert (load["step"], load["digest"]) == (SNAPSHOT_STEP, info.digest)
@@ -284,9 +285,13 @@ async def test_a_member_starts_serving_its_store_only_once() -> None:
 
 
 # ---------------------------------------------------------------------------------- the collab protocol's routing
+ASKER = identities(1, base=120)[0].peer_id
+"""Who sends the requests of these tests, unless a test names another peer."""
+
+
 async def _serve(r: Rig, request: Any, peer: Any = None) -> FakeStream:
     [(_, handler, _)] = r.port.handlers
-    stream = FakeStream(peer or identities(1, base=120)[0].peer_id, collab.PROTOCOL, [request])
+    stream = FakeStream(peer or ASKER, collab.PROTOCOL, [request])
     await handler(stream)
     return stream
 
@@ -318,6 +323,8 @@ async def test_a_fetch_of_a_kept_update_returns_it_and_of_any_other_is_refused()
     digest = r.collab.configuration.digest
     r.averager.then(lambda buffer, _call: buffer.fill(0.5))
     await r.collab.step(4)
+    # The asker is a member of the run (only members fetch updates: see the test below).
+    r.gates.install(configuration([r.port.peer_id, ASKER], epoch=1, activation_step=1))
     stream = await _serve(r, collab.FetchUpdate(run=RUN, step=0, config_digest=digest))
     header, payload = stream.sent
     assert header == collab.UpdateHeader(step=0, epoch=0, config_digest=digest, numel=r.collab.numel)
@@ -353,6 +360,126 @@ async def test_an_observer_is_told_the_last_completed_step_and_gets_each_update_
         await eventually(lambda: len(observer.sent) == 3)
         tg.cancel_scope.cancel()
     accepted, header, payload = observer.sent
-    assert accepted == collab.ObserveAccepted(completed=1, numel=r.collab.numel)
+    assert (accepted.completed, accepted.numel) == (1, r.collab.numel)
+    ticket = accepted.ticket  # this member sponsors the observer: a ticket for its snapshot requests
+    assert (ticket.sponsor, ticket.newcomer, ticket.until_step) == (r.port.peer_id, observer.remote_peer, 1 + 16)
+    from chaosp2p.protocols.collab.ticket import verify_ticket
+
+    assert verify_ticket(ticket, RUN)
     assert (header.step, header.epoch, header.config_digest) == (2, 0, r.collab.configuration.digest)
     assert len(payload) == 4 * r.collab.numel
+
+
+# ---------------------------------------------------------------------------------- members only (issue 20)
+NOT_A_MEMBER = "this member serves members of the run and newcomers with a member's ticket only"
+"""As ``chaosp2p.protocols.collab.ticket.NOT_A_MEMBER`` (spelled out, and the ticket helpers imported
+inside the tests that use them, so the regression tests also run against the code before the fix)."""
+
+
+def test_the_refusal_is_the_protocols() -> None:
+    from chaosp2p.protocols.collab.ticket import NOT_A_MEMBER as SPEC_REASON
+
+    assert SPEC_REASON == NOT_A_MEMBER
+
+async def test_a_snapshot_request_from_outside_the_run_is_refused_before_anything_is_waited_for() -> None:
+    """Issue 20, finding 11: a SnapshotRequest from anyone made a member snapshot its state and serve it."""
+    r = _rig()
+    await r.collab.start(found=True)
+    for _ in range(2):
+        await r.collab.step(4)
+    r.collab.snapshots.want(2)  # a real newcomer asked for step 2: published and vouched for
+    await r.collab.step(4)
+    assert r.store.latest(RUN) is not None
+    for step in (2, 3):  # one already published, one in the future
+        with anyio.fail_after(5):
+            stream = await _serve(r, _request(r, step))
+        assert stream.sent == [collab.Refused(reason=NOT_A_MEMBER)] and stream.eof_sent
+        assert not r.collab.snapshots.wanted(step)
+    await r.collab.step(4)
+    assert r.store.latest(RUN).step == 2  # type: ignore[union-attr]  # step 3 was not snapshotted
+
+
+async def test_an_update_is_fetched_by_members_only() -> None:
+    """Issue 20, finding 11: FetchUpdate handed the averaged gradient to anyone connected."""
+    r = _rig()
+    await r.collab.start(found=True)
+    digest = r.collab.configuration.digest
+    await r.collab.step(4)
+    stream = await _serve(r, collab.FetchUpdate(run=RUN, step=0, config_digest=digest))
+    assert stream.sent == [collab.Refused(reason="this member serves updates to members only")]
+
+
+async def test_a_newcomer_with_a_members_ticket_is_served_and_one_without_is_not() -> None:
+    from chaosp2p.protocols.collab.ticket import issue_ticket
+
+    r = _rig()
+    await r.collab.start(found=True)
+    sponsor, outsider = identities(2, base=150)
+    r.gates.install(configuration([r.port.peer_id, sponsor.peer_id], epoch=1, activation_step=0))
+    good = issue_ticket(sponsor, run=RUN, newcomer=ASKER, until_step=16)
+    forged = issue_ticket(outsider, run=RUN, newcomer=ASKER, until_step=16)
+    with anyio.fail_after(5):
+        refused = await _serve(r, dataclasses.replace(_request(r, 1), ticket=forged))
+    assert refused.sent == [collab.Refused(reason="the ticket's sponsor is not a member of the run")]
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            served: list[FakeStream] = []
+
+            async def ask() -> None:
+                served.append(await _serve(r, dataclasses.replace(_request(r, 1), ticket=good)))
+
+            tg.start_soon(ask)
+            await eventually(lambda: r.collab.snapshots.wanted(1))
+            await r.collab.step(4)
+            await r.collab.step(4)
+    [reply] = served[0].sent
+    assert isinstance(reply, collab.SnapshotReply) and reply.ok and reply.step == 1
+    # Over /chaos/transfer/1 the snapshot goes to members and to this newcomer, for join_timeout_s.
+    may_load = r.port.served_to
+    assert may_load == r.service.may_load
+    assert may_load(sponsor.peer_id) and may_load(ASKER) and not may_load(outsider.peer_id)
+    r.port.clock.advance(r.collab.config.join_timeout_s)
+    assert not may_load(ASKER) and may_load(sponsor.peer_id)
+
+
+async def test_a_member_sponsors_a_bounded_number_of_newcomers_once_each() -> None:
+    r = _rig(max_newcomers=2)
+    await r.collab.start(found=True)
+    [(_, handler, _)] = r.port.handlers
+    first, second, third = identities(3, base=160)
+    streams = {}
+    async with anyio.create_task_group() as tg:
+        observe = collab.ObserveRequest(run=RUN, layout=r.collab.layout)
+        for identity in (first, second):
+            stream = FakeStream(identity.peer_id, collab.PROTOCOL, [observe])
+            streams[identity.peer_id] = stream
+            tg.start_soon(handler, stream)
+        await eventually(lambda: r.collab.feed.observing == 2)
+        with anyio.fail_after(5):  # refused at once
+            full = await _serve(r, observe, peer=third.peer_id)
+        [refused] = full.sent
+        assert isinstance(refused, collab.Refused) and "already sponsors 2 newcomers" in refused.reason
+        # The same newcomer observing again (a retry) replaces its earlier stream: no new slot taken.
+        again = FakeStream(first.peer_id, collab.PROTOCOL, [collab.ObserveRequest(run=RUN, layout=r.collab.layout)])
+        tg.start_soon(handler, again)
+        await eventually(lambda: streams[first.peer_id].was_reset)
+        assert r.collab.feed.observing == 2
+        tg.cancel_scope.cancel()
+
+
+async def test_an_observer_that_never_joins_is_cut_off_after_the_join_timeout() -> None:
+    r = _rig(join_timeout_s=0.2)
+    await r.collab.start(found=True)
+    with anyio.fail_after(5):
+        stream = await _serve(r, collab.ObserveRequest(run=RUN, layout=r.collab.layout))
+    assert stream.was_reset and r.collab.feed.observing == 0
+
+
+async def test_a_peer_that_is_no_member_yet_sponsors_no_one() -> None:
+    r = _rig()
+    await r.collab.start(found=True)
+    others = [identity.peer_id for identity in identities(2, base=170)]
+    r.gates.install(configuration(others, epoch=1))  # this peer was removed from the run
+    r.gates.configurations[RUN] = r.gates.configurations[RUN][1:]
+    stream = await _serve(r, collab.ObserveRequest(run=RUN, layout=r.collab.layout))
+    assert stream.sent == [collab.Refused(reason="this peer is not a member of the run (yet)")]

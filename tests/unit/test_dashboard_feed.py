@@ -409,3 +409,19 @@ def test_the_nodes_own_runs_win_over_what_others_report() -> None:
     gathered = gather_view(Node(), role="peer", remote_runs=[{"run": "mine", "step": 99}, {"run": "theirs", "step": 3}])
     assert [(getattr(r, "run", None) or r["run"]) for r in gathered.runs] == ["mine", "theirs"]
     assert gathered.runs[0].step == 10
+
+
+def test_one_client_key_holds_at_most_its_share_of_the_streams() -> None:
+    """Issue 20, finding 12: the per-client cap, and its slots freed when a stream ends."""
+    node = HubNode()
+    view, _ = make_view()
+    feed = DashboardFeed(node, DashboardConfig(max_clients=4, max_streams_per_client=2), view=lambda: view)  # type: ignore[arg-type]
+    first, _ = feed.connect("address:127.0.0.1")
+    feed.connect("address:127.0.0.1")
+    with pytest.raises(TooManyClients, match="this client"):
+        feed.connect("address:127.0.0.1")
+    feed.connect("browser:" + "a" * 32)  # another client still gets in
+    feed.disconnect(first)
+    feed.disconnect(first)  # twice: counted once
+    feed.connect("address:127.0.0.1")
+    assert feed.client_count == 3 and feed.stats()["clients_refused"] == 1

@@ -2,7 +2,8 @@
 (the pure pieces, no I/O).
 
 :mod:`.messages` is the wire format: observe a member's averaged updates, ask the members to
-snapshot a step, fetch the update a member applied at a step. :mod:`.vouch` is the rule by which a
+snapshot a step, fetch the update a member applied at a step. :mod:`.ticket` is who a member serves
+(members, and newcomers showing a member's signed ticket). :mod:`.vouch` is the rule by which a
 newcomer accepts a snapshot only if a quorum of the run's configuration signed its digest.
 
 The drivers are :mod:`chaosp2p.training.service` (member side), :mod:`chaosp2p.training.feed`,
@@ -30,8 +31,16 @@ from chaosp2p.protocols.collab.messages import (
     Refused,
     SnapshotReply,
     SnapshotRequest,
+    Ticket,
     UpdateHeader,
     codec,
+)
+from chaosp2p.protocols.collab.ticket import (
+    TICKET_DOMAIN,
+    issue_ticket,
+    snapshot_refusal,
+    ticket_statement,
+    verify_ticket,
 )
 from chaosp2p.protocols.collab.vouch import (
     MAX_CONFIGURATIONS,
@@ -56,6 +65,7 @@ __all__ = [
     "MAX_STEP",
     "PROTOCOL",
     "PROTOCOL_ID",
+    "TICKET_DOMAIN",
     "VOUCH_DIGEST_BYTES",
     "VOUCH_DOMAIN",
     "VOUCH_SIGNATURE_BYTES",
@@ -67,13 +77,18 @@ __all__ = [
     "SnapshotReply",
     "SnapshotRequest",
     "StateNotVouched",
+    "Ticket",
     "UpdateHeader",
     "Vouch",
     "VouchedState",
     "choose_vouched_state",
     "codec",
+    "issue_ticket",
     "read_vouches",
     "sign_vouch",
+    "snapshot_refusal",
+    "ticket_statement",
+    "verify_ticket",
     "vouch_statement",
     "vouched_reply",
 ]

@@ -15,7 +15,12 @@ One stream per request; the first frame names the request:
 * :class:`ObserveRequest` -> :class:`ObserveAccepted`, then one :class:`UpdateHeader` frame per
   completed step followed by exactly ``numel * 4`` raw bytes: the averaged update (a gradient in
   synchronous mode, a pseudo-gradient in DiLoCo mode) the members applied at that step. A newcomer
-  replays them on top of the snapshot until it is admitted.
+  replays them on top of the snapshot until it is admitted. The member that accepts becomes the
+  newcomer's *sponsor*: its acceptance carries a signed :class:`Ticket` that the newcomer shows
+  the other members with its snapshot requests (:mod:`chaosp2p.protocols.collab.ticket`).
+
+Members-only: a member answers ``SnapshotRequest`` only from members of the run's configuration or
+from a newcomer holding a valid ticket of one, and ``FetchUpdate`` only from members.
 
 Limits: run ids are bounded, ``numel`` must equal the receiver's own model size (checked before a
 byte is read), and a refusal carries a bounded reason. ``protocols/collab.md`` is the normative
@@ -28,6 +33,7 @@ import enum
 from dataclasses import dataclass
 
 from chaosp2p.errors import RemoteProtocolError
+from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message, MessageCodec
 from chaosp2p.wire.protocol_ids import ProtocolId
 
@@ -51,6 +57,8 @@ VOUCH_DIGEST_BYTES = 32
 VOUCH_SIGNATURE_BYTES = 64
 """Size of a vouch's Ed25519 signature."""
 MAX_CONFIGURATION_BYTES = 16 << 20
+TICKET_SIGNATURE_BYTES = 64
+"""Size of a ticket's Ed25519 signature."""
 """As negotiation's limit; a frame is bounded by the transport's ``max_frame_bytes`` first."""
 
 
@@ -83,6 +91,22 @@ def _check_step(step: int, what: str = "step") -> None:
     _check(0 <= step <= MAX_STEP, f"{what} out of range: {step}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticket:
+    """A sponsor's grant: ``newcomer`` may ask the run's members for snapshots of steps up to
+    ``until_step`` (signed by ``sponsor``; see :mod:`chaosp2p.protocols.collab.ticket`)."""
+
+    sponsor: PeerID
+    newcomer: PeerID
+    until_step: int
+    signature: bytes
+
+    def validate(self) -> None:
+        """Hard limits."""
+        _check_step(self.until_step, "ticket until_step")
+        _check(len(self.signature) == TICKET_SIGNATURE_BYTES, "ticket signature must have 64 bytes")
+
+
 @codec.register(CollabMessageType.SNAPSHOT_REQUEST)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotRequest(Message):
@@ -93,6 +117,8 @@ class SnapshotRequest(Message):
     layout: bytes
     config_digest: bytes = b""
     """The configuration the newcomer holds (empty: none); a reply citing another one includes it."""
+    ticket: Ticket | None = None
+    """The sponsor's ticket naming the asker: required unless the asker is a member of the run."""
 
     def validate(self) -> None:
         """Hard limits."""
@@ -100,6 +126,8 @@ class SnapshotRequest(Message):
         _check_step(self.step)
         _check(len(self.layout) == LAYOUT_BYTES, "layout digest must have 16 bytes")
         _check(len(self.config_digest) in (0, VOUCH_DIGEST_BYTES), "configuration digest must have 32 bytes")
+        if self.ticket is not None:
+            self.ticket.validate()
 
 
 @codec.register(CollabMessageType.SNAPSHOT_REPLY)
@@ -150,11 +178,15 @@ class ObserveAccepted(Message):
 
     completed: int
     numel: int
+    ticket: Ticket | None = None
+    """This sponsor's ticket for the newcomer, to attach to its snapshot requests."""
 
     def validate(self) -> None:
         """Hard limits."""
         _check_step(self.completed)
         _check(0 < self.numel <= MAX_STEP, "numel out of range")
+        if self.ticket is not None:
+            self.ticket.validate()
 
 
 @codec.register(CollabMessageType.UPDATE_HEADER)
