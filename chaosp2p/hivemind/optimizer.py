@@ -52,7 +52,6 @@ from chaosp2p.hivemind.optim.state_averager import StateAveragerView
 from chaosp2p.hivemind.utils.logging import get_logger
 
 if TYPE_CHECKING:
-    from chaosp2p.api.async_peer import AsyncPeer
     from chaosp2p.api.blocking_collaboration import Collaboration
     from chaosp2p.training.collab_core import StepStatistics
 
@@ -192,10 +191,6 @@ def _enable_verbose_logging() -> None:
         log.setLevel(logging.INFO)
 
 
-async def _forget_removal(peer: AsyncPeer, run: str) -> None:
-    peer.negotiation.forget_removal(run)
-
-
 class Optimizer(torch.optim.Optimizer):
     """hivemind 1.1.12's ``Optimizer`` on a chaosp2p collaboration (see the module docstring).
 
@@ -305,9 +300,6 @@ class Optimizer(torch.optim.Optimizer):
                 partial(find_member, dht.peer.async_peer, self.run_id, patience_s=self.settings.join_timeout_s)
             )
         joining = member is not None
-        # A removal this peer saw earlier (it left this run before, e.g. to re-synchronise) must
-        # not count against the new membership. (The collaboration should do this itself.)
-        dht.peer.call(_forget_removal, dht.peer.async_peer, self.run_id)
         if joining:
             logger_verb = "Joining run %r through %s: downloading the members' state and catching up"
             log.log(self.status_loglevel, logger_verb, self.run_id, member)

@@ -74,6 +74,9 @@ class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
         self.service.averager.expect_run(self.run, self._admits_contribution)
         self._subscription = self.port.subscribe()
         self._started = True
+        # A removal this peer saw in an earlier collaboration of this run (it left, or was removed)
+        # concerns that membership, not the new one.
+        self.port.runs.forget_removal(self.run)
         try:
             if found:
                 params = RunParams(

@@ -276,3 +276,14 @@ async def test_the_service_unregisters_only_the_collaboration_it_routes_to() -> 
     r.service.unregister(stranger)  # type: ignore[arg-type]
     assert r.service.collaborations() == [r.collab]
     assert r.averager.forgotten == []
+
+
+async def test_a_new_collaboration_forgets_a_removal_from_an_earlier_membership_of_the_run() -> None:
+    """A peer that left a run and starts a new collaboration for it (the hivemind drop-in's
+    ``load_state_dict`` does) must not be held to the old removal: it would rejoin forever."""
+    r = _rig()
+    r.gates.remove(RUN, "left", 3)
+    assert await r.collab.start(found=True) == 0
+    assert r.gates.forgotten_removals == [RUN]
+    await r.collab.step(4)  # the removal from step 3 would raise RunRemoved here, then rejoin
+    assert r.collab.step_index == 1
