@@ -57,7 +57,7 @@ class Dissemination(MembershipCore):
         self._info_version = max(old, past) + 1
         self._info_digest ^= member_hash(self.local_peer, old) ^ member_hash(self.local_peer, self._info_version)
         self._info_digest_changed_at = self._last_now
-        info = self._self_info()
+        info = self._self_info_record = self._sign_info()
         self._infos.put(self.local_peer.raw, info, info_size(info))
 
     def _piggyback(
@@ -71,15 +71,10 @@ class Dissemination(MembershipCore):
         if dest is not None:
             member = self._members.get(dest)
             if member is not None and member.state is not _ALIVE:
-                # Tell a peer what we believe about it, so that it can refute at once.
+                # Tell a peer what we believe about it, so that it can refute at once. (Only our own
+                # verdicts: others' hints are ours to check, not to pass on.)
                 updates.append(member.record)
                 skip = dest.raw
-            elif self._hints:
-                hint = self._hints.pop(dest, None)
-                if hint is not None:
-                    # Pass on what someone else's state claims about it (see _verify).
-                    updates.append(hint)
-                    skip = dest.raw
         if extra is not None:
             updates.append(extra)
         if self._updates:
@@ -150,8 +145,10 @@ class Dissemination(MembershipCore):
                 self._push_pulls[msg.seq] = pending
             self._counters.rejected_messages += 1
             return
-        self._contacts.pop(sender, None)
+        # Merge first: a contact we asked is vouched for (the view of a peer we chose to join
+        # through counts), and stops being a contact once its answer is in.
         self._merge_state(now, sender, msg.members, msg.infos)
+        self._contacts.pop(sender, None)
 
     def _check_digest(self, now: float, sender: PeerID, digest: int, info_digest: int) -> None:
         # A prober's view differs from ours while ours has been quiet for a while: one of us missed
