@@ -16,8 +16,8 @@ from chaosp2p.wire.identity import Identity, PeerID
 
 @functools.cache
 def identity(index: int) -> Identity:
-    """Peer ``index``'s key pair."""
-    return Identity.from_seed(bytes([index + 1]) * 32)
+    """Peer ``index``'s key pair (seed: the byte ``index + 1`` repeated, or the number for ``index >= 255``)."""
+    return Identity.from_seed(bytes([index + 1]) * 32 if index < 255 else (index + 1).to_bytes(32, "big"))
 
 
 def peer(index: int) -> PeerID:

@@ -46,7 +46,7 @@ from chaosp2p.protocols.membership.messages import (
 )
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
-from tests.unit.membership_claims import addr, alive, forged_alive, identity, info, peer
+from tests.unit.membership_claims import addr, alive, forged_alive, identity, peer
 
 LAN = MembershipConfig.lan()
 LOCAL = MembershipConfig.local()

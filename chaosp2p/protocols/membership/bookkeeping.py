@@ -83,6 +83,8 @@ class SuspicionRecord:
     k: int
     confirmers: set[PeerID]
     deadline: float = 0.0
+    tells: int = 0  # PINGs carrying our verdict sent to the suspect itself
+    told_at: float = -1e300
 
 
 @dataclass(slots=True)

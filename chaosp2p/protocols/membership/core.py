@@ -169,6 +169,8 @@ class MembershipCore:
         self._unvouched: dict[PeerID, dict[PeerID, None]] = {}
         self._hint_pending: set[PeerID] = set()
         self._next_refutation_at = -math.inf
+        self._unsigned_news = False  # set while merging an unsigned view: it held news to ask for signed
+        self._last_signed_sync = -math.inf
         self._pending_refutation = 0  # an incarnation to refute up to once the refutation budget allows
         self._strangers: dict[PeerID, float] = {}
         self._told_stale: dict[PeerID, float] = {}
@@ -232,8 +234,8 @@ class MembershipCore:
 
     def _merge_state(
         self, now: float, sender: PeerID, members: tuple[MemberUpdate, ...], infos: tuple[InfoUpdate, ...]
-    ) -> None:
-        """Apply another peer's full state (``members.py``)."""
+    ) -> bool:
+        """Apply another peer's full state; True if it held news we could not take unsigned (``members.py``)."""
         raise NotImplementedError
 
     def _set_state(self, now: float, member: MemberRecord, state: MemberState, incarnation: int) -> None:
@@ -267,6 +269,10 @@ class MembershipCore:
 
     def _look(self, now: float, member: MemberRecord) -> None:
         """Probe ``member`` ourselves because another peer hinted it is suspect or dead (``probing.py``)."""
+        raise NotImplementedError
+
+    def _tell_suspects(self, now: float) -> None:
+        """Tell members we suspect about it again, if they have not refuted yet (``suspicion.py``)."""
         raise NotImplementedError
 
     def _refute_pending(self, now: float) -> None:

@@ -27,8 +27,13 @@ member itself may raise. Three loops drive it, all from ``handle_timeout``:
   ``reconnect_interval_s`` a random *failed* member does: that is how the two halves of a healed
   partition find each other again. Joining is a PUSH_PULL with a contact the driver supplies.
 
-Everything a peer sends is rate-limited per sender and checked against configured limits before it
-is used; garbage is dropped and counted, never raised. The machine never reads a clock: ``now`` is
+Gossip cannot decide. What a member says about itself (ALIVE with its addresses, LEFT, its info
+record) carries its signature and is checked once per incarnation; what anyone says about another
+member (SUSPECT, DEAD) only makes this peer probe that member itself, and a member fails in this
+peer's view only after this peer's own probes went unanswered (``members.py``, ``signing.py``).
+Everything a peer sends is rate-limited per sender -- messages and bytes, before decoding
+(:meth:`MembershipMachine.admit`), and signature checks -- and checked against configured limits
+before it is used; garbage is dropped and counted, never raised. The machine never reads a clock: ``now`` is
 always a parameter, and a large gap between calls is taken as a local pause (SIGSTOP, GC, a loaded
 CPU), after which in-flight probes are discarded instead of blamed on their targets.
 

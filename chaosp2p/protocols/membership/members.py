@@ -96,7 +96,8 @@ class MemberTable(MembershipCore):
 
     def _merge_state(
         self, now: float, sender: PeerID, members: tuple[MemberUpdate, ...], infos: tuple[InfoUpdate, ...]
-    ) -> None:
+    ) -> bool:
+        self._unsigned_news = False
         cap = self.config.max_push_pull_members
         excess = max(0, len(members) - cap) + max(0, len(infos) - cap)
         if excess:
@@ -107,6 +108,7 @@ class MemberTable(MembershipCore):
             self._apply_update(now, sender, update, merging=True, known=known)
         for info in infos:
             self._apply_info(now, sender, info, known=known)
+        return self._unsigned_news
 
     def _known(self, sender: PeerID) -> bool:
         # A member (in any state) or a contact we asked may tell us about others; a stranger may
@@ -129,7 +131,7 @@ class MemberTable(MembershipCore):
             counters.rejected_updates += 1
             return
         if peer == self.local_peer:
-            self._about_me(now, update, sender)
+            self._about_me(now, update, sender, merging)
         elif kind in _HINTS:
             self._on_hint(now, sender, member, update, known)
         elif not known and peer != sender:
@@ -137,7 +139,7 @@ class MemberTable(MembershipCore):
         elif kind is UpdateKind.ALIVE:
             self._on_alive(now, sender, member, update, merging)
         else:
-            self._on_left(now, sender, member, update)
+            self._on_left(now, sender, member, update, merging)
 
     def _on_alive(
         self, now: float, sender: PeerID, member: MemberRecord | None, update: MemberUpdate, merging: bool
@@ -153,6 +155,9 @@ class MemberTable(MembershipCore):
         if not update.addrs or check_addrs(update.addrs, peer, self.config) is not None:
             self._counters.rejected_updates += 1
             return
+        if merging and not update.signature:
+            self._unsigned_news = True  # an unsigned sync (PushPull.signed = False): ask again, signed
+            return
         if not self._signed(sender, peer, update.signature, alive_payload(peer, incarnation, update.addrs)):
             return
         if member is not None:
@@ -164,12 +169,17 @@ class MemberTable(MembershipCore):
             return
         self._add_member(now, update, introducer)
 
-    def _on_left(self, now: float, sender: PeerID, member: MemberRecord | None, update: MemberUpdate) -> None:
+    def _on_left(
+        self, now: float, sender: PeerID, member: MemberRecord | None, update: MemberUpdate, merging: bool
+    ) -> None:
         if member is None:
             self._counters.ignored_unknown += 1
             return
         peer, incarnation = update.peer, update.incarnation
         if transition(member.state, member.incarnation, UpdateKind.LEFT, incarnation) is None:
+            return
+        if merging and not update.signature:
+            self._unsigned_news = True
             return
         if self._signed(sender, peer, update.signature, left_payload(peer, incarnation)):
             self._set_left(now, member, update)
@@ -214,7 +224,7 @@ class MemberTable(MembershipCore):
         self._verified[peer] = member.incarnation
         self._ping(now, peer, PingPurpose.PROBE)
 
-    def _about_me(self, now: float, update: MemberUpdate, sender: PeerID) -> None:
+    def _about_me(self, now: float, update: MemberUpdate, sender: PeerID, merging: bool) -> None:
         kind, incarnation, mine = update.kind, update.incarnation, self._incarnation
         if kind is UpdateKind.ALIVE:
             if incarnation < mine or (incarnation == mine and update.addrs == self._addrs):
@@ -235,6 +245,9 @@ class MemberTable(MembershipCore):
         else:
             # ALIVE elsewhere or LEFT in our name: our own record from before a restart (signed by
             # us: out-bid it, however high), or a forgery nobody else believes either (ignore).
+            if merging and not update.signature:
+                self._unsigned_news = True
+                return
             payload = (
                 alive_payload(self.local_peer, incarnation, update.addrs)
                 if kind is UpdateKind.ALIVE

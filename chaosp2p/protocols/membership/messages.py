@@ -276,6 +276,9 @@ class PushPull(Message):
     join: bool
     members: tuple[MemberUpdate, ...]
     infos: tuple[InfoUpdate, ...] = ()
+    signed: bool = True
+    """False for the periodic anti-entropy sync: the records carry no signatures (but the sender's
+    own), and neither do the reply's; a receiver that finds news in them asks again, signed."""
 
     def validate(self) -> None:
         """Bounds of seq and state."""

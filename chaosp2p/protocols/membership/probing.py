@@ -254,6 +254,8 @@ class Probing(MembershipCore):
         self._sync_stranger(now)
         if self._hint_pending:
             self._look_pending(now)
+        if self._suspicions:
+            self._tell_suspects(now)
         if self._pending_refutation:
             self._refute_pending(now)
         self._schedule(now + self.config.probe_interval_s * (1 + self._awareness), TimerKind.PROBE, None)

@@ -19,6 +19,14 @@ been told since then (by the suspector's own messages) and had as long to refute
 detection time of a swarm where every peer looks for itself what it was when peers believed each
 other.
 
+Since others do not pass our verdict on (to them it is a hint), a suspicion of our own making --
+our probe, not another peer's hint, made us look -- is told to the suspect by us: a PING carrying
+our SUSPECT record when the suspicion starts, and again each probe tick until it refutes,
+``_TELLS`` times at most (a live member answers the first that reaches it with its refutation; a
+lossy link must not turn a false suspicion into a false failure). A suspicion that followed a hint
+was told by the peers whose verdicts the hints were; in a mass failure, telling every dead member
+from every peer would only double the probes.
+
 A suspicion's timer may fire after the suspicion was refuted, replaced or re-armed with an earlier
 deadline: it acts only if the suspicion it was armed for is still the current one.
 """
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-from chaosp2p.protocols.membership.bookkeeping import MemberRecord, SuspicionRecord
+from chaosp2p.protocols.membership.bookkeeping import MemberRecord, PingPurpose, SuspicionRecord
 from chaosp2p.protocols.membership.core import MembershipCore, TimerKind
 from chaosp2p.protocols.membership.events import MemberState, PeerFailed, PeerSuspected
 from chaosp2p.protocols.membership.messages import MemberUpdate, UpdateKind
@@ -35,6 +43,7 @@ from chaosp2p.wire.identity import PeerID
 
 _SUSPECT = MemberState.SUSPECT
 _FAILED = MemberState.FAILED
+_TELLS = 3
 
 
 class Suspicion(MembershipCore):
@@ -75,6 +84,23 @@ class Suspicion(MembershipCore):
             kind=UpdateKind.SUSPECT, peer=member.peer, incarnation=incarnation, addrs=(), origin=origin
         )
         self._queue_update(member.record)
+        if since is None or since >= now:
+            self._tell(now, member.peer, suspicion)
+        else:
+            suspicion.tells = _TELLS  # others' verdicts made us look: they told it
+
+    def _tell(self, now: float, peer: PeerID, suspicion: SuspicionRecord) -> None:
+        # A PING to the suspect leads with our verdict (see dissemination._piggyback): a live member
+        # refutes in its ACK.
+        suspicion.tells += 1
+        suspicion.told_at = now
+        self._ping(now, peer, PingPurpose.LOOK)
+
+    def _tell_suspects(self, now: float) -> None:
+        interval = self.config.probe_interval_s
+        for peer, suspicion in list(self._suspicions.items()):
+            if suspicion.tells < _TELLS and now - suspicion.told_at >= interval:
+                self._tell(now, peer, suspicion)
 
     def _confirm(self, now: float, member: MemberRecord, origin: PeerID) -> None:
         suspicion = self._suspicions.get(member.peer)
