@@ -267,39 +267,35 @@ def test_an_indirect_ack_keeps_the_target_alive() -> None:
     assert not [e for e in s.events if isinstance(e, PeerSuspected)]
 
 
-def test_confirmations_shorten_the_suspicion() -> None:
-    # Other members' own verdicts make us look (x is silent to us too), and once our own check
-    # failed they count as confirmations: the suspicion, dated from the first hint, runs the minimum.
+def suspicion_after_hints(origins: list[int | None]) -> tuple[float, list[PeerFailed]]:
+    """x (puppet 4 of 5 members) goes silent; puppets 1-3 each send a SUSPECT(x) naming ``origins[i]``
+    (None: no origin, i.e. the sender's own verdict). When did the hints start, and who failed x?"""
     s = Scripted(LAN, puppets=4)
     x = s.puppets[3]
     s.advance(2.0)
     s.silent.add(x)
     t0 = s.now
-    s.inject(s.puppets[0], Gossip(updates=(MemberUpdate(kind=UpdateKind.SUSPECT, peer=x, incarnation=0),)))
-    for p in s.puppets[1:3]:
-        s.inject(p, Gossip(updates=(MemberUpdate(kind=UpdateKind.SUSPECT, peer=x, incarnation=0, origin=p),)))
+    for p, origin in zip(s.puppets[:3], origins, strict=True):
+        author = None if origin is None else peer(origin)
+        claim = MemberUpdate(kind=UpdateKind.SUSPECT, peer=x, incarnation=0, origin=author)
+        s.inject(p, Gossip(updates=(claim,)))
     s.advance(60.0)
-    failed = [e for e in s.events if isinstance(e, PeerFailed)]
+    return t0, [e for e in s.events if isinstance(e, PeerFailed)]
+
+
+def test_confirmations_shorten_the_suspicion() -> None:
+    # Other members' own verdicts make us look (x is silent to us too), and once our own check
+    # failed they count as confirmations: the suspicion, dated from the first hint, runs the minimum.
+    t0, failed = suspicion_after_hints([None, 2, 3])  # puppets 1-3 are peers 1-3: their own verdicts
     assert len(failed) == 1
-    n = 5
-    minimum = LAN.suspicion_min_s(n)
-    assert failed[0].at - t0 == pytest.approx(minimum)  # k = 3 confirmations: 3 others' own verdicts
+    assert failed[0].at - t0 == pytest.approx(LAN.suspicion_min_s(5))  # k = 3 confirmations
     assert failed[0].suspected_at == t0
 
 
 def test_a_confirmation_counts_only_from_the_suspector_itself() -> None:
     # A hint naming some other origin is relayed hearsay: it may make us look, never shorten our
     # suspicion (issue 20, finding 2: the DEAD check trusted an origin the sender chose).
-    s = Scripted(LAN, puppets=4)
-    x = s.puppets[3]
-    s.advance(2.0)
-    s.silent.add(x)
-    t0 = s.now
-    for p in s.puppets[:3]:
-        hearsay = MemberUpdate(kind=UpdateKind.SUSPECT, peer=x, incarnation=0, origin=peer(40 + s.puppets.index(p)))
-        s.inject(p, Gossip(updates=(hearsay,)))
-    s.advance(60.0)
-    failed = [e for e in s.events if isinstance(e, PeerFailed)]
+    t0, failed = suspicion_after_hints([40, 41, 42])
     assert len(failed) == 1
     maximum = LAN.suspicion_min_s(5) * LAN.suspicion_max_timeout_mult
     assert failed[0].at - t0 == pytest.approx(maximum)  # no confirmation counted

@@ -62,6 +62,8 @@ class MemberRecord:
     hinters: set[PeerID] | None = None
     """Members whose own SUSPECT/DEAD verdict on it (at its current incarnation) reached us from
     them while we held it alive: confirmations, should our own check fail (cleared when it answers)."""
+    hint_relayed: tuple[int, float] = (-1, -1e300)
+    """(incarnation, time) of the last hint about it we passed on (once per incarnation and window)."""
     told_incarnation: int = -1
     """Our incarnation whose signed record it acknowledged (our probes carry it until then)."""
     info: InfoUpdate | None = None

@@ -114,8 +114,9 @@ class MembershipConfig:
     push_pull_token_cost: float = 10.0
     """A PUSH_PULL costs this many tokens: its reply is large."""
     rate_limit_bytes_per_s: float = 256 * 1024
-    """Per-sender budget of encoded bytes, charged before a message is decoded (decoding costs
-    about 0.1 s of CPU per MiB): a sender cannot make this peer spend more than its share."""
+    """Per-sender budget of encoded bytes, charged before a message over 1 KiB is decoded (decoding
+    costs about 0.1 s of CPU per MiB): a sender cannot make this peer spend more than its share.
+    (Smaller messages are bounded by the message budget, and heartbeats skip this bucket.)"""
     rate_limit_burst_bytes: float = 2 << 20
     """Burst of the byte budget: at least one full push-pull (``max_push_pull_bytes``)."""
     max_datagram_bytes: int = 64 << 10

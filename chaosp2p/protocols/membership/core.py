@@ -137,6 +137,7 @@ class MembershipCore:
         if not 0 <= incarnation < MAX_INCARNATION:
             raise ConfigError(f"incarnation out of range: {incarnation}")
         self.local_peer = local_peer
+        self._local_raw = local_peer.raw
         self.config = config
         self._identity = identity
         self._verifier: Verifier = verify or verify_signature
@@ -242,16 +243,7 @@ class MembershipCore:
         """Move ``member`` to ``state``, keeping the counts and digests (``members.py``)."""
         raise NotImplementedError
 
-    def _suspect(
-        self,
-        now: float,
-        member: MemberRecord,
-        incarnation: int,
-        origin: PeerID,
-        *,
-        since: float | None = None,
-        confirmers: set[PeerID] | None = None,
-    ) -> None:
+    def _suspect(self, now: float, member: MemberRecord, incarnation: int, origin: PeerID) -> None:
         """Start a suspicion of ``member`` after our own check failed (``suspicion.py``)."""
         raise NotImplementedError
 

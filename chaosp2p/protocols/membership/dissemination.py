@@ -6,7 +6,7 @@ News is of two sorts: membership updates (ALIVE / SUSPECT / DEAD / LEFT at an in
 info records (a member's resources and link summaries, versioned by their owner). Each waits in a
 transmit-limited queue (``gossip.py``) and rides piggyback on every PING, ACK and PING_REQ, within
 a byte budget; a message to a member we hold as not alive leads with that verdict (ours: others'
-hints are not passed on), so that a live member can refute it at once. A GOSSIP message goes
+hints are not its news), so that a live member can refute it at once. A GOSSIP message goes
 to a few random members only when there is membership news: random targets spread faster than the
 fixed link graph.
 
@@ -77,7 +77,7 @@ class Dissemination(MembershipCore):
             member = self._members.get(dest)
             if member is not None and member.state is not _ALIVE:
                 # Tell a peer what we believe about it, so that it can refute at once. (Only our own
-                # verdicts: others' hints are ours to check, not to pass on.)
+                # verdicts: others' hints are ours to check; ``members.py`` relays them to others.)
                 updates.append(member.record)
                 skip = dest.raw
         if extra is not None:

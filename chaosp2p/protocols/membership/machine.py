@@ -94,7 +94,9 @@ _LEFT = MemberState.LEFT
 _LIVE = (_ALIVE, MemberState.SUSPECT)
 
 _BANDWIDTH_ALPHA = 0.3
-_FULL_STATE_TYPES = (MembershipMessageType.PUSH_PULL, MembershipMessageType.PUSH_PULL_REPLY)
+_PUSH_PULL = int(MembershipMessageType.PUSH_PULL)
+_FULL_STATE = (_PUSH_PULL, int(MembershipMessageType.PUSH_PULL_REPLY))
+_FREE_BYTES = 1024  # bodies up to this size are charged to the message budget only
 
 
 class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay):
@@ -111,26 +113,33 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
         """Whether to decode an encoded message at all: the cheap checks, before any decoding.
 
         The runtime calls this for each datagram before it decodes it (decoding costs about 0.1 s of
-        CPU per MiB), then hands admitted messages to :meth:`receive_admitted`. It charges the
-        sender's message budget (a PUSH_PULL costs ``push_pull_token_cost``) and its byte budget,
-        and refuses bodies over the size cap of their type. Refusals are counted, never raised.
+        CPU per MiB), then hands admitted messages to :meth:`receive_admitted`. It refuses bodies
+        over the size cap of their type and charges the sender's message budget (a PUSH_PULL costs
+        ``push_pull_token_cost``) and, for bodies over ``_FREE_BYTES``, its byte budget (smaller
+        ones are bounded by the message budget: heartbeats stay one bucket lookup). Refusals are
+        counted, never raised.
         """
-        counters = self._counters
         if self._left:
             return False
+        counters = self._counters
         counters.messages_received += 1
-        if sender == self.local_peer:
-            counters.rejected_messages += 1
-            return False
-        kind = peek_type(body)
         size = len(body)
-        full_state = kind in _FULL_STATE_TYPES
-        cap = self.config.max_push_pull_bytes if full_state else self.config.max_datagram_bytes
-        if size > cap:
+        # The type is the array's first item: read it without decoding (fast path: a fixarray).
+        kind = body[1] if size > 1 and 0x91 <= body[0] <= 0x9F else peek_type(body)
+        cfg = self.config
+        cost = 1.0
+        if kind in _FULL_STATE:
+            cap = cfg.max_push_pull_bytes
+            if kind == _PUSH_PULL:
+                cost = cfg.push_pull_token_cost
+        else:
+            cap = cfg.max_datagram_bytes
+        if size > cap or sender.raw == self._local_raw:
             counters.rejected_messages += 1
             return False
-        cost = self.config.push_pull_token_cost if kind == MembershipMessageType.PUSH_PULL else 1.0
-        if not self._limiter.allow(sender, now, cost) or not self._byte_limiter.allow(sender, now, size):
+        if not self._limiter.allow(sender, now, cost) or (
+            size > _FREE_BYTES and not self._byte_limiter.allow(sender, now, size)
+        ):
             counters.rate_limited += 1
             return False
         return True

@@ -14,7 +14,8 @@ PUSH_PULL) and info records. Gossip cannot decide anything by itself:
   update comes many times -- takes a fast path before anything is checked.
 * **Claims about another member** -- SUSPECT and DEAD -- are *hints*. A hint about a member we hold
   alive makes us probe it ourselves (``probing.py``); only if our own direct and indirect probes go
-  unanswered do we suspect it, and only our own suspicion running out fails it. A hint from the
+  unanswered do we suspect it, and only our own suspicion running out fails it. The first hint is
+  passed on to a few members (once per incarnation and window), so that all look soon. A hint from the
   member's suspector itself, about a member we already suspect, counts as an independent
   confirmation (it shortens our suspicion, Lifeguard's way; it cannot start or end one).
 * **Claims about ourselves** that we did not make are refuted by raising our incarnation: at most
@@ -204,6 +205,7 @@ class MemberTable(MembershipCore):
         elif member.state is _ALIVE:
             if member.hinted_at is None:
                 member.hinted_at = now
+                self._relay_hint(now, sender, member, update)
             if own_verdict:
                 # Kept for our own suspicion, should our look fail: the verdicts that made us look
                 # count as they would have had we suspected first (bounded by k).
@@ -213,6 +215,26 @@ class MemberTable(MembershipCore):
                 if len(hinters) < self.config.suspicion_confirmations:
                     hinters.add(sender)
             self._look(now, member)
+
+    def _relay_hint(self, now: float, sender: PeerID, member: MemberRecord, update: MemberUpdate) -> None:
+        # Pass a hint on, once per incarnation of the member and at most once per minimum
+        # suspicion timeout, to a few random members: every peer then looks soon (the hint's own
+        # epidemic), instead of one look's time per hop. Relayed, it names its author as origin, so
+        # no receiver takes it for the relay's verdict or counts it as a confirmation. What it can
+        # cost others is bounded by their looks (one per member per probe interval).
+        relayed_inc, relayed_at = member.hint_relayed
+        window = self.config.suspicion_min_s(self._live_count + 1)
+        if relayed_inc == member.incarnation or now - relayed_at < window:
+            return
+        member.hint_relayed = (member.incarnation, now)
+        hint = MemberUpdate(
+            kind=update.kind, peer=member.peer, incarnation=member.incarnation, origin=update.origin or sender
+        )
+        message = Gossip(updates=(hint,))
+        fanout = self.config.gossip_fanout
+        targets = [p for p in self._sample_alive(fanout + 2) if p != member.peer and p != sender]
+        for peer in targets[:fanout]:
+            self._send(peer, message)
 
     def _verify_failed(self, now: float, member: MemberRecord) -> None:
         # Someone's full state holds alive a member we declared failed, at the same incarnation --
@@ -329,15 +351,9 @@ class MemberTable(MembershipCore):
     # ------------------------------------------------------------------ state changes
     def _add_member(self, now: float, record: MemberUpdate, introducer: PeerID | None) -> None:
         peer = record.peer
-        member = MemberRecord(
-            peer=peer,
-            state=_ALIVE,
-            incarnation=record.incarnation,
-            addrs=record.addrs,
-            since=now,
-            record=record,
-            introducer=introducer,
-        )
+        incarnation, addrs = record.incarnation, record.addrs
+        member = MemberRecord(peer=peer, state=_ALIVE, incarnation=incarnation, addrs=addrs, since=now, record=record)
+        member.introducer = introducer
         self._members[peer] = member
         if introducer is not None:
             self._unvouched.setdefault(introducer, {})[peer] = None

@@ -224,12 +224,7 @@ class Probing(MembershipCore):
             return
         if member.state is _ALIVE:
             self._counters.suspicions_raised += 1
-            # A hint that made us look dates the suspicion (see suspicion.py), if it is recent:
-            # one that outlived a local pause or an older check says nothing about this one.
-            hinted = member.hinted_at
-            window = 2 * self.config.probe_interval_s + 3 * self._probe_timeout()  # a look may wait a tick
-            since = hinted if hinted is not None and now - hinted <= window else None
-            self._suspect(now, member, member.incarnation, self.local_peer, since=since, confirmers=member.hinters)
+            self._suspect(now, member, member.incarnation, self.local_peer)
 
     def _next_probe_target(self) -> PeerID | None:
         order = self._probe_order

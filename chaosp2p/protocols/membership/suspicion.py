@@ -19,7 +19,7 @@ been told since then (by the suspector's own messages) and had as long to refute
 detection time of a swarm where every peer looks for itself what it was when peers believed each
 other.
 
-Since others do not pass our verdict on (to them it is a hint), a suspicion of our own making --
+Since others do not adopt our verdict (to them it is a hint to look), a suspicion of our own making --
 our probe, not another peer's hint, made us look -- is told to the suspect by us: a PING carrying
 our SUSPECT record when the suspicion starts, and again each probe tick until it refutes,
 ``_TELLS`` times at most (a live member answers the first that reaches it with its refutation; a
@@ -49,16 +49,12 @@ _TELLS = 3
 class Suspicion(MembershipCore):
     """Suspicions, their confirmations and their deadlines."""
 
-    def _suspect(
-        self,
-        now: float,
-        member: MemberRecord,
-        incarnation: int,
-        origin: PeerID,
-        *,
-        since: float | None = None,
-        confirmers: set[PeerID] | None = None,
-    ) -> None:
+    def _suspect(self, now: float, member: MemberRecord, incarnation: int, origin: PeerID) -> None:
+        # A recent hint that made us look dates the suspicion; its authors are confirmations. (One
+        # that outlived a local pause or an older check says nothing about this one.)
+        hinted, confirmers = member.hinted_at, member.hinters
+        window = 2 * self.config.probe_interval_s + 3 * self._probe_timeout()  # a look may wait a tick
+        since = hinted if hinted is not None and now - hinted <= window else None
         was_suspect = member.state is _SUSPECT
         start = now if since is None else min(since, now)
         self._set_state(now, member, _SUSPECT, incarnation)
