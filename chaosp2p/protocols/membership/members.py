@@ -231,7 +231,9 @@ class MemberTable(MembershipCore):
             kind=update.kind, peer=member.peer, incarnation=member.incarnation, origin=update.origin or sender
         )
         message = Gossip(updates=(hint,))
-        fanout = self.config.gossip_fanout
+        # As many as the epidemic's transmissions of one update (the retransmit limit): with fewer,
+        # a few peers would hear of the failure only from the suspectors' own gossip, later.
+        fanout = self.config.retransmit_limit(self._live_count + 1)
         targets = [p for p in self._sample_alive(fanout + 2) if p != member.peer and p != sender]
         for peer in targets[:fanout]:
             self._send(peer, message)
