@@ -2,6 +2,7 @@
 
     python benchmarks/membership.py [--peers 32] [--trials 3] [--seed 1] [--json out.json] [--quick]
         [--skip-real | --real-only] [--wan-real] [--real-trials 3] [--soak-s 60] [--quiet-s 10]
+        [--baseline /path/to/other/checkout]
 
 Simulated part (runs now): swarms of MembershipMachines on SimNetwork, per profile (local, lan,
 wan), with links of 0.5 ms one way unless said otherwise.
@@ -18,7 +19,17 @@ wan), with links of 0.5 ms one way unless said otherwise.
   incarnation) of peers that were running -- every one is false; each is also reported once by
   every observer that heard of it -- and PeerFailed events about running peers (false failures).
 
+* heartbeat CPU: process CPU per heartbeat on the runtime's hot path, measured on one machine:
+  a PING datagram in (the cheap pre-decode checks where the machine has them, decode, handle) and
+  its ACK encoded; and CPU per delivered message of the steady simulated swarm (machines plus the
+  simulator, the same simulator on both sides of a comparison).
+
 All times are *virtual* seconds: protocol timing only (no CPU, no kernel), exact for a seed.
+
+``--baseline TREE`` measures twice in one invocation: first this benchmark against the chaosp2p
+of another checkout (``PYTHONPATH=TREE``, child peers started from there), then against this one,
+with the same arguments, and prints each headline figure of both with their ratio. Run it from
+this checkout; it reports the load average before and after each half.
 
 Real-process part (runs by default; ``--skip-real`` leaves it out, ``--real-only`` runs only it):
 real peer processes on 127.0.0.1 per profile (local, lan; wan with ``--wan-real``) -- wall-clock
@@ -32,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -59,19 +71,21 @@ from chaosp2p import PeerConfig, open_peer
 from chaosp2p.api.async_peer import AsyncPeer
 from chaosp2p.errors import ChaosError, LocalProtocolError
 from chaosp2p.protocols.membership import (
+    PROTOCOL,
     LinkDown,
     MembershipConfig,
+    MembershipMachine,
     MemberState,
     PeerAlive,
     PeerFailed,
     PeerJoined,
     PeerSuspected,
 )
-from chaosp2p.protocols.membership.messages import codec
+from chaosp2p.protocols.membership.messages import Ping, codec
 from chaosp2p.runtime.node import request_status
-from chaosp2p.sim.membership import MembershipSwarm
+from chaosp2p.sim.membership import MembershipSwarm, sim_addr
 from chaosp2p.sim.network import LinkProfile
-from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.identity import Identity, PeerID
 
 PROFILES = {"local": MembershipConfig.local, "lan": MembershipConfig.lan, "wan": MembershipConfig.wan}
 # Link used for the lossy runs of each profile: one-way latency and jitter typical of its setting.
@@ -193,6 +207,77 @@ def traffic(config: MembershipConfig, peers: int, seed: int) -> dict[str, Any]:
         "bytes_by_type": dict(by_type),
         "messages_by_type": dict(counts),
     }
+
+
+def _machine(config: MembershipConfig, index: int) -> Any:
+    """A MembershipMachine for peer ``index``, whichever constructor this chaosp2p has (``--baseline``)."""
+    identity = Identity.from_seed(bytes([index + 1]) * 32)
+    params = inspect.signature(MembershipMachine.__init__).parameters
+    who = {"identity": identity} if "identity" in params else {"local_peer": identity.peer_id}
+    return MembershipMachine(addrs=(sim_addr(index),), config=config, rng=random.Random(index), now=0.0, **who)
+
+
+def heartbeat_cpu(config: MembershipConfig, rounds: int = 5000, blocks: int = 9) -> dict[str, float]:
+    """CPU per heartbeat PING answered on the runtime's hot path: bytes in, ACK bytes out.
+
+    Two machines that know each other; the responder gets PING datagrams from the other at the
+    sender's allowed rate (so none is rate limited) and does what the runtime does with each:
+    ``admit`` (where the machine has it), decode, handle, encode the ACK it queued. Reported: the
+    median and the minimum over ``blocks`` blocks of ``rounds`` (the minimum is the least disturbed
+    by other processes on a shared machine).
+    """
+    a, b = _machine(config, 0), _machine(config, 1)
+    for x, y, index in ((a, b, 0), (b, a, 1)):  # y joins through x: x hears from y itself
+        y.add_contact(0.0, x.local_peer, (sim_addr(index),))
+        for out in y.take_outgoing():
+            x.receive(0.0, y.local_peer, PROTOCOL, out.message)
+        x.take_outgoing()
+    admit = getattr(a, "admit", None)
+    sender = b.local_peer
+    step = 1.01 / config.rate_limit_msgs_per_s
+    bodies = [codec.encode(Ping(seq=i)) for i in range(256)]
+    max_bytes = 1 << 20
+    now = 0.0
+    answered = 0
+
+    def run(count: int) -> None:
+        nonlocal now, answered
+        for i in range(count):
+            now += step
+            body = bodies[i & 255]
+            if admit is not None:
+                if admit(now, sender, body):
+                    a.receive_admitted(now, sender, codec.decode(body, max_bytes=max_bytes))
+            else:
+                a.receive(now, sender, PROTOCOL, codec.decode(body, max_bytes=max_bytes))
+            for out in a.take_outgoing():
+                codec.encode(out.message)
+                answered += 1
+            a.take_events()
+
+    run(2000)  # warm up: the first ACKs carry the responder's own news
+    per_block = []
+    for _ in range(blocks):
+        started = time.process_time()
+        run(rounds)
+        per_block.append((time.process_time() - started) / rounds * 1e6)
+    return {
+        "us_per_heartbeat_median": statistics.median(per_block),
+        "us_per_heartbeat_min": min(per_block),
+        "answered_fraction": answered / (2000 + blocks * rounds),
+    }
+
+
+def machine_cpu(config: MembershipConfig, peers: int, seed: int) -> dict[str, float]:
+    """Process CPU per delivered message in a steady simulated swarm (machines + simulator)."""
+    swarm = formed(config, peers, seed)
+    delivered = swarm.net.stats.delivered
+    window = 60 * config.probe_interval_s
+    started = time.process_time()
+    swarm.net.run_for(window)
+    cpu = time.process_time() - started
+    messages = swarm.net.stats.delivered - delivered
+    return {"us_per_message": cpu / messages * 1e6, "messages_per_peer_s": messages / peers / window}
 
 
 def false_suspicions(profile: str, config: MembershipConfig, peers: int, loss: float, seed: int) -> dict[str, float]:
@@ -901,11 +986,13 @@ def main() -> None:
     parser.add_argument("--real-processes", type=int, default=5, help="peer processes per real swarm")
     parser.add_argument("--quiet-s", type=float, default=10.0, help="traffic window (at least 4 probe intervals)")
     parser.add_argument("--soak-s", type=float, default=60.0, help="CPU-loaded soak per profile (300 for the full run)")
+    parser.add_argument("--baseline", default=None, help="measure this other checkout first, then compare")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:  # a soak peer started by real_process_measurements()
         anyio.run(worker_main, json.loads(args.worker), backend="trio")
         return
+    baseline = run_baseline(args.baseline) if args.baseline else None
     peers, trials = (16, 1) if args.quick else (args.peers, args.trials)
     losses = LOSSES[:1] if args.quick else LOSSES
     started = time.perf_counter()
@@ -916,7 +1003,11 @@ def main() -> None:
         detect = detection_trials(config, peers, trials, args.seed)
         bytes_ = traffic(config, peers, args.seed)
         lossy = [false_suspicions(profile, config, peers, loss, args.seed) for loss in losses]
-        results["profiles"][profile] = {"detection": detect, "traffic": bytes_, "lossy": lossy}
+        heartbeat = heartbeat_cpu(config)
+        cpu = machine_cpu(config, peers, args.seed)
+        results["profiles"][profile] = {
+            "detection": detect, "traffic": bytes_, "lossy": lossy, "heartbeat_cpu": heartbeat, "machine_cpu": cpu
+        }
         rows.append(
             [
                 profile,
@@ -925,6 +1016,8 @@ def main() -> None:
                 f"{bytes_['bytes_per_peer_s']:.0f} ({bytes_['ping_ack_bytes_per_peer_s']:.0f})",
                 f"{bytes_['messages_per_peer_s']:.1f}",
                 " / ".join(f"{row['false_suspicions']} ({row['false_failures']})" for row in lossy),
+                f"{heartbeat['us_per_heartbeat_min']:.1f}",
+                f"{cpu['us_per_message']:.1f}",
             ]
         )
     acceptance = acceptance_local(args.seed) if "local" in args.profiles and not args.real_only else None
@@ -954,7 +1047,7 @@ def main() -> None:
             " bytes = msgpack-encoded messages, NOT wire bytes (no framing, record header or tag: the real-process"
             " table below counts the wire)",
             ["profile", "kill -9 detect (s)", "SIGSTOP detect (s)", "encoded B/peer/s (PING+ACK)", "msgs/peer/s",
-             "false"],
+             "false", "heartbeat CPU us (min)", "sim CPU us/msg"],
             rows,
         )
     if acceptance is not None:
@@ -968,7 +1061,84 @@ def main() -> None:
     else:
         print("REAL-PROCESS MEASUREMENTS: skipped (--skip-real).")
     print(f"wall time {results['wall_s']:.1f} s")
+    results["loadavg_at_end"] = os.getloadavg()
+    if baseline is not None:
+        results["baseline"] = {"tree": args.baseline, **baseline}
+        print_comparison(args.baseline, baseline, results)
     write_json(args.json, {"benchmark": "membership", **results})
+
+
+# ------------------------------------------------------------------------------- --baseline
+def run_baseline(tree: str) -> dict[str, Any]:
+    """This benchmark, same arguments, against the chaosp2p of ``tree``: its JSON results.
+
+    The child runs in ``tree`` (so the peer processes it starts with ``python -m chaosp2p`` import
+    that checkout) with ``PYTHONPATH=tree``; this script itself is the same file on both sides.
+    """
+    argv = sys.argv[1:]
+    for flag in ("--baseline", "--json"):
+        while flag in argv:
+            index = argv.index(flag)
+            del argv[index : index + 2]
+    with tempfile.TemporaryDirectory(prefix="chaosp2p-membership-baseline-") as tmp:
+        out = Path(tmp) / "baseline.json"
+        env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+        progress(f"baseline: measuring {tree} first (load average {os.getloadavg()})")
+        subprocess.run([sys.executable, str(SCRIPT), *argv, "--json", str(out)], cwd=tree, env=env, check=True)
+        progress(f"baseline done; now this checkout (load average {os.getloadavg()})")
+        return dict(json.loads(out.read_text()))
+
+
+def _headlines(results: dict[str, Any]) -> dict[str, float]:
+    """The figures a comparison reports, by name (missing ones left out)."""
+    out: dict[str, float] = {}
+    for profile, entry in results.get("profiles", {}).items():
+        detect, traffic_ = entry["detection"], entry["traffic"]
+        out[f"{profile}: kill -9 detected by all (s, virtual)"] = detect["crash"]["all_s"]
+        out[f"{profile}: SIGSTOP detected by all (s, virtual)"] = detect["stall"]["all_s"]
+        out[f"{profile}: membership bytes/peer/s (encoded)"] = traffic_["bytes_per_peer_s"]
+        out[f"{profile}: PING+ACK bytes/peer/s (encoded)"] = traffic_["ping_ack_bytes_per_peer_s"]
+        out[f"{profile}: messages/peer/s"] = traffic_["messages_per_peer_s"]
+        for row in entry["lossy"]:
+            out[f"{profile}: false suspicions at {row['loss']:.0%} loss"] = row["false_suspicions"]
+            out[f"{profile}: false failures at {row['loss']:.0%} loss"] = row["false_failures"]
+        if "heartbeat_cpu" in entry:
+            out[f"{profile}: heartbeat CPU us (min of blocks)"] = entry["heartbeat_cpu"]["us_per_heartbeat_min"]
+            out[f"{profile}: heartbeat CPU us (median)"] = entry["heartbeat_cpu"]["us_per_heartbeat_median"]
+            out[f"{profile}: sim CPU us per message"] = entry["machine_cpu"]["us_per_message"]
+    for profile, entry in results.get("real_process", {}).get("profiles", {}).items():
+        detection = entry.get("detection", {})
+        for fault in ("kill", "stop"):
+            if fault in detection:
+                out[f"real {profile}: {fault} detected (s, wall)"] = detection[fault]["detect_s"]
+        soak = entry.get("traffic_and_soak", {})
+        if "quiet" in soak:
+            out[f"real {profile}: wire bytes sent/peer/s (quiet)"] = soak["quiet"]["per_peer_per_s"]["bytes_sent"]
+            out[f"real {profile}: CPU per peer (quiet, fraction of a core)"] = soak["quiet"]["cpu_per_peer"]
+        if "soak" in soak:
+            out[f"real {profile}: CPU per peer (soak)"] = soak["soak"]["cpu_per_peer"]
+            out[f"real {profile}: suspicions raised under CPU load"] = soak["soak"]["membership_counters_sum"][
+                "suspicions_raised"
+            ]
+            out[f"real {profile}: failures declared under CPU load"] = soak["soak"]["membership_counters_sum"][
+                "failures_declared"
+            ]
+    return out
+
+
+def print_comparison(tree: str, baseline: dict[str, Any], results: dict[str, Any]) -> None:
+    before, after = _headlines(baseline), _headlines(results)
+    rows = []
+    for name in [n for n in after if n in before]:
+        a, b = before[name], after[name]
+        ratio = f"{b / a:.3f}" if a and not math.isnan(a) and not math.isnan(b) else "-"
+        rows.append([name, f"{a:.4g}", f"{b:.4g}", ratio])
+    plain_table(
+        f"this checkout vs {tree}, measured one after the other in this run (load average: baseline "
+        f"{baseline.get('loadavg_at_end', '?')} at its end, this run {results.get('loadavg_at_end', '?')} at its end)",
+        ["figure", "baseline", "this checkout", "ratio"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import anyio.abc
 from chaosp2p.clock import Clock
 from chaosp2p.errors import ChaosError, LocalProtocolError
 from chaosp2p.protocols.membership import (
+    PROTOCOL,
     LinkDown,
     LinkUp,
     Member,
@@ -34,10 +35,12 @@ from chaosp2p.protocols.membership import (
 )
 from chaosp2p.protocols.membership import codec as MEMBERSHIP_CODEC
 from chaosp2p.runtime.driver import MachineDriver
+from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
+from chaosp2p.wire.protocol_ids import ProtocolId
 
 log = logging.getLogger("chaosp2p.membership")
 
@@ -67,7 +70,7 @@ class MembershipService:
         self._publish = publish
         self._dht_contacts = dht_contacts
         self.machine = MembershipMachine(
-            local_peer=host.peer_id,
+            identity=host.identity,
             addrs=tuple(str(a) for a in host.listen_addrs),
             config=config,
             rng=rng,
@@ -83,7 +86,19 @@ class MembershipService:
             on_event=self._on_event,
             name="membership",
         )
+        # Replaces the handler the driver registered, which decodes every datagram first: here the
+        # machine's cheap checks (the sender's message and byte budgets, the size cap of the type)
+        # come before decoding, which costs about 0.1 s of CPU per MiB.
+        host.set_message_handler(ProtocolId(PROTOCOL, 1), self._on_message)
         host.set_stream_handler(PROBE_PROTOCOL, self._serve_probe)
+
+    def _on_message(self, connection: Connection, body: bytes) -> None:
+        # Runs on the connection's reader: a decode error propagates and closes that connection.
+        sender = connection.remote_peer
+        if not self.machine.admit(self._clock.now(), sender, body):
+            return
+        message = MEMBERSHIP_CODEC.decode(body, max_bytes=self._host.config.max_record_bytes)
+        self.driver.call(self.machine.receive_admitted, sender, message)
 
     def start(self) -> None:
         """Publish resources and start the timers and background loops."""

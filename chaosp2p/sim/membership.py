@@ -2,9 +2,10 @@
 
 Not used by the runtime. It builds peers with deterministic identities and addresses, joins them
 through random earlier peers, injects the faults the real acceptance test uses (crash = kill -9,
-stall = SIGSTOP, restart = same PeerID in a new process, partitions), and answers the questions
-simulations ask: has every live peer converged on the same membership view, how long did failure
-detection take, how many suspicions hit peers that were in fact fine.
+stall = SIGSTOP, restart = same PeerID in a new process, partitions) and one more: a *hostile*
+member (:class:`ForgingMachine`) that runs the real protocol and gossips forgeries at the others.
+It answers the questions simulations ask: has every live peer converged on the same membership
+view, how long did failure detection take, how many suspicions hit peers that were in fact fine.
 """
 
 from __future__ import annotations
@@ -13,30 +14,145 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.membership import (
     PROTOCOL,
     MembershipConfig,
+    MembershipEvent,
     MembershipMachine,
     MemberState,
     PeerFailed,
     PeerSuspected,
+    UpdateKind,
     codec,
 )
+from chaosp2p.protocols.membership.config import MAX_INCARNATION
+from chaosp2p.protocols.membership.messages import Gossip, MemberUpdate, PushPull
+from chaosp2p.protocols.membership.signing import MemoVerifier, alive_payload
 from chaosp2p.sim.network import LinkProfile, SimNetwork
 from chaosp2p.wire.identity import Identity, PeerID
+from chaosp2p.wire.messages import Message
 
 _GONE = (MemberState.FAILED, MemberState.LEFT, None)
 
 
+def sim_identity(index: int, *, namespace: int = 0) -> Identity:
+    """A deterministic identity (key pair) for simulated peer ``index``."""
+    seed = (namespace << 32 | (index + 1)).to_bytes(32, "big")
+    return Identity.from_seed(seed)
+
+
 def sim_peer_id(index: int, *, namespace: int = 0) -> PeerID:
     """A deterministic PeerID for simulated peer ``index``."""
-    seed = (namespace << 32 | (index + 1)).to_bytes(32, "big")
-    return Identity.from_seed(seed).peer_id
+    return sim_identity(index, namespace=namespace).peer_id
 
 
 def sim_addr(index: int) -> str:
     """A deterministic, valid listen multiaddr for simulated peer ``index``."""
     return f"/ip4/10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}/tcp/4001"
+
+
+class ForgingMachine:
+    """A hostile member: the real machine, plus forgeries sent at the swarm every ``interval_s``.
+
+    Each round it picks an honest target and a victim among the members it sees and sends the
+    target one GOSSIP with everything gossip used to be able to do by itself: an unsigned LEFT and
+    one signed with the wrong key, DEAD with an origin of its choosing, SUSPECT at an incarnation
+    near the largest (the pinning attack), an unsigned ALIVE moving the victim to an address of a
+    third party, a verdict on the target itself, and ``fakes_per_round`` signed ALIVE records of
+    made-up identities at made-up addresses (to fill tables). Every ``push_every`` rounds a PUSH_PULL
+    carries ``push_fakes`` more made-up members. It answers probes like any member, so it stays a
+    member: what it sends counts as a member's word.
+    """
+
+    def __init__(
+        self,
+        inner: MembershipMachine,
+        *,
+        rng: random.Random,
+        now: float,
+        interval_s: float,
+        fakes_per_round: int = 2,
+        push_every: int = 10,
+        push_fakes: int = 64,
+    ) -> None:
+        self.inner = inner
+        self.protocols = inner.protocols
+        self._rng = rng
+        self._interval = interval_s
+        self._next = now + interval_s
+        self._fakes_per_round = fakes_per_round
+        self._push_every = push_every
+        self._push_fakes = push_fakes
+        self._rounds = 0
+        self._out: list[Outgoing] = []
+        self.fakes_made = 0
+        """Made-up identities introduced so far."""
+
+    # ------------------------------------------------------------------ MessageMachine, delegated
+    def receive(self, now: float, sender: PeerID, protocol: str, message: Message) -> None:
+        """Handled by the real machine."""
+        self.inner.receive(now, sender, protocol, message)
+
+    def handle_timeout(self, now: float) -> None:
+        """The real machine's timers, and a round of forgeries when one is due."""
+        self.inner.handle_timeout(now)
+        if now >= self._next:
+            self._next = now + self._interval
+            self._forge(now)
+
+    def next_deadline(self) -> float | None:
+        """The earlier of the real machine's next timer and the next round."""
+        deadline = self.inner.next_deadline()
+        return self._next if deadline is None else min(deadline, self._next)
+
+    def take_outgoing(self) -> list[Outgoing]:
+        """The real machine's messages, then the forgeries."""
+        out, self._out = [*self.inner.take_outgoing(), *self._out], []
+        return out
+
+    def take_events(self) -> list[MembershipEvent]:
+        """The real machine's events."""
+        return self.inner.take_events()
+
+    def peer_unreachable(self, now: float, peer: PeerID) -> None:
+        """Handled by the real machine."""
+        self.inner.peer_unreachable(now, peer)
+
+    # ------------------------------------------------------------------ forgeries
+    def _fake(self) -> MemberUpdate:
+        identity = Identity.from_seed(self._rng.randbytes(32))
+        self.fakes_made += 1
+        addrs = (f"/ip4/198.18.{(self.fakes_made >> 8) & 255}.{self.fakes_made & 255}/tcp/4001",)
+        fake = identity.peer_id
+        signature = identity.sign(alive_payload(fake, 0, addrs))
+        return MemberUpdate(kind=UpdateKind.ALIVE, peer=fake, incarnation=0, addrs=addrs, signature=signature)
+
+    def _forge(self, now: float) -> None:
+        alive = [m for m in self.inner.members() if not m.is_local and m.state is MemberState.ALIVE]
+        if len(alive) < 2:
+            return
+        self._rounds += 1
+        target, victim = self._rng.sample(alive, 2)
+        subject, inc = victim.peer_id, victim.incarnation
+        wrong_key = self._rng.randbytes(64)
+        third_party = ("/ip4/203.0.113.7/tcp/80",)
+        updates = [
+            MemberUpdate(kind=UpdateKind.LEFT, peer=subject, incarnation=inc),
+            MemberUpdate(kind=UpdateKind.LEFT, peer=subject, incarnation=inc, signature=wrong_key),
+            MemberUpdate(kind=UpdateKind.DEAD, peer=subject, incarnation=inc, origin=target.peer_id),
+            MemberUpdate(kind=UpdateKind.SUSPECT, peer=subject, incarnation=MAX_INCARNATION - 2),
+            MemberUpdate(kind=UpdateKind.DEAD, peer=subject, incarnation=MAX_INCARNATION - 3, origin=subject),
+            MemberUpdate(kind=UpdateKind.ALIVE, peer=subject, incarnation=inc + 1, addrs=third_party),
+            MemberUpdate(kind=UpdateKind.SUSPECT, peer=target.peer_id, incarnation=MAX_INCARNATION - 2),
+            MemberUpdate(kind=UpdateKind.DEAD, peer=target.peer_id, incarnation=target.incarnation),
+            *(self._fake() for _ in range(self._fakes_per_round)),
+        ]
+        self._out.append(Outgoing(to=target.peer_id, protocol=PROTOCOL, message=Gossip(updates=tuple(updates))))
+        if self._rounds % self._push_every == 0:
+            fakes = tuple(self._fake() for _ in range(self._push_fakes))
+            push = PushPull(seq=self._rng.getrandbits(32), join=False, members=fakes)
+            self._out.append(Outgoing(to=target.peer_id, protocol=PROTOCOL, message=push))
 
 
 @dataclass(slots=True)
@@ -54,6 +170,8 @@ class SwarmPeer:
     addr: str
     machine: MembershipMachine
     faults: list[_Fault] = field(default_factory=list)
+    hostile: ForgingMachine | None = None
+    """Set for a hostile member: the wrapper that sends its forgeries (``machine`` is the real one)."""
 
 
 class MembershipSwarm:
@@ -74,27 +192,42 @@ class MembershipSwarm:
             seed=seed, default_link=default_link, codecs={PROTOCOL: codec} if count_bytes else None, record=record
         )
         self.peers: dict[PeerID, SwarmPeer] = {}
+        self.verifier = MemoVerifier()
+        """Signature checks shared by every machine of the swarm (a signature's validity does not
+        depend on who checks it; hundreds of peers would otherwise spend the run in Ed25519)."""
         self._down: set[PeerID] = set()
         self._next_index = 0
         self._seed = seed
 
     # ------------------------------------------------------------------ building
-    def spawn(self, *, contact: PeerID | None = None, peer_id: PeerID | None = None) -> SwarmPeer:
-        """Start a new peer (or restart ``peer_id`` as a new process) and join it via ``contact``."""
+    def spawn(
+        self, *, contact: PeerID | None = None, peer_id: PeerID | None = None, hostile_interval_s: float | None = None
+    ) -> SwarmPeer:
+        """Start a new peer (or restart ``peer_id`` as a new process) and join it via ``contact``.
+
+        With ``hostile_interval_s`` the peer is a :class:`ForgingMachine` that sends a round of
+        forgeries that often.
+        """
         if peer_id is not None and peer_id in self.peers:
             index = self.peers[peer_id].index
         else:
             index = self._next_index
             self._next_index += 1
-            peer_id = sim_peer_id(index, namespace=self._seed & 0xFFFF)
+        identity = sim_identity(index, namespace=self._seed & 0xFFFF)
+        peer_id = identity.peer_id
         machine = MembershipMachine(
-            local_peer=peer_id,
+            identity=identity,
             addrs=(sim_addr(index),),
             config=self.config,
             rng=random.Random(self.random.getrandbits(64)),
             now=self.net.now,
+            verify=self.verifier,
         )
         peer = SwarmPeer(index=index, peer_id=peer_id, addr=sim_addr(index), machine=machine)
+        if hostile_interval_s is not None:
+            peer.hostile = ForgingMachine(
+                machine, rng=random.Random(self.random.getrandbits(64)), now=self.net.now, interval_s=hostile_interval_s
+            )
         old = self.peers.get(peer_id)
         if old is not None:
             peer.faults = old.faults
@@ -103,7 +236,7 @@ class MembershipSwarm:
         if contact is not None:
             # Before ``add``: the network collects the machine's first output when it attaches it.
             machine.add_contact(self.net.now, contact, (self.peers[contact].addr,))
-        self.net.add(peer_id, machine)
+        self.net.add(peer_id, peer.hostile or machine)
         return peer
 
     def grow(self, count: int, *, spacing_s: float = 0.02) -> list[SwarmPeer]:

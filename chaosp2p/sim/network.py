@@ -255,6 +255,10 @@ class SimNetwork:
         node = self._nodes.get(peer)
         if node is None:
             return
+        if node.scheduled_deadline is not None and self.now < node.scheduled_deadline:
+            # A stale event: the machine was re-armed earlier since. Re-arming here again would
+            # keep every stale event alive (one more per early re-arm, for ever): ignore it.
+            return
         node.scheduled_deadline = None
         if node.stalled:
             return

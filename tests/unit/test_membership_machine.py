@@ -44,23 +44,12 @@ from chaosp2p.protocols.membership.messages import (
     Resources,
     UpdateKind,
 )
-from chaosp2p.wire.identity import Identity, PeerID
+from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
+from tests.unit.membership_claims import addr, alive, forged_alive, identity, peer
 
 LAN = MembershipConfig.lan()
 LOCAL = MembershipConfig.local()
-
-
-def peer(index: int) -> PeerID:
-    return Identity.from_seed(bytes([index + 1]) * 32).peer_id
-
-
-def addr(index: int) -> str:
-    return f"/ip4/10.0.0.{index + 1}/tcp/4001"
-
-
-def alive(index: int, incarnation: int = 0) -> MemberUpdate:
-    return MemberUpdate(kind=UpdateKind.ALIVE, peer=peer(index), incarnation=incarnation, addrs=(addr(index),))
 
 
 def kinds(events: list[object]) -> list[str]:
@@ -76,13 +65,14 @@ class Scripted:
         self.now = 0.0
         self.me = peer(0)
         self.machine = MembershipMachine(
-            local_peer=self.me, addrs=(addr(0),), config=config, rng=random.Random(seed), now=0.0
+            identity=identity(0), addrs=(addr(0),), config=config, rng=random.Random(seed), now=0.0
         )
         self.puppets = [peer(i) for i in range(1, puppets + 1)]
         self.silent: set[PeerID] = set()  # puppets that never answer (crashed or stalled)
         self.sent: list[tuple[float, PeerID, Message]] = []
         self.events: list[object] = []
-        self.inject(self.puppets[0], Gossip(updates=tuple(alive(i) for i in range(1, puppets + 1))))
+        for i in range(1, puppets + 1):  # each puppet introduces itself (first-hand)
+            self.inject(peer(i), Gossip(updates=(alive(i),)))
 
     def inject(self, sender: PeerID, message: Message) -> None:
         self.machine.receive(self.now, sender, PROTOCOL, message)
@@ -137,7 +127,11 @@ class Router:
     def start(self, index: int, *, contact: int | None) -> MembershipMachine:
         p = peer(index)
         machine = MembershipMachine(
-            local_peer=p, addrs=(addr(index),), config=self.config, rng=random.Random(self.seed + index), now=self.now
+            identity=identity(index),
+            addrs=(addr(index),),
+            config=self.config,
+            rng=random.Random(self.seed + index),
+            now=self.now,
         )
         self.machines[p] = machine
         self.crashed.discard(p)
@@ -273,21 +267,38 @@ def test_an_indirect_ack_keeps_the_target_alive() -> None:
     assert not [e for e in s.events if isinstance(e, PeerSuspected)]
 
 
-def test_confirmations_shorten_the_suspicion() -> None:
+def suspicion_after_hints(origins: list[int | None]) -> tuple[float, list[PeerFailed]]:
+    """x (puppet 4 of 5 members) goes silent; puppets 1-3 each send a SUSPECT(x) naming ``origins[i]``
+    (None: no origin, i.e. the sender's own verdict). When did the hints start, and who failed x?"""
     s = Scripted(LAN, puppets=4)
     x = s.puppets[3]
     s.advance(2.0)
-    t0 = s.now
-    s.inject(s.puppets[0], Gossip(updates=(MemberUpdate(kind=UpdateKind.SUSPECT, peer=x, incarnation=0),)))
-    for p in s.puppets[1:3]:
-        s.inject(p, Gossip(updates=(MemberUpdate(kind=UpdateKind.SUSPECT, peer=x, incarnation=0, origin=p),)))
     s.silent.add(x)
+    t0 = s.now
+    for p, origin in zip(s.puppets[:3], origins, strict=True):
+        author = None if origin is None else peer(origin)
+        claim = MemberUpdate(kind=UpdateKind.SUSPECT, peer=x, incarnation=0, origin=author)
+        s.inject(p, Gossip(updates=(claim,)))
     s.advance(60.0)
-    failed = [e for e in s.events if isinstance(e, PeerFailed)]
+    return t0, [e for e in s.events if isinstance(e, PeerFailed)]
+
+
+def test_confirmations_shorten_the_suspicion() -> None:
+    # Other members' own verdicts make us look (x is silent to us too), and once our own check
+    # failed they count as confirmations: the suspicion, dated from the first hint, runs the minimum.
+    t0, failed = suspicion_after_hints([None, 2, 3])  # puppets 1-3 are peers 1-3: their own verdicts
     assert len(failed) == 1
-    n = 5
-    minimum = LAN.suspicion_min_s(n)
-    assert failed[0].at - t0 == pytest.approx(minimum)  # k = 3 confirmations: ours + 2 others
+    assert failed[0].at - t0 == pytest.approx(LAN.suspicion_min_s(5))  # k = 3 confirmations
+    assert failed[0].suspected_at == t0
+
+
+def test_a_confirmation_counts_only_from_the_suspector_itself() -> None:
+    # A hint naming some other origin is relayed hearsay: it may make us look, never shorten our
+    # suspicion (issue 20, finding 2: the DEAD check trusted an origin the sender chose).
+    t0, failed = suspicion_after_hints([40, 41, 42])
+    assert len(failed) == 1
+    maximum = LAN.suspicion_min_s(5) * LAN.suspicion_max_timeout_mult
+    assert failed[0].at - t0 == pytest.approx(maximum)  # no confirmation counted
 
 
 def test_a_suspected_member_refutes_with_a_higher_incarnation() -> None:
@@ -295,11 +306,10 @@ def test_a_suspected_member_refutes_with_a_higher_incarnation() -> None:
     r.advance(5.0)
     x = r.machines[peer(2)]
     assert x.incarnation == 0
-    # Peer 1 claims x is suspect; peer 0 believes it.
-    r.machines[peer(0)].receive(
-        r.now, peer(1), PROTOCOL, Gossip(updates=(MemberUpdate(kind=UpdateKind.SUSPECT, peer=peer(2), incarnation=0),))
-    )
-    r.flush()
+    # x stops answering long enough for peer 0's own check to fail, then wakes up.
+    r.stall(2)
+    r.run_until(lambda: r.state(0, 2) is MemberState.SUSPECT, timeout_s=5)
+    r.resume(2)
     r.run_until(lambda: r.state(0, 2) is MemberState.ALIVE and r.state(1, 2) is MemberState.ALIVE, timeout_s=5)
     assert x.incarnation == 1
     assert kinds(r.events_of(0, subject=2)) == ["PeerJoined", "PeerSuspected", "PeerAlive"]
@@ -308,16 +318,20 @@ def test_a_suspected_member_refutes_with_a_higher_incarnation() -> None:
     assert x.statistics().refutations == 1
 
 
-def test_a_dead_claim_about_a_live_peer_is_refuted_and_it_comes_back() -> None:
+def test_a_dead_claim_about_a_live_peer_makes_others_look_not_fail_it() -> None:
+    """Issue 20, finding 2: one DEAD message (with any origin) no longer removes a member."""
     r = Router(3, LAN)
     r.advance(5.0)
-    r.machines[peer(0)].receive(
-        r.now, peer(1), PROTOCOL, Gossip(updates=(MemberUpdate(kind=UpdateKind.DEAD, peer=peer(2), incarnation=0),))
-    )
-    r.flush()
-    assert r.events_of(0, PeerFailed, 2)
-    r.run_until(lambda: r.state(0, 2) is MemberState.ALIVE, timeout_s=5)
-    assert kinds(r.events_of(0, subject=2))[-2:] == ["PeerFailed", "PeerJoined"]
+    m0 = r.machines[peer(0)]
+    for origin in (None, peer(1), peer(2)):
+        claim = MemberUpdate(kind=UpdateKind.DEAD, peer=peer(2), incarnation=0, origin=origin)
+        m0.receive(r.now, peer(1), PROTOCOL, Gossip(updates=(claim,)))
+        r.flush()
+    r.advance(30.0)
+    assert r.state(0, 2) is MemberState.ALIVE
+    assert not r.events_of(0, PeerFailed) and not r.events_of(0, PeerSuspected)
+    assert m0.statistics().hints_checked == 1  # one look of its own, which x answered
+    assert r.machines[peer(2)].incarnation == 0  # nobody believed it: nothing to refute
 
 
 def test_graceful_leave_removes_the_peer_at_once_and_stale_gossip_cannot_resurrect_it() -> None:
@@ -439,7 +453,7 @@ def test_links_are_bounded_and_prefer_low_latency() -> None:
 
 # ------------------------------------------------------------------------------------- joining
 def test_join_through_a_contact_and_retry_with_backoff() -> None:
-    me = MembershipMachine(local_peer=peer(0), addrs=(addr(0),), config=LAN, rng=random.Random(1), now=0.0)
+    me = MembershipMachine(identity=identity(0), addrs=(addr(0),), config=LAN, rng=random.Random(1), now=0.0)
     me.add_contact(0.0, peer(1), (addr(1),))
     out = me.take_outgoing()
     assert [type(o.message) for o in out] == [PushPull] and out[0].to == peer(1)
@@ -463,7 +477,7 @@ def test_join_through_a_contact_and_retry_with_backoff() -> None:
 
 
 def test_a_push_pull_reply_makes_the_contacts_members_known() -> None:
-    me = MembershipMachine(local_peer=peer(0), addrs=(addr(0),), config=LAN, rng=random.Random(1), now=0.0)
+    me = MembershipMachine(identity=identity(0), addrs=(addr(0),), config=LAN, rng=random.Random(1), now=0.0)
     me.add_contact(0.0, peer(1), (addr(1),))
     request = me.take_outgoing()[0].message
     assert isinstance(request, PushPull)
@@ -487,15 +501,19 @@ def test_full_state_claims_are_verified_not_believed() -> None:
     m0.receive(r.now, peer(1), PROTOCOL, PushPull(seq=99, join=False, members=(alive(1), dead)))
     r.flush()
     assert not r.events_of(0, PeerSuspected) and not r.events_of(0, PeerFailed)
-    # Our verifying PING carried the claim: the live subject refuted it for everyone.
-    assert r.machines[peer(2)].incarnation == 1
-    assert m0.member(peer(2)).incarnation == 1  # type: ignore[union-attr]
+    # We looked ourselves; the subject answered, and had nothing to refute.
+    assert m0.statistics().hints_checked == 1
+    assert r.machines[peer(2)].incarnation == 0
+    assert m0.state_of(peer(2)) is MemberState.ALIVE
 
 
-def test_an_address_change_about_us_is_refuted() -> None:
+def test_our_own_old_record_elsewhere_is_refuted_and_a_forged_one_ignored() -> None:
     s = Scripted(LAN, puppets=2)
-    wrong = MemberUpdate(kind=UpdateKind.ALIVE, peer=s.me, incarnation=0, addrs=("/ip4/10.9.9.9/tcp/1",))
-    s.inject(s.puppets[0], Gossip(updates=(wrong,)))
+    # Forged (unsigned, or signed by someone else): nobody believes it, so there is nothing to refute.
+    s.inject(s.puppets[0], Gossip(updates=(forged_alive(0, 0, ("/ip4/10.9.9.9/tcp/1",)),)))
+    assert s.machine.incarnation == 0 and s.machine.statistics().bad_signatures == 1
+    # Our own record from before a restart (signed with our key): out-bid it.
+    s.inject(s.puppets[0], Gossip(updates=(alive(0, 0, ("/ip4/10.9.9.9/tcp/1",)),)))
     assert s.machine.incarnation == 1
     s.advance(1.0)
     mine = [u for _, _, m in s.sent if isinstance(m, (Ping, Gossip)) for u in m.updates if u.peer == s.me]
@@ -512,8 +530,8 @@ def test_a_flooding_sender_is_rate_limited() -> None:
         s.machine.receive(s.now, flooder, PROTOCOL, Ping(seq=seq))
     acks = [o for o in s.machine.take_outgoing() if isinstance(o.message, Ack) and o.to == flooder]
     stats = s.machine.statistics()
-    # The flooder already spent one token on its introduction.
-    assert len(acks) == LAN.rate_limit_burst - 1
+    # The flooder already spent two tokens: introducing itself, and answering our first heartbeat.
+    assert len(acks) == LAN.rate_limit_burst - 2
     assert stats.rate_limited - received_before == 1000 - len(acks)
     # Tokens come back at the configured rate; other senders are unaffected.
     s.now += 1.0
@@ -553,14 +571,15 @@ def test_garbage_gossip_is_rejected_and_counted(update: MemberUpdate, counter: s
     assert s.machine.state_of(peer(9)) is None
 
 
-def test_absurd_incarnation_jumps_are_accepted_only_from_the_member_itself() -> None:
+def test_incarnation_jumps_are_accepted_only_in_the_member_s_own_name() -> None:
     s = Scripted(LAN, puppets=3)
     x = s.puppets[2]
     jump = LAN.max_incarnation_jump + 5
-    s.inject(s.puppets[0], Gossip(updates=(alive(3, jump),)))
+    s.inject(s.puppets[0], Gossip(updates=(forged_alive(3, jump),)))
     assert s.machine.member(x).incarnation == 0  # type: ignore[union-attr]
-    assert s.machine.statistics().rejected_updates == 1
-    s.inject(x, Gossip(updates=(alive(3, jump),)))
+    assert s.machine.statistics().bad_signatures == 1
+    # Signed by x itself: x's own decision, whoever relays it.
+    s.inject(s.puppets[0], Gossip(updates=(alive(3, jump),)))
     assert s.machine.member(x).incarnation == jump  # type: ignore[union-attr]
 
 
@@ -675,10 +694,10 @@ def test_members_view_is_frozen_and_complete() -> None:
 
 def test_invalid_local_setup_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
-        MembershipMachine(local_peer=peer(0), addrs=(), config=LAN, rng=random.Random(1), now=0.0)
+        MembershipMachine(identity=identity(0), addrs=(), config=LAN, rng=random.Random(1), now=0.0)
     with pytest.raises(ConfigError):
-        MembershipMachine(local_peer=peer(0), addrs=("garbage",), config=LAN, rng=random.Random(1), now=0.0)
-    m = MembershipMachine(local_peer=peer(0), addrs=(addr(0),), config=LAN, rng=random.Random(1), now=0.0)
+        MembershipMachine(identity=identity(0), addrs=("garbage",), config=LAN, rng=random.Random(1), now=0.0)
+    m = MembershipMachine(identity=identity(0), addrs=(addr(0),), config=LAN, rng=random.Random(1), now=0.0)
     with pytest.raises(ConfigError):
         m.add_contact(0.0, peer(1), ("/ip4/999.0.0.1/tcp/1",))
     m.set_local_addrs(0.0, ("/ip4/10.1.1.1/tcp/5",))

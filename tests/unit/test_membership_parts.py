@@ -29,12 +29,7 @@ from chaosp2p.protocols.membership.messages import (
 from chaosp2p.protocols.membership.transitions import TRANSITIONS, transition
 from chaosp2p.protocols.ratelimit import RateLimiter
 from chaosp2p.wire.framing import pack
-from chaosp2p.wire.identity import Identity, PeerID
-
-
-def peer(index: int) -> PeerID:
-    return Identity.from_seed(bytes([index + 1]) * 32).peer_id
-
+from tests.unit.membership_claims import alive, identity, left, peer
 
 PEERS = [peer(i) for i in range(12)]
 
@@ -218,7 +213,7 @@ def test_plan_fills_free_slots_with_the_cheapest_and_replaces_only_for_a_clear_g
 def new_machine() -> MembershipMachine:
     config = MembershipConfig.lan()
     return MembershipMachine(
-        local_peer=PEERS[0], addrs=("/ip4/10.0.0.1/tcp/1",), config=config, rng=random.Random(0), now=0.0
+        identity=identity(0), addrs=("/ip4/10.0.0.1/tcp/1",), config=config, rng=random.Random(0), now=0.0
     )
 
 
@@ -265,15 +260,17 @@ def test_structurally_random_messages_are_refused_cleanly_or_handled(kind: int, 
 )
 def test_any_sequence_of_updates_keeps_the_view_consistent(steps: list[tuple[UpdateKind, int, int, bool]]) -> None:
     machine = new_machine()
+    for who in range(1, 12):  # every sender is a member: what it says about others counts
+        machine.receive(0.0, PEERS[who], PROTOCOL, Gossip(updates=(alive(who),)))
     now = 0.0
     for kind, who, incarnation, via_push_pull in steps:
         now += 0.3
-        update = MemberUpdate(
-            kind=kind,
-            peer=PEERS[who],
-            incarnation=incarnation,
-            addrs=(f"/ip4/10.0.0.{who + 1}/tcp/1",) if kind is UpdateKind.ALIVE else (),
-        )
+        if kind is UpdateKind.ALIVE:
+            update = alive(who, incarnation)  # claims in the subject's own name are signed by it
+        elif kind is UpdateKind.LEFT:
+            update = left(who, incarnation)
+        else:
+            update = MemberUpdate(kind=kind, peer=PEERS[who], incarnation=incarnation)
         sender = PEERS[(who + 1) % 12 or 1]
         message = PushPull(seq=1, join=False, members=(update,)) if via_push_pull else Gossip(updates=(update,))
         machine.receive(now, sender, PROTOCOL, message)

@@ -1,4 +1,9 @@
-"""The test vectors in protocols/membership.md match the membership codec, both ways."""
+"""The test vectors in protocols/membership.md match the membership codec, both ways.
+
+Also checked: the signed payloads of §2.1 (what a member's signature covers) and that the
+signatures in the vectors are the members' own; and that messages as a peer without signatures
+encoded them still decode (the signature fields are trailing, with defaults).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from chaosp2p.protocols.membership.messages import (
+    PROTOCOL,
     Ack,
     Gossip,
     InfoUpdate,
@@ -22,9 +28,12 @@ from chaosp2p.protocols.membership.messages import (
     Resources,
     UpdateKind,
     codec,
+    peek_type,
 )
+from chaosp2p.protocols.membership.signing import alive_payload, info_payload, left_payload
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
+from tests.unit.membership_claims import alive, info, left
 
 SPEC = Path(__file__).resolve().parents[2] / "protocols" / "membership.md"
 
@@ -36,15 +45,13 @@ def peer(byte: int) -> PeerID:
 
 A, B, C = peer(1), peer(2), peer(3)
 ADDR_A = "/ip4/127.0.0.1/tcp/4001"
-ALIVE_A = MemberUpdate(kind=UpdateKind.ALIVE, peer=A, incarnation=3, addrs=(ADDR_A,))
-INFO_A = InfoUpdate(
-    peer=A,
-    version=2,
-    resources=Resources(
-        cpu_cores=8, memory_bytes=32 << 30, gpus=1, gpu_memory_bytes=24 << 30, train_samples_per_s=1234.5
-    ),
-    links=(LinkSummary(peer=B, rtt_s=0.0005, bandwidth_bytes_per_s=1.25e9, up=True),),
+ALIVE_A = alive(0, 3, (ADDR_A,))  # signed by A (seed 01 = tests' peer 0)
+RESOURCES_A = Resources(
+    cpu_cores=8, memory_bytes=32 << 30, gpus=1, gpu_memory_bytes=24 << 30, train_samples_per_s=1234.5
 )
+LINKS_A = (LinkSummary(peer=B, rtt_s=0.0005, bandwidth_bytes_per_s=1.25e9, up=True),)
+INFO_A = info(0, 2, RESOURCES_A, LINKS_A)
+LEFT_C = left(2, 0)
 
 EXPECTED: dict[str, Message] = {
     "ping": Ping(seq=1),
@@ -62,14 +69,40 @@ EXPECTED: dict[str, Message] = {
     "push-pull-reply": PushPullReply(
         seq=11, members=(ALIVE_A, MemberUpdate(kind=UpdateKind.DEAD, peer=B, incarnation=5, origin=A))
     ),
-    "leave": Leave(incarnation=4),
-    "gossip": Gossip(updates=(MemberUpdate(kind=UpdateKind.LEFT, peer=C, incarnation=0),)),
+    "leave": Leave(incarnation=4, signature=left(0, 4).signature),
+    "gossip": Gossip(updates=(LEFT_C,)),
+}
+
+PAYLOADS: dict[str, bytes] = {
+    "alive-a-3": alive_payload(A, 3, (ADDR_A,)),
+    "left-a-4": left_payload(A, 4),
+    "left-c-0": left_payload(C, 0),
+    "info-a-2": info_payload(InfoUpdate(peer=A, version=2, resources=RESOURCES_A, links=LINKS_A)),
+}
+"""The bytes a member signs (§2.1), under the names of the ```payloads block."""
+
+# The same messages as a peer without signatures encoded them (the vectors before signatures).
+UNSIGNED_VECTORS = {
+    "ping-gossip": (
+        "960107929500c4260024080112208a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c0391"
+        "b72f6970342f3132372e302e302e312f7463702f34303031c09501c4260024080112208139770ea87d175f56a35466c3"
+        "4c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940590c4260024080112208a88e3dd7409f195fd52db2d3cba5d72ca6709"
+        "bf1d94121bf3748801b40f6f5c9194c4260024080112208a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3"
+        "748801b40f6f5c029508cf000000080000000001cf0000000600000000cb40934a00000000009194c426002408011220"
+        "8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394cb3f40624dd2f1a9fccb41d2a05f2000"
+        "0000c3cf0123456789abcdefcf7edcba9876543210"
+    ),
+    "leave": "920704",
+    "gossip": (
+        "9308919503c426002408011220ed4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d10090c0"
+        "90"
+    ),
 }
 
 
-def vectors() -> dict[str, str]:
-    match = re.search(r"```vectors\n(.*?)```", SPEC.read_text(), re.S)
-    assert match, f"no ```vectors block in {SPEC}"
+def vectors(block: str = "vectors") -> dict[str, str]:
+    match = re.search(rf"```{block}\n(.*?)```", SPEC.read_text(), re.S)
+    assert match, f"no ```{block} block in {SPEC}"
     lines = [line.split() for line in match.group(1).splitlines() if line.strip()]
     assert all(len(parts) == 2 for parts in lines), "each vector line is `Name hex`"
     return {name: hex_text for name, hex_text in lines}
@@ -89,3 +122,44 @@ def test_vector_encodes_and_decodes(name: str) -> None:
 def test_trailing_fields_may_be_omitted() -> None:
     # A PING from a peer that predates the digest field (or sends no piggyback) is still valid.
     assert codec.decode(bytes.fromhex("9201" "01"), max_bytes=64) == Ping(seq=1)
+
+
+def test_signed_payloads_match_the_spec() -> None:
+    assert {name: raw.hex() for name, raw in PAYLOADS.items()} == vectors("payloads")
+
+
+def test_the_signatures_in_the_vectors_are_the_members_own() -> None:
+    assert A.verify(ALIVE_A.signature, PAYLOADS["alive-a-3"])
+    assert A.verify(INFO_A.signature, PAYLOADS["info-a-2"])
+    leave = EXPECTED["leave"]
+    assert isinstance(leave, Leave) and A.verify(leave.signature, PAYLOADS["left-a-4"])
+    assert C.verify(LEFT_C.signature, PAYLOADS["left-c-0"])
+    assert not B.verify(ALIVE_A.signature, PAYLOADS["alive-a-3"])
+
+
+@pytest.mark.parametrize("name", sorted(UNSIGNED_VECTORS))
+def test_messages_from_a_peer_without_signatures_still_decode(name: str) -> None:
+    # They decode (the fields are trailing, with defaults); the machine then refuses the unsigned
+    # self-claims in them, as it refuses forged ones.
+    message = codec.decode(bytes.fromhex(UNSIGNED_VECTORS[name]), max_bytes=1 << 20)
+    assert type(message) is type(EXPECTED[name])
+    records = [*getattr(message, "updates", ()), *getattr(message, "infos", ())]
+    assert all(r.signature == b"" for r in records)
+
+
+def test_an_old_decoder_reads_the_new_records() -> None:
+    # What a peer without signatures sees: it reads every field it knows and ignores the extra
+    # trailing signature (protocols/wire.md: extra trailing items are ignored).
+    raw = bytes.fromhex(vectors()["push-pull"])
+    assert raw == codec.encode(EXPECTED["push-pull"])
+    message = codec.decode(raw, max_bytes=1 << 20)
+    assert isinstance(message, PushPull)
+    record = message.members[0]
+    assert (record.peer, record.incarnation, record.addrs) == (A, 3, (ADDR_A,))
+
+
+def test_the_type_of_an_encoded_message_is_read_without_decoding_it() -> None:
+    for message in EXPECTED.values():
+        assert peek_type(codec.encode(message)) == message.TYPE
+    assert peek_type(b"") is None and peek_type(b"\x01\x02") is None and peek_type(b"\x91\xcc") is None
+    assert PROTOCOL == "membership"

@@ -31,11 +31,14 @@ class PingPurpose(enum.IntEnum):
     """Why a PING was sent."""
 
     PROBE = 0
-    """A SWIM probe, or our own look at a member after a claim about it: its ACK lowers awareness."""
+    """A SWIM probe (or a ping after a full state disagreed with ours): its ACK lowers awareness."""
     HEARTBEAT = 1
     """An overlay link's heartbeat: missing it counts against the link as well."""
     CHECK = 2
     """The direct PING sent beside a check started at once (the driver could not reach the member)."""
+    LOOK = 3
+    """Our own look at a member after another peer's hint: like a probe, but it leaves awareness
+    alone (in a mass failure most looks fail, and that says nothing about our own health)."""
 
 
 @dataclass(slots=True)
@@ -48,8 +51,21 @@ class MemberRecord:
     addrs: tuple[str, ...]
     since: float
     record: MemberUpdate
+    """What we gossip about it: its own signed ALIVE/LEFT, or our SUSPECT/DEAD verdict (a hint)."""
+    introducer: PeerID | None = None
+    """The third party whose gossip introduced it, until we hear from the member itself (None)."""
     suspected_at: float | None = None
-    revived_at: float | None = None  # when it last came back from failed/left
+    hinted_at: float | None = None
+    """When another peer's SUSPECT/DEAD hint about it first arrived (cleared when it answers us)."""
+    hint_checked_at: float = -1e300
+    """When a hint last made us look at it ourselves (one look per probe interval)."""
+    hinters: set[PeerID] | None = None
+    """Members whose own SUSPECT/DEAD verdict on it (at its current incarnation) reached us from
+    them while we held it alive: confirmations, should our own check fail (cleared when it answers)."""
+    hint_relayed: tuple[int, float] = (-1, -1e300)
+    """(incarnation, time) of the last hint about it we passed on (once per incarnation and window)."""
+    told_incarnation: int = -1
+    """Our incarnation whose signed record it acknowledged (our probes carry it until then)."""
     info: InfoUpdate | None = None
     info_hash: int = 0  # member_hash(peer, info.version), 0 without info
     rtt_s: float | None = None
@@ -69,6 +85,8 @@ class SuspicionRecord:
     k: int
     confirmers: set[PeerID]
     deadline: float = 0.0
+    tells: int = 0  # PINGs carrying our verdict sent to the suspect itself
+    told_at: float = -1e300
 
 
 @dataclass(slots=True)
@@ -81,6 +99,7 @@ class ProbeRecord:
     purpose: PingPurpose
     relays: tuple[PeerID, ...] = ()
     nacks: int = 0
+    carried_self: int = -1  # the incarnation of our own record the PING carried (-1: none)
 
 
 @dataclass(slots=True)
@@ -133,6 +152,12 @@ class Counters:
     push_pulls_sent: int = 0
     push_pulls_received: int = 0
     local_pauses: int = 0
+    bad_signatures: int = 0
+    signatures_verified: int = 0
+    verify_limited: int = 0
+    hints_checked: int = 0
+    ignored_from_strangers: int = 0
+    evicted_unvouched: int = 0
 
 
 def check_addrs(addrs: Sequence[str], peer: PeerID, config: MembershipConfig) -> str | None:
@@ -159,9 +184,9 @@ def member_hash(peer: PeerID, incarnation: int) -> int:
 
 def update_size(update: MemberUpdate) -> int:
     """About how many bytes ``update`` takes on the wire (for the piggyback budget)."""
-    return 50 + sum(len(a) + 2 for a in update.addrs) + (40 if update.origin is not None else 0)
+    return 50 + sum(len(a) + 2 for a in update.addrs) + (40 if update.origin is not None else 0) + len(update.signature)
 
 
 def info_size(info: InfoUpdate) -> int:
     """About how many bytes ``info`` takes on the wire (for the piggyback budget)."""
-    return 70 + 60 * len(info.links)
+    return 70 + 60 * len(info.links) + len(info.signature)

@@ -97,17 +97,40 @@ class MembershipConfig:
 
     # --- limits on what peers send us
     max_members: int = 4096
-    """Bound on the member table (alive + suspect + retained failed/left)."""
+    """Bound on the member table (alive + suspect + retained failed/left). When it is full, a
+    newcomer takes the place of a failed or left member, else of one that only a third party has
+    vouched for (never heard from first-hand), from the introducer that vouched for the most: one
+    peer's gossip cannot fill the table and shut real newcomers out."""
     max_addrs_per_member: int = 8
     max_addr_chars: int = 256
     max_links_per_info: int = 64
     max_incarnation_jump: int = 1 << 16
-    """A third party may not raise a known member's incarnation by more than this at once."""
+    """An unsigned claim about this peer (SUSPECT/DEAD from others) may raise our incarnation by at
+    most this much: a claim far above our incarnation is forged, and following it would let anyone
+    push us to the largest incarnation, where we could no longer refute."""
     rate_limit_msgs_per_s: float = 50.0
     """Per-sender token bucket refill rate (messages per second)."""
     rate_limit_burst: float = 100.0
     push_pull_token_cost: float = 10.0
     """A PUSH_PULL costs this many tokens: its reply is large."""
+    rate_limit_bytes_per_s: float = 256 * 1024
+    """Per-sender budget of encoded bytes, charged before a message over 1 KiB is decoded (decoding
+    costs about 0.1 s of CPU per MiB): a sender cannot make this peer spend more than its share.
+    (Smaller messages are bounded by the message budget, and heartbeats skip this bucket.)"""
+    rate_limit_burst_bytes: float = 2 << 20
+    """Burst of the byte budget: at least one full push-pull (``max_push_pull_bytes``)."""
+    max_datagram_bytes: int = 64 << 10
+    """Largest encoded message other than a push-pull, refused before decoding (piggyback is capped
+    at ``max_gossip_items_per_message`` + ``max_info_items_per_message`` items: well below this)."""
+    max_push_pull_bytes: int = 1 << 20
+    """Largest encoded PUSH_PULL / PUSH_PULL_REPLY, refused before decoding."""
+    verify_rate_per_s: float = 32.0
+    """Per-sender budget of signature checks that miss every cache (about 0.1 ms of CPU each)."""
+    verify_burst: float = 2112.0
+    """Burst of the signature budget: a newcomer checks a whole view from its contact at once
+    (members + infos, 2 x ``max_push_pull_members``, plus some)."""
+    signature_cache_entries: int = 4096
+    """Signature outcomes remembered besides the records held (good and bad ones each)."""
     max_tracked_senders: int = 8192
     max_pending_relays: int = 1024
     max_contacts: int = 256
@@ -159,6 +182,13 @@ class MembershipConfig:
             "rate_limit_msgs_per_s",
             "rate_limit_burst",
             "push_pull_token_cost",
+            "rate_limit_bytes_per_s",
+            "rate_limit_burst_bytes",
+            "max_datagram_bytes",
+            "max_push_pull_bytes",
+            "verify_rate_per_s",
+            "verify_burst",
+            "signature_cache_entries",
             "max_tracked_senders",
             "max_pending_relays",
             "max_contacts",
@@ -187,6 +217,9 @@ class MembershipConfig:
             "max_addr_chars",
             "max_links_per_info",
             "max_incarnation_jump",
+            "max_datagram_bytes",
+            "max_push_pull_bytes",
+            "signature_cache_entries",
             "max_tracked_senders",
             "max_pending_relays",
             "max_contacts",
@@ -223,6 +256,14 @@ class MembershipConfig:
         require(
             self.rate_limit_burst >= self.push_pull_token_cost,
             "MembershipConfig.rate_limit_burst must cover one PUSH_PULL (push_pull_token_cost)",
+        )
+        require(
+            self.rate_limit_burst_bytes >= self.max_push_pull_bytes,
+            "MembershipConfig.rate_limit_burst_bytes must cover one push-pull (max_push_pull_bytes)",
+        )
+        require(
+            self.verify_burst >= 1.0,
+            "MembershipConfig.verify_burst must allow at least one signature check",
         )
         require(
             self.bandwidth_min_sample_bytes <= self.bandwidth_probe_bytes,

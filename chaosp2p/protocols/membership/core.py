@@ -10,8 +10,17 @@ about members and changes their states, ``suspicion.py`` runs suspicions out, ``
 probes (SWIM, indirect checks, relays), ``dissemination.py`` spreads news (piggyback, gossip,
 push-pull, joins) and ``overlay.py`` keeps the overlay links; ``machine.py`` puts them together
 and dispatches messages and timers through tables. Constructing the core validates the local
-addresses, arms every periodic timer at a random phase and queues this peer's own record and info
-record for gossip.
+addresses, signs this peer's own ALIVE and info records, arms every periodic timer at a random
+phase and queues both records for gossip.
+
+Trust
+-----
+The core holds the pieces that keep one sender from making this peer work for it: the message and
+byte budgets per sender (charged before a message is decoded, see :meth:`admit` in ``machine.py``),
+the per-sender budget of signature checks and the caches of their outcomes (``signing.py``), and
+the bookkeeping of which third party vouched for which member we have not yet heard from, so that
+a full table evicts the largest voucher's members first. This peer's own records are signed here,
+once per incarnation and info version.
 
 A part calls another part only through a method declared here ("provided by the other parts"),
 so each module reads on its own. Timers are heap entries ``(deadline, sequence, kind, key)``: the
@@ -56,8 +65,17 @@ from chaosp2p.protocols.membership.messages import (
     Resources,
     UpdateKind,
 )
+from chaosp2p.protocols.membership.signing import (
+    SIGNATURE_BYTES,
+    SignatureCache,
+    Verifier,
+    alive_payload,
+    info_payload,
+    left_payload,
+    verify_signature,
+)
 from chaosp2p.protocols.ratelimit import RateLimiter
-from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
 
 _ALIVE = MemberState.ALIVE
@@ -102,14 +120,16 @@ class MembershipCore:
     def __init__(
         self,
         *,
-        local_peer: PeerID,
+        identity: Identity,
         addrs: Sequence[str],
         config: MembershipConfig,
         rng: random.Random,
         now: float,
         incarnation: int = 0,
         resources: Resources | None = None,
+        verify: Verifier | None = None,
     ) -> None:
+        local_peer = identity.peer_id
         addrs = tuple(addrs)
         problem = check_addrs(addrs, local_peer, config) if addrs else "no address"
         if problem is not None:
@@ -117,7 +137,10 @@ class MembershipCore:
         if not 0 <= incarnation < MAX_INCARNATION:
             raise ConfigError(f"incarnation out of range: {incarnation}")
         self.local_peer = local_peer
+        self._local_raw = local_peer.raw
         self.config = config
+        self._identity = identity
+        self._verifier: Verifier = verify or verify_signature
         self._rng = rng
         self._addrs = addrs
         self._incarnation = incarnation
@@ -142,8 +165,14 @@ class MembershipCore:
         self._published_links: tuple[LinkSummary, ...] = ()
         self._links_dirty = False
         self._contacts: dict[PeerID, ContactRecord] = {}
-        self._hints: dict[PeerID, MemberUpdate] = {}
         self._verified: dict[PeerID, int] = {}
+        # introducer -> the members it vouched for that we have not heard from ourselves (oldest first)
+        self._unvouched: dict[PeerID, dict[PeerID, None]] = {}
+        self._hint_pending: set[PeerID] = set()
+        self._next_refutation_at = -math.inf
+        self._unsigned_news = False  # set while merging an unsigned view: it held news to ask for signed
+        self._last_signed_sync = -math.inf
+        self._pending_refutation = 0  # an incarnation to refute up to once the refutation budget allows
         self._strangers: dict[PeerID, float] = {}
         self._told_stale: dict[PeerID, float] = {}
         self._push_pulls: dict[int, tuple[PeerID, float]] = {}
@@ -164,6 +193,17 @@ class MembershipCore:
             burst=config.rate_limit_burst,
             max_senders=config.max_tracked_senders,
         )
+        self._byte_limiter = RateLimiter(
+            rate_per_s=config.rate_limit_bytes_per_s,
+            burst=config.rate_limit_burst_bytes,
+            max_senders=config.max_tracked_senders,
+        )
+        self._verify_limiter = RateLimiter(
+            rate_per_s=config.verify_rate_per_s, burst=config.verify_burst, max_senders=config.max_tracked_senders
+        )
+        self._signatures = SignatureCache(config.signature_cache_entries)
+        self._self_alive = self._sign_alive()
+        self._self_info_record = self._sign_info()
         self._outgoing: list[Outgoing] = []
         self._events: list[MembershipEvent] = []
         self._counters = Counters()
@@ -195,8 +235,8 @@ class MembershipCore:
 
     def _merge_state(
         self, now: float, sender: PeerID, members: tuple[MemberUpdate, ...], infos: tuple[InfoUpdate, ...]
-    ) -> None:
-        """Apply another peer's full state (``members.py``)."""
+    ) -> bool:
+        """Apply another peer's full state; True if it held news we could not take unsigned (``members.py``)."""
         raise NotImplementedError
 
     def _set_state(self, now: float, member: MemberRecord, state: MemberState, incarnation: int) -> None:
@@ -204,7 +244,7 @@ class MembershipCore:
         raise NotImplementedError
 
     def _suspect(self, now: float, member: MemberRecord, incarnation: int, origin: PeerID) -> None:
-        """Start (or restart) a suspicion of ``member`` (``suspicion.py``)."""
+        """Start a suspicion of ``member`` after our own check failed (``suspicion.py``)."""
         raise NotImplementedError
 
     def _confirm(self, now: float, member: MemberRecord, origin: PeerID) -> None:
@@ -215,8 +255,20 @@ class MembershipCore:
         """Declare ``member`` failed (``suspicion.py``)."""
         raise NotImplementedError
 
-    def _ping(self, now: float, target: PeerID, purpose: PingPurpose, *, extra: MemberUpdate | None = None) -> None:
-        """PING ``target`` and wait for its ACK (``probing.py``)."""
+    def _ping(self, now: float, target: PeerID, purpose: PingPurpose, *, probe: bool = False) -> None:
+        """PING ``target`` and wait for its ACK; a SWIM ``probe`` carries our digests (``probing.py``)."""
+        raise NotImplementedError
+
+    def _look(self, now: float, member: MemberRecord) -> None:
+        """Probe ``member`` ourselves because another peer hinted it is suspect or dead (``probing.py``)."""
+        raise NotImplementedError
+
+    def _tell_suspects(self, now: float) -> None:
+        """Tell members we suspect about it again, if they have not refuted yet (``suspicion.py``)."""
+        raise NotImplementedError
+
+    def _refute_pending(self, now: float) -> None:
+        """Make a refutation that the once-per-interval budget put off, if it is due (``members.py``)."""
         raise NotImplementedError
 
     def _queue_update(self, update: MemberUpdate) -> None:
@@ -298,14 +350,69 @@ class MembershipCore:
             raise LocalProtocolError(f"{what}: this peer has left the membership")
 
     def _self_record(self) -> MemberUpdate:
-        return MemberUpdate(
-            kind=UpdateKind.ALIVE, peer=self.local_peer, incarnation=self._incarnation, addrs=self._addrs
-        )
+        """Our own ALIVE record, signed (once per incarnation and address set)."""
+        return self._self_alive
 
     def _self_info(self) -> InfoUpdate:
-        return InfoUpdate(
+        """Our own info record, signed (once per version)."""
+        return self._self_info_record
+
+    def _sign_alive(self) -> MemberUpdate:
+        peer, incarnation, addrs = self.local_peer, self._incarnation, self._addrs
+        signature = self._identity.sign(alive_payload(peer, incarnation, addrs))
+        return MemberUpdate(kind=UpdateKind.ALIVE, peer=peer, incarnation=incarnation, addrs=addrs, signature=signature)
+
+    def _sign_left(self) -> MemberUpdate:
+        peer, incarnation = self.local_peer, self._incarnation
+        signature = self._identity.sign(left_payload(peer, incarnation))
+        return MemberUpdate(kind=UpdateKind.LEFT, peer=peer, incarnation=incarnation, signature=signature)
+
+    def _sign_info(self) -> InfoUpdate:
+        info = InfoUpdate(
             peer=self.local_peer, version=self._info_version, resources=self._resources, links=self._published_links
         )
+        return InfoUpdate(
+            peer=info.peer,
+            version=info.version,
+            resources=info.resources,
+            links=info.links,
+            signature=self._identity.sign(info_payload(info)),
+        )
+
+    def _set_incarnation(self, now: float, incarnation: int) -> None:
+        """Move to ``incarnation`` (refuting, or new addresses): sign the new record and spread it."""
+        self._digest_toggle(now, self.local_peer, self._incarnation)
+        self._incarnation = incarnation
+        self._digest_toggle(now, self.local_peer, incarnation)
+        self._self_alive = self._sign_alive()
+        self._queue_update(self._self_alive)
+
+    def _signed(self, sender: PeerID, signer: PeerID, signature: bytes, payload: bytes) -> bool:
+        """Is ``signature`` ``signer``'s over ``payload``? Caches first, then ``sender``'s check budget.
+
+        A check that no cache answers is paid from the sender's budget; a claim whose sender has
+        spent it is dropped unchecked -- it will come again (gossip repeats, push-pull repairs),
+        from a sender with budget left. (The payload names the signer, so it keys the cache.)
+        """
+        counters = self._counters
+        if len(signature) != SIGNATURE_BYTES:
+            counters.bad_signatures += 1
+            return False
+        key = (payload, signature)
+        known = self._signatures.lookup(key)
+        if known is not None:
+            if not known:
+                counters.bad_signatures += 1
+            return known
+        if not self._verify_limiter.allow(sender, self._last_now):
+            counters.verify_limited += 1
+            return False
+        counters.signatures_verified += 1
+        ok = self._verifier(signer, signature, payload)
+        self._signatures.remember(key, ok)
+        if not ok:
+            counters.bad_signatures += 1
+        return ok
 
     def _digest_toggle(self, now: float, peer: PeerID, incarnation: int) -> None:
         # The digest is the XOR of a hash of (peer, incarnation) over live members, ourselves

@@ -5,8 +5,8 @@ Theory of operation
 News is of two sorts: membership updates (ALIVE / SUSPECT / DEAD / LEFT at an incarnation) and
 info records (a member's resources and link summaries, versioned by their owner). Each waits in a
 transmit-limited queue (``gossip.py``) and rides piggyback on every PING, ACK and PING_REQ, within
-a byte budget; a message to a member we hold as not alive (or one someone's full state claims is
-dead) leads with that belief, so that a live member can refute it at once. A GOSSIP message goes
+a byte budget; a message to a member we hold as not alive leads with that verdict (ours: others'
+hints are not its news), so that a live member can refute it at once. A GOSSIP message goes
 to a few random members only when there is membership news: random targets spread faster than the
 fixed link graph.
 
@@ -18,7 +18,8 @@ gossip, and, with probability failed/alive, one with a random *failed* member ev
 ``reconnect_interval_s``: that is how the two halves of a healed partition find each other again.
 Joining is the same exchange with a contact the driver supplied, retried with backoff until it
 answers or the attempts run out. A reply counts only from the peer we asked, for a request still
-pending.
+pending. The periodic exchange leaves out the records' signatures (the receiver holds almost all
+of them already): news in it that needs one is asked for again, signed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ _UPDATE_SIZE_ESTIMATE = 100  # bytes of one piggybacked update with one address,
 _SNAPSHOT_RANK = {UpdateKind.ALIVE: 0, UpdateKind.SUSPECT: 1, UpdateKind.DEAD: 2, UpdateKind.LEFT: 3}
 
 
+def _unsigned(record: MemberUpdate) -> MemberUpdate:
+    return MemberUpdate(kind=record.kind, peer=record.peer, incarnation=record.incarnation, addrs=record.addrs)
+
+
 class Dissemination(MembershipCore):
     """Piggybacked news, gossip, full-state exchanges and joins."""
 
@@ -57,7 +62,7 @@ class Dissemination(MembershipCore):
         self._info_version = max(old, past) + 1
         self._info_digest ^= member_hash(self.local_peer, old) ^ member_hash(self.local_peer, self._info_version)
         self._info_digest_changed_at = self._last_now
-        info = self._self_info()
+        info = self._self_info_record = self._sign_info()
         self._infos.put(self.local_peer.raw, info, info_size(info))
 
     def _piggyback(
@@ -71,15 +76,10 @@ class Dissemination(MembershipCore):
         if dest is not None:
             member = self._members.get(dest)
             if member is not None and member.state is not _ALIVE:
-                # Tell a peer what we believe about it, so that it can refute at once.
+                # Tell a peer what we believe about it, so that it can refute at once. (Only our own
+                # verdicts: others' hints are ours to check; ``members.py`` relays them to others.)
                 updates.append(member.record)
                 skip = dest.raw
-            elif self._hints:
-                hint = self._hints.pop(dest, None)
-                if hint is not None:
-                    # Pass on what someone else's state claims about it (see _verify).
-                    updates.append(hint)
-                    skip = dest.raw
         if extra is not None:
             updates.append(extra)
         if self._updates:
@@ -113,13 +113,19 @@ class Dissemination(MembershipCore):
         self._schedule(now + cfg.gossip_interval_s, TimerKind.GOSSIP, None)
 
     # ------------------------------------------------------------------ full-state exchanges
-    def _state_snapshot(self, *, with_infos: bool) -> tuple[tuple[MemberUpdate, ...], tuple[InfoUpdate, ...]]:
+    def _state_snapshot(
+        self, *, with_infos: bool, signed: bool = True
+    ) -> tuple[tuple[MemberUpdate, ...], tuple[InfoUpdate, ...]]:
         cap = self.config.max_push_pull_members
         records = [m.record for m in self._members.values()]
         if len(records) + 1 > cap:
             self._rng.shuffle(records)
             records.sort(key=lambda r: _SNAPSHOT_RANK[r.kind])
             records = records[: cap - 1]
+        if not signed:
+            # The periodic sync: the receiver almost always holds every record already, and 66 bytes
+            # of signature per record would double the exchange. News it finds, it asks for again.
+            records = [_unsigned(r) if r.signature else r for r in records]
         members = (self._self_record(), *records)
         if not with_infos:
             return members, ()
@@ -130,18 +136,29 @@ class Dissemination(MembershipCore):
                 infos.append(info)
         return members, tuple(infos)
 
-    def _send_push_pull(self, now: float, peer: PeerID, *, join: bool, with_infos: bool = True) -> None:
+    def _send_push_pull(
+        self, now: float, peer: PeerID, *, join: bool, with_infos: bool = True, signed: bool = True
+    ) -> None:
         seq = self._next_seq()
         self._push_pulls[seq] = (peer, now)
-        members, infos = self._state_snapshot(with_infos=with_infos)
-        self._send(peer, PushPull(seq=seq, join=join, members=members, infos=infos))
+        members, infos = self._state_snapshot(with_infos=with_infos, signed=signed)
+        self._send(peer, PushPull(seq=seq, join=join, members=members, infos=infos, signed=signed))
         self._counters.push_pulls_sent += 1
 
     def _on_push_pull(self, now: float, sender: PeerID, msg: PushPull) -> None:
         self._counters.push_pulls_received += 1
-        self._merge_state(now, sender, msg.members, msg.infos)
-        members, infos = self._state_snapshot(with_infos=bool(msg.infos))
+        unsigned_news = self._merge_state(now, sender, msg.members, msg.infos)
+        members, infos = self._state_snapshot(with_infos=bool(msg.infos), signed=msg.signed)
         self._send(sender, PushPullReply(seq=msg.seq, members=members, infos=infos))
+        if unsigned_news:
+            self._ask_signed(now, sender)
+
+    def _ask_signed(self, now: float, peer: PeerID) -> None:
+        # An unsigned sync showed news we cannot take without signatures: ask that peer again,
+        # signed (its reply mirrors the request), at most once per digest sync interval.
+        if now - self._last_signed_sync >= self.config.digest_sync_interval_s:
+            self._last_signed_sync = now
+            self._send_push_pull(now, peer, join=False, with_infos=False)
 
     def _on_push_pull_reply(self, now: float, sender: PeerID, msg: PushPullReply) -> None:
         pending = self._push_pulls.pop(msg.seq, None)
@@ -150,8 +167,12 @@ class Dissemination(MembershipCore):
                 self._push_pulls[msg.seq] = pending
             self._counters.rejected_messages += 1
             return
+        # Merge first: a contact we asked is vouched for (the view of a peer we chose to join
+        # through counts), and stops being a contact once its answer is in.
+        unsigned_news = self._merge_state(now, sender, msg.members, msg.infos)
         self._contacts.pop(sender, None)
-        self._merge_state(now, sender, msg.members, msg.infos)
+        if unsigned_news:
+            self._ask_signed(now, sender)
 
     def _check_digest(self, now: float, sender: PeerID, digest: int, info_digest: int) -> None:
         # A prober's view differs from ours while ours has been quiet for a while: one of us missed
@@ -184,8 +205,9 @@ class Dissemination(MembershipCore):
         alive = self._sample_alive(1)
         if alive:
             # Membership only: info records are bulky, and a divergence in them shows up in the
-            # info digest of probes, which triggers a full exchange (see _check_digest).
-            self._send_push_pull(now, alive[0], join=False, with_infos=False)
+            # info digest of probes, which triggers a full exchange (see _check_digest). Unsigned:
+            # see _state_snapshot.
+            self._send_push_pull(now, alive[0], join=False, with_infos=False, signed=False)
         self._schedule(now + self.config.push_pull_period_s(self._live_count + 1), TimerKind.PUSH_PULL, None)
 
     def _tick_reconnect(self, now: float, deadline: float, key: None) -> None:

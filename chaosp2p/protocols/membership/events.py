@@ -26,7 +26,9 @@ class MemberState(enum.Enum):
 # ---------------------------------------------------------------------------------------- events
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerJoined:
-    """A member became alive in our view: first sighting, or back after failing or leaving."""
+    """A member became alive in our view: first sighting, or back after failing or leaving.
+
+    The record behind it (incarnation and addresses) is signed by the member itself."""
 
     at: float
     peer: PeerID
@@ -36,7 +38,7 @@ class PeerJoined:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerSuspected:
-    """A member did not answer probes (ours or someone else's); it may still refute."""
+    """A member did not answer this peer's own probes (direct and indirect); it may still refute."""
 
     at: float
     peer: PeerID
@@ -54,18 +56,23 @@ class PeerAlive:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerFailed:
-    """A member was confirmed failed (suspicion timed out, or someone else confirmed it)."""
+    """A member failed in this peer's own view: first-hand, never on another peer's word.
+
+    This peer's own probe of it went unanswered, directly and through other members, and the
+    suspicion that followed ran out without the member refuting it. (Other peers' suspicions only
+    make this peer look sooner and shorten the suspicion; they cannot raise this event.)
+    """
 
     at: float
     peer: PeerID
     incarnation: int
     suspected_at: float | None
-    """When we started suspecting it (None if the confirmation came without a local suspicion)."""
+    """When this peer's suspicion started (backdated to another peer's hint that made it look)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerLeft:
-    """A member left gracefully."""
+    """A member left gracefully: it said so itself, under its own signature."""
 
     at: float
     peer: PeerID
@@ -176,3 +183,15 @@ class MembershipStatistics:
     """Times a gap between calls made the machine discard in-flight probes (it was paused)."""
     awareness: int
     """Current Lifeguard local-health score (0 = healthy)."""
+    bad_signatures: int = 0
+    """Self-claims (ALIVE, LEFT, info) whose signature was missing or wrong: forged, dropped."""
+    signatures_verified: int = 0
+    """Ed25519 checks made (claims already held or cached cost none)."""
+    verify_limited: int = 0
+    """Claims dropped unchecked because their sender spent its signature-check budget."""
+    hints_checked: int = 0
+    """Times another peer's SUSPECT/DEAD hint made this peer probe the member itself."""
+    ignored_from_strangers: int = 0
+    """Claims about third parties (or hints) from senders that are not members: ignored."""
+    evicted_unvouched: int = 0
+    """Members evicted from a full table that only a third party had vouched for."""

@@ -27,8 +27,13 @@ member itself may raise. Three loops drive it, all from ``handle_timeout``:
   ``reconnect_interval_s`` a random *failed* member does: that is how the two halves of a healed
   partition find each other again. Joining is a PUSH_PULL with a contact the driver supplies.
 
-Everything a peer sends is rate-limited per sender and checked against configured limits before it
-is used; garbage is dropped and counted, never raised. The machine never reads a clock: ``now`` is
+Gossip cannot decide. What a member says about itself (ALIVE with its addresses, LEFT, its info
+record) carries its signature and is checked once per incarnation; what anyone says about another
+member (SUSPECT, DEAD) only makes this peer probe that member itself, and a member fails in this
+peer's view only after this peer's own probes went unanswered (``members.py``, ``signing.py``).
+Everything a peer sends is rate-limited per sender -- messages and bytes, before decoding
+(:meth:`MembershipMachine.admit`), and signature checks -- and checked against configured limits
+before it is used; garbage is dropped and counted, never raised. The machine never reads a clock: ``now`` is
 always a parameter, and a large gap between calls is taken as a local pause (SIGSTOP, GC, a loaded
 CPU), after which in-flight probes are discarded instead of blamed on their targets.
 
@@ -68,12 +73,14 @@ from chaosp2p.protocols.membership.messages import (
     Ack,
     Gossip,
     Leave,
+    MembershipMessageType,
     Nack,
     Ping,
     PingReq,
     PushPull,
     PushPullReply,
     Resources,
+    peek_type,
 )
 from chaosp2p.protocols.membership.overlay import Overlay
 from chaosp2p.protocols.membership.probing import Probing
@@ -87,6 +94,9 @@ _LEFT = MemberState.LEFT
 _LIVE = (_ALIVE, MemberState.SUSPECT)
 
 _BANDWIDTH_ALPHA = 0.3
+_PUSH_PULL = int(MembershipMessageType.PUSH_PULL)
+_FULL_STATE = (_PUSH_PULL, int(MembershipMessageType.PUSH_PULL_REPLY))
+_FREE_BYTES = 1024  # bodies up to this size are charged to the message budget only
 
 
 class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay):
@@ -99,8 +109,47 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
     protocols: Sequence[str] = (PROTOCOL,)
 
     # ================================================================== MessageMachine interface
+    def admit(self, now: float, sender: PeerID, body: bytes | memoryview) -> bool:
+        """Whether to decode an encoded message at all: the cheap checks, before any decoding.
+
+        The runtime calls this for each datagram before it decodes it (decoding costs about 0.1 s of
+        CPU per MiB), then hands admitted messages to :meth:`receive_admitted`. It refuses bodies
+        over the size cap of their type and charges the sender's message budget (a PUSH_PULL costs
+        ``push_pull_token_cost``) and, for bodies over ``_FREE_BYTES``, its byte budget (smaller
+        ones are bounded by the message budget: heartbeats stay one bucket lookup). Refusals are
+        counted, never raised.
+        """
+        if self._left:
+            return False
+        counters = self._counters
+        counters.messages_received += 1
+        size = len(body)
+        # The type is the array's first item: read it without decoding (fast path: a fixarray).
+        kind = body[1] if size > 1 and 0x91 <= body[0] <= 0x9F else peek_type(body)
+        cfg = self.config
+        cost = 1.0
+        if kind in _FULL_STATE:
+            cap = cfg.max_push_pull_bytes
+            if kind == _PUSH_PULL:
+                cost = cfg.push_pull_token_cost
+        else:
+            cap = cfg.max_datagram_bytes
+        if size > cap or sender.raw == self._local_raw:
+            counters.rejected_messages += 1
+            return False
+        if not self._limiter.allow(sender, now, cost) or (
+            size > _FREE_BYTES and not self._byte_limiter.allow(sender, now, size)
+        ):
+            counters.rate_limited += 1
+            return False
+        return True
+
     def receive(self, now: float, sender: PeerID, protocol: str, message: Message) -> None:
-        """Handle one message from ``sender``; garbage is counted and dropped, never raised."""
+        """Handle one decoded message from ``sender``; garbage is counted and dropped, never raised.
+
+        For callers that hand over messages they decoded without asking :meth:`admit` first (the
+        simulator, tests): the sender's message budget is charged here.
+        """
         if self._left:
             return
         self._note_time(now)
@@ -113,16 +162,29 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
         if not self._limiter.allow(sender, now, cost):
             counters.rate_limited += 1
             return
-        if sender not in self._members and len(self._strangers) < self.config.max_contacts:
-            self._strangers.setdefault(sender, now)
+        self._dispatch(now, sender, message)
+
+    def receive_admitted(self, now: float, sender: PeerID, message: Message) -> None:
+        """Handle one message that :meth:`admit` let through (its budgets are already charged)."""
+        if not self._left:
+            self._note_time(now)
+            self._dispatch(now, sender, message)
+
+    def _dispatch(self, now: float, sender: PeerID, message: Message) -> None:
+        member = self._members.get(sender)
+        if member is None:
+            if len(self._strangers) < self.config.max_contacts:
+                self._strangers.setdefault(sender, now)
+        elif member.introducer is not None:
+            self._heard_from(member)
         handler = _HANDLERS.get(type(message))
         if handler is None:
-            counters.rejected_messages += 1
+            self._counters.rejected_messages += 1
         else:
             try:
                 handler(self, now, sender, message)
             except RemoteProtocolError:
-                counters.rejected_messages += 1
+                self._counters.rejected_messages += 1
         if self._links_dirty:
             self._fill_links(now)
 
@@ -234,10 +296,7 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             raise ConfigError(f"local addresses rejected: {problem}")
         if addrs != self._addrs:
             self._addrs = addrs
-            self._digest_toggle(now, self.local_peer, self._incarnation)
-            self._incarnation += 1
-            self._digest_toggle(now, self.local_peer, self._incarnation)
-            self._queue_update(self._self_record())
+            self._set_incarnation(now, self._incarnation + 1)
 
     def record_transfer(self, now: float, peer: PeerID, nbytes: int, seconds: float) -> None:
         """Feed one completed transfer with ``peer`` into its bandwidth estimate."""
@@ -278,7 +337,8 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
     def leave(self, now: float) -> None:
         """Leave gracefully: tell every live member at once; afterwards the machine is inert."""
         self._require_running("leave")
-        message = Leave(incarnation=self._incarnation)
+        # Signed, so that those who hear it second-hand believe it: only a member may say it left.
+        message = Leave(incarnation=self._incarnation, signature=self._sign_left().signature)
         for member in self._members.values():
             if member.state in _LIVE:
                 self._send(member.peer, message)
@@ -391,6 +451,12 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             push_pulls_received=c.push_pulls_received,
             local_pauses=c.local_pauses,
             awareness=self._awareness,
+            bad_signatures=c.bad_signatures,
+            signatures_verified=c.signatures_verified,
+            verify_limited=c.verify_limited,
+            hints_checked=c.hints_checked,
+            ignored_from_strangers=c.ignored_from_strangers,
+            evicted_unvouched=c.evicted_unvouched,
         )
 
     # ================================================================== views

@@ -7,7 +7,9 @@ description, with test vectors.
 
 ``validate()`` here enforces only hard, configuration-independent limits (so a decoded message can
 never be absurd); the machine applies the tighter configured limits and the semantic checks
-(address syntax, incarnation jumps) when it uses an update.
+(address syntax, signatures, incarnation jumps) when it uses an update. Signatures are trailing
+fields with a default (an older peer ignores them; see ``protocols/membership.md`` §2); what they
+cover is defined in ``signing.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ WIRE_MAX_CPU_CORES = 1 << 20
 WIRE_MAX_MEMORY_BYTES = 1 << 62
 WIRE_MAX_GPUS = 1 << 16
 WIRE_MAX_SAMPLES_PER_S = 1e12
+WIRE_SIGNATURE_BYTES = 64
 
 
 class MembershipMessageType(enum.IntEnum):
@@ -81,6 +84,34 @@ def _check_number(value: float, cap: float, what: str) -> None:
 def _check_seq(seq: int) -> None:
     if not 0 <= seq <= MAX_SEQ:
         raise _reject(f"sequence number out of range: {seq}")
+
+
+def _check_signature(signature: bytes) -> None:
+    if len(signature) not in (0, WIRE_SIGNATURE_BYTES):
+        raise _reject(f"a signature is {WIRE_SIGNATURE_BYTES} bytes (or none), not {len(signature)}")
+
+
+def peek_type(body: bytes | memoryview) -> int | None:
+    """The message type of an encoded message, read from its first bytes without decoding it.
+
+    The runtime asks this before it decodes a datagram, to charge the sender's rate limit (a
+    PUSH_PULL costs more) and to apply the size cap of the type. ``None`` if the body does not start
+    like a message; the decoder will then refuse it.
+    """
+    if len(body) < 2:
+        return None
+    head = body[0]
+    if 0x91 <= head <= 0x9F:  # fixarray of 1-15 items: the type follows at once
+        offset = 1
+    elif head == 0xDC:  # array 16
+        offset = 3
+    elif head == 0xDD:  # array 32
+        offset = 5
+    else:
+        return None
+    if len(body) <= offset or body[offset] > 0x7F:  # positive fixint: every type number is < 128
+        return None
+    return int(body[offset])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,15 +162,21 @@ class MemberUpdate:
     addrs: tuple[str, ...] = ()
     """Multiaddrs where ``peer`` listens (required for ALIVE, empty otherwise)."""
     origin: PeerID | None = None
-    """Who suspected/declared the subject (SUSPECT, DEAD); counts independent confirmations."""
+    """Who suspected/declared the subject (SUSPECT, DEAD): a hint's author, counted as a confirmation
+    only when it is the peer that sent the hint."""
+    signature: bytes = b""
+    """ALIVE and LEFT: the subject's own Ed25519 signature over ``signing.alive_payload`` /
+    ``left_payload`` (empty for SUSPECT and DEAD, which are hints, not claims)."""
 
     def validate(self) -> None:
-        """Hard limits only; address syntax is checked by the machine when the update is news."""
+        """Hard limits only; address syntax and the signature are checked by the machine when the
+        update is news."""
         if not 0 <= self.incarnation <= MAX_INCARNATION:
             raise _reject(f"incarnation out of range: {self.incarnation}")
         _check_count(len(self.addrs), WIRE_MAX_ADDRS, "addresses per member")
         for addr in self.addrs:
             _check_count(len(addr), WIRE_MAX_ADDR_CHARS, "address length")
+        _check_signature(self.signature)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,12 +187,15 @@ class InfoUpdate:
     version: int
     resources: Resources
     links: tuple[LinkSummary, ...] = ()
+    signature: bytes = b""
+    """The owner's Ed25519 signature over ``signing.info_payload`` (every other field)."""
 
     def validate(self) -> None:
         """Hard limits only (nested records validate themselves on decode)."""
         if not 0 <= self.version <= MAX_INCARNATION:
             raise _reject(f"info version out of range: {self.version}")
         _check_count(len(self.links), WIRE_MAX_LINKS, "links per info")
+        _check_signature(self.signature)
 
 
 def _check_piggyback(updates: tuple[MemberUpdate, ...], infos: tuple[InfoUpdate, ...]) -> None:
@@ -236,6 +276,9 @@ class PushPull(Message):
     join: bool
     members: tuple[MemberUpdate, ...]
     infos: tuple[InfoUpdate, ...] = ()
+    signed: bool = True
+    """False for the periodic anti-entropy sync: the records carry no signatures (but the sender's
+    own), and neither do the reply's; a receiver that finds news in them asks again, signed."""
 
     def validate(self) -> None:
         """Bounds of seq and state."""
@@ -264,11 +307,15 @@ class Leave(Message):
     """The sender leaves gracefully: remove it at once (no suspicion)."""
 
     incarnation: int
+    signature: bytes = b""
+    """The sender's signature over ``signing.left_payload``: receivers gossip the LEFT record on, and
+    only a signed one is believed by those who did not hear the sender itself."""
 
     def validate(self) -> None:
-        """Bounds of incarnation."""
+        """Bounds of incarnation and signature."""
         if not 0 <= self.incarnation <= MAX_INCARNATION:
             raise _reject(f"incarnation out of range: {self.incarnation}")
+        _check_signature(self.signature)
 
 
 @codec.register(MembershipMessageType.GOSSIP)

@@ -12,9 +12,16 @@ check confirms the suspicion. Any ACK, direct or relayed, ends every pending che
 and a direct one updates its smoothed RTT and brings its overlay link up.
 
 Heartbeats on overlay links (``overlay.py``) are PINGs too: a missed one counts against the link
-and starts the same check, so that neighbours detect a failure first. So are our own looks at a
-member after a claim about it (``members.py``). When the driver reports a member unreachable, the
-check starts at once, beside one direct PING in case the member restarted on the same address.
+and starts the same check, so that neighbours detect a failure first. So are our own *looks* at a
+member after another peer's hint that it is suspect or dead (``members.py``): a hint never changes
+a member's state, it makes us probe it now -- at most once per probe interval per member, later
+hints waiting for the next probe tick -- and if our own check then fails, the suspicion counts from
+the hint. When the driver reports a member unreachable, the check starts at once, beside one direct
+PING in case the member restarted on the same address.
+
+A SWIM probe carries our view digests and, until the target has acknowledged our current
+incarnation, our own signed ALIVE record: a member that missed it (gossip has a tail) catches up
+from us directly, and the 66 bytes of a signature are not paid again on every probe.
 
 *Awareness* (Lifeguard's local health) grows when our checks end without the NACKs the relays owe
 us -- the trouble may be on our side -- and shrinks with each answered probe; probe intervals and
@@ -24,10 +31,10 @@ bounded (``max_pending_relays``) and never done for ourselves or for the target'
 
 from __future__ import annotations
 
-from chaosp2p.protocols.membership.bookkeeping import PingPurpose, ProbeRecord, RelayRecord
+from chaosp2p.protocols.membership.bookkeeping import MemberRecord, PingPurpose, ProbeRecord, RelayRecord
 from chaosp2p.protocols.membership.core import MembershipCore, TimerKind
 from chaosp2p.protocols.membership.events import LinkUp, MemberState
-from chaosp2p.protocols.membership.messages import Ack, MemberUpdate, Nack, Ping, PingReq
+from chaosp2p.protocols.membership.messages import Ack, Nack, Ping, PingReq
 from chaosp2p.wire.identity import PeerID
 
 _ALIVE = MemberState.ALIVE
@@ -68,8 +75,13 @@ class Probing(MembershipCore):
             self._on_direct_ack(now, probe)
         elif sender not in probe.relays:
             return
-        # The target answered (directly or through a relay): every pending check on it is moot.
+        # The target answered (directly or through a relay): every pending check on it is moot,
+        # and so is any hint that made us look.
         del self._probes[seq]
+        member = self._members.get(target)
+        if member is not None:
+            member.hinted_at = None
+            member.hinters = None
         check = self._checks.pop(target, None)
         if check is not None and check != seq:
             self._probes.pop(check, None)
@@ -80,6 +92,8 @@ class Probing(MembershipCore):
         if member is not None:
             sample = now - probe.sent_at
             member.rtt_s = sample if member.rtt_s is None else member.rtt_s + _RTT_ALPHA * (sample - member.rtt_s)
+            if probe.carried_self > member.told_incarnation:
+                member.told_incarnation = probe.carried_self
         link = self._links.get(target)
         if link is not None:
             link.missed = 0
@@ -110,16 +124,44 @@ class Probing(MembershipCore):
         self._schedule(now + self._probe_timeout(), TimerKind.RELAY, seq)
 
     # ------------------------------------------------------------------ our probes and checks
-    def _ping(self, now: float, target: PeerID, purpose: PingPurpose, *, extra: MemberUpdate | None = None) -> None:
+    def _ping(self, now: float, target: PeerID, purpose: PingPurpose, *, probe: bool = False) -> None:
         seq = self._next_seq()
-        self._probes[seq] = ProbeRecord(seq=seq, target=target, sent_at=now, purpose=purpose)
-        updates, infos = self._piggyback(target, extra)
-        if extra is None:
+        record = ProbeRecord(seq=seq, target=target, sent_at=now, purpose=purpose)
+        self._probes[seq] = record
+        if not probe:
+            updates, infos = self._piggyback(target)
             self._send(target, Ping(seq=seq, updates=updates, infos=infos))
         else:
+            member = self._members.get(target)
+            extra = None
+            if member is not None and member.told_incarnation < self._incarnation:
+                extra = self._self_record()
+                record.carried_self = self._incarnation
+            updates, infos = self._piggyback(target, extra)
             digest, info_digest = self._digest, self._info_digest
             self._send(target, Ping(seq=seq, updates=updates, infos=infos, digest=digest, info_digest=info_digest))
         self._schedule(now + self._probe_timeout(), TimerKind.DIRECT, seq)
+
+    def _look(self, now: float, member: MemberRecord) -> None:
+        # Another peer says the member is suspect or dead: probe it ourselves (a hint is a reason to
+        # look, never a verdict). Once per probe interval per member: a peer repeating hints must
+        # not make us probe at its pace; a hint that arrives meanwhile waits for the next tick.
+        peer = member.peer
+        if peer in self._checks:
+            return
+        if now - member.hint_checked_at < self.config.probe_interval_s:
+            self._hint_pending.add(peer)
+            return
+        member.hint_checked_at = now
+        self._counters.hints_checked += 1
+        self._ping(now, peer, PingPurpose.LOOK)
+
+    def _look_pending(self, now: float) -> None:
+        pending, self._hint_pending = self._hint_pending, set()
+        for peer in pending:
+            member = self._members.get(peer)
+            if member is not None and member.state is _ALIVE and member.hinted_at is not None:
+                self._look(now, member)
 
     def _on_direct_timeout(self, now: float, deadline: float, seq: int) -> None:
         probe = self._probes.get(seq)
@@ -134,17 +176,24 @@ class Probing(MembershipCore):
                     self._link_down(now, link, "timeout")
         member = self._members.get(target)
         if member is None or member.state is not _ALIVE or target in self._checks:
-            del self._probes[seq]
-            if member is not None and member.state is _SUSPECT:
-                self._confirm(now, member, self.local_peer)
+            del self._probes[seq]  # (a silent suspect member: our suspicion already runs)
             return
         self._start_check(now, probe)
 
     def _start_check(self, now: float, probe: ProbeRecord) -> None:
         target = probe.target
         self._checks[target] = probe.seq
-        relays = [p for p in self._sample_alive(self.config.indirect_probes + 1) if p != target]
-        relays = relays[: self.config.indirect_probes]
+        want = self.config.indirect_probes
+        # Relays must be members we have heard from ourselves, and that nobody has hinted are down:
+        # a relay that cannot answer owes us a NACK it never sends, and each missed NACK raises our
+        # awareness (slowing every probe). Made-up members a peer vouched for never answer, and in
+        # a partition most of the other side is hinted before we have failed it.
+        members = self._members
+        relays = [
+            p
+            for p in self._sample_alive(2 * want + 1)
+            if p != target and members[p].introducer is None and members[p].hinted_at is None
+        ][:want]
         probe.relays = tuple(relays)
         if relays:
             updates, infos = self._piggyback(None)
@@ -163,7 +212,11 @@ class Probing(MembershipCore):
         if self._checks.get(target) == seq:
             del self._checks[target]
         self._counters.probes_failed += 1
-        if probe.nacks < len(probe.relays) and self._awareness < self.config.awareness_max:
+        if (
+            probe.purpose is not PingPurpose.LOOK
+            and probe.nacks < len(probe.relays)
+            and self._awareness < self.config.awareness_max
+        ):
             # Relays should have answered with a NACK at least: the trouble may be on our side.
             self._awareness += 1
         member = self._members.get(target)
@@ -172,8 +225,6 @@ class Probing(MembershipCore):
         if member.state is _ALIVE:
             self._counters.suspicions_raised += 1
             self._suspect(now, member, member.incarnation, self.local_peer)
-        elif member.state is _SUSPECT:
-            self._confirm(now, member, self.local_peer)
 
     def _next_probe_target(self) -> PeerID | None:
         order = self._probe_order
@@ -194,10 +245,14 @@ class Probing(MembershipCore):
         target = self._next_probe_target()
         if target is not None:
             self._counters.probes_sent += 1
-            # Probes go to random members and carry our own record: a member that missed our
-            # latest ALIVE (gossip has a tail) catches up without waiting for a push-pull.
-            self._ping(now, target, PingPurpose.PROBE, extra=self._self_record())
+            self._ping(now, target, PingPurpose.PROBE, probe=True)
         self._sync_stranger(now)
+        if self._hint_pending:
+            self._look_pending(now)
+        if self._suspicions:
+            self._tell_suspects(now)
+        if self._pending_refutation:
+            self._refute_pending(now)
         self._schedule(now + self.config.probe_interval_s * (1 + self._awareness), TimerKind.PROBE, None)
 
     def _on_relay_timeout(self, now: float, deadline: float, seq: int) -> None:
@@ -230,5 +285,3 @@ class Probing(MembershipCore):
             updates, infos = self._piggyback(peer)
             self._send(peer, Ping(seq=seq, updates=updates, infos=infos))
             self._start_check(now, probe)
-        elif member.state is _SUSPECT:
-            self._confirm(now, member, self.local_peer)

@@ -1,7 +1,10 @@
 """Member states and the one transition table that governs them.
 
 A member's state in the local view changes only through this table (plus two timers: a suspicion
-that runs out makes a SUSPECT member FAILED; retention expiry forgets FAILED/LEFT members). Each
+that runs out makes a SUSPECT member FAILED; retention expiry forgets FAILED/LEFT members). The
+ALIVE and LEFT rows apply to claims signed by their subject; the SUSPECT and DEAD rows to this
+peer's own verdicts only (its check failed, its suspicion ran out): the same records from others
+are hints that make it look for itself (``members.py``), never inputs to this table. Each
 entry says which state an update of a given kind leads to and how its incarnation must compare
 with the one we hold: ``NEWER`` (strictly greater: only the member itself can make this happen,
 by refuting) or ``AT_LEAST`` (greater or equal: a claim against the current incarnation). Pairs not
