@@ -13,6 +13,7 @@ from chaosp2p.protocols.negotiation import NegotiationConfig, OperationRejected,
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
     Ballot,
+    Certificate,
     Commit,
     JoinRequest,
     OpsAnnounce,
@@ -179,7 +180,10 @@ def test_digest_mismatches(net3: tuple[ManualNet, list[PeerID]]) -> None:
     config = conf(net, a)
     op = signed(b, OpKind.THROUGHPUT, b, epoch=config.epoch)
     wrong = Commit(run=RUN, epoch=config.epoch + 1, value=Value(ops=(op,), activation_step=3), digest=bytes(32))
-    rejected(net, a, b, wrong, "digest_mismatch")
+    # Without a quorum certificate it is refused before anything is computed (issue 20, finding 3).
+    rejected(net, a, b, wrong, "uncertified")
+    cert = Certificate(ballot=Ballot(round=1, proposer=b), signers=b"\x07", signatures=(bytes(64),) * 3)
+    rejected(net, a, b, dataclasses.replace(wrong, certificate=cert), "digest_mismatch")
     rejected(net, a, c, Sync(run=RUN, epoch=config.epoch, digest=bytes(32)), "digest_mismatch")
 
 

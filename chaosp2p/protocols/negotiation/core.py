@@ -93,6 +93,10 @@ class MachineCore:
         self._alive_inc: dict[bytes, int] = {}
         """Highest membership incarnation at which each peer was reported alive."""
         self._queries: dict[int, tuple[str, PeerID]] = {}
+        self._trusted: frozenset[bytes] = frozenset()
+        """Peers whose word a newcomer takes for a run's configuration (``trust``)."""
+        self._anchors: dict[str, Configuration] = {}
+        """Per run we are not (yet) a member of: the newest configuration we believe (joins.py)."""
         self._counts: dict[str, int] = {}
         self._rejections: dict[str, int] = {}
         self._started = now

@@ -41,7 +41,7 @@ by reason and reported as an ``OperationRejected`` event. The machine never read
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
@@ -216,6 +216,13 @@ class NegotiationMachine(PaxosRoles, Learning):
         rec.sync_at = now + self.config.sync_interval_s * self._rng.uniform(0.5, 1.5)
         self._events.append(ConfigurationCommitted(run=run, configuration=config, committed_at=now))
         return config
+
+    def trust(self, peers: Iterable[PeerID]) -> None:
+        """Take these peers' word for a run's configuration when joining (the operator's bootstrap
+        peers). Without any, a newcomer believes the first member that answers (trust on first
+        use); with some, only them -- and, either way, afterwards only configurations proven by
+        quorum certificates to follow the one it believed (spec section 6, "Trust")."""
+        self._trusted = frozenset(p.raw for p in peers)
 
     def query_run(self, now: float, run: str, peer: PeerID) -> None:
         """Ask ``peer`` for its configuration of ``run``; a ``RunInfo`` event brings the answer."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from chaosp2p.protocols.negotiation.configuration_change import check_operation, next_configuration
+from chaosp2p.protocols.negotiation.certificates import make_certificate, statement
+from chaosp2p.protocols.negotiation.configuration_change import AppliedOp, check_operation, next_configuration
 from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
     GateRaised,
@@ -44,7 +45,7 @@ from chaosp2p.protocols.negotiation.paxos import (
     is_urgent,
     refuses,
 )
-from chaosp2p.protocols.negotiation.run_configuration import quorum
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     ProposerEvent,
@@ -99,6 +100,8 @@ class PaxosRoles(MachineCore):
         prop = rec.proposer
         prop.promises = {}
         prop.accepted_by = set()
+        prop.shares = {}
+        prop.outcome = None
         prop.refused = {}
         prop.started_at = now
         if fast:
@@ -263,10 +266,16 @@ class PaxosRoles(MachineCore):
         prop = rec.proposer
         assert config is not None and prop.ballot is not None and prop.value is not None
         prop.retry_at = now + self.config.phase_timeout_s * self._jitter()
-        refused = self._local_accept(now, rec, prop.ballot, prop.value, prop.value_ids, adopted=prop.adopted)
+        prop.accepted_by = set()
+        prop.shares = {}
+        prop.outcome = self._outcome(rec, prop.value, prop.value_ids)
+        refused = self._local_accept(
+            now, rec, prop.ballot, prop.value, prop.value_ids, adopted=prop.adopted, outcome=prop.outcome
+        )
         me = self.local_peer.raw
         if refused is None:
             prop.accepted_by.add(me)
+            prop.shares[me] = rec.accepted_signature
         else:
             prop.refused[me] = refused
             prop.refusers.add(me)
@@ -326,13 +335,15 @@ class PaxosRoles(MachineCore):
         config = rec.config
         prop = rec.proposer
         assert config is not None and prop.value is not None
-        value, ids = prop.value, prop.value_ids
-        new_config, results = next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
+        assert prop.ballot is not None and prop.outcome is not None
+        value = prop.value
+        new_config, results = prop.outcome
         prop.phase = proposer_transition(prop.phase, ProposerEvent.DECIDED)
         prop.retry_at = None
         self._count("commits")
-        record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest)
-        plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest)
+        certificate = make_certificate(config, prop.ballot, prop.shares)
+        record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest, certificate=certificate)
+        plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest, certificate=certificate)
         self._disseminate(config, plain)
         # Members that left but still train steps this value now governs must learn it too.
         lame = [d.peer_id for d in config.departed if d.activation_step > value.activation_step]
@@ -348,7 +359,12 @@ class PaxosRoles(MachineCore):
         ]
         if newcomers:
             full = Commit(
-                run=rec.run, epoch=record.epoch, value=value, digest=record.digest, configuration=new_config.encode()
+                run=rec.run,
+                epoch=record.epoch,
+                value=value,
+                digest=record.digest,
+                configuration=new_config.encode(),
+                certificate=certificate,
             )
             for peer in newcomers:
                 self._send(peer, full)
@@ -360,11 +376,15 @@ class PaxosRoles(MachineCore):
         assert config is not None
         if len(value.ops) > self.config.max_ops_per_batch:
             return None
+        # The deterministic rule first: it costs microseconds, a signature check ~100.
+        for op in value.ops:
+            if check_operation(op, config) is not None:
+                return None
         ids = []
         for op in value.ops:
             ident = self._sigs.check(op)
-            if ident is None or check_operation(op, config) is not None:
-                return None
+            if ident is None or ident in rec.applied:
+                return None  # forged, or committed before (a replay)
             ids.append(ident)
         if len(set(ids)) != len(ids):
             return None
@@ -386,7 +406,12 @@ class PaxosRoles(MachineCore):
             record = rec.history.get(epoch)
             if record is not None:
                 # The sender missed this decision: give it the commit instead of an answer.
-                self._send(sender, Commit(run=run, epoch=epoch, value=record.value, digest=record.digest))
+                self._send(
+                    sender,
+                    Commit(
+                        run=run, epoch=epoch, value=record.value, digest=record.digest, certificate=record.certificate
+                    ),
+                )
             else:  # too old for our history: tell it where we are, it will ask for a snapshot
                 ballot = Ballot(round=0, proposer=sender)
                 self._send(sender, Nack(run=run, epoch=epoch, ballot=ballot, known_epoch=config.epoch))
@@ -470,8 +495,13 @@ class PaxosRoles(MachineCore):
             self._nack(rec, proposer, msg.epoch, msg.ballot)
             return
         value = msg.value
-        if rec.accepted_ballot == msg.ballot and rec.accepted_value == value:
-            self._reply_accepted(rec, proposer, msg)  # a duplicate: answer again
+        if rec.accepted_ballot == msg.ballot:
+            if rec.accepted_value == value:
+                self._reply_accepted(rec, proposer, msg)  # a duplicate: answer again
+            else:
+                # Another value at a ballot we already accepted: its proposer equivocates (an honest
+                # one proposes one value per ballot). Accepting both would let it certify both.
+                self._reject(msg.run, "equivocation", sender)
             return
         ids = self._value_ids(rec, value)
         if ids is None:
@@ -481,7 +511,9 @@ class PaxosRoles(MachineCore):
         if reason is not None:
             self._reject(msg.run, reason, sender)
             return
-        refused = self._local_accept(now, rec, msg.ballot, value, ids, adopted=msg.adopted)
+        refused = self._local_accept(
+            now, rec, msg.ballot, value, ids, adopted=msg.adopted, outcome=self._outcome(rec, value, ids)
+        )
         if refused is not None:
             self._send(proposer, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
             return
@@ -498,8 +530,24 @@ class PaxosRoles(MachineCore):
                 entered=rec.entered,
                 completed=rec.completed,
                 step_time_s=rec.step_time_s,
+                signature=rec.accepted_signature,
             ),
         )
+
+    def _outcome(
+        self, rec: RunRecord, value: Value, ids: tuple[bytes, ...]
+    ) -> tuple[Configuration, tuple[AppliedOp, ...]]:
+        """C_{e+1} if ``value`` is chosen (computed once per value: accepting, signing and the commit
+        all need it)."""
+        config = rec.config
+        assert config is not None
+        if rec.accepted_value is value or (rec.accepted_value == value and rec.accepted_outcome is not None):
+            assert rec.accepted_outcome is not None
+            return rec.accepted_outcome
+        prop = rec.proposer
+        if prop.outcome is not None and (prop.value is value or prop.value == value):
+            return prop.outcome
+        return next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
 
     def _step_problem(self, rec: RunRecord, value: Value) -> str | None:
         """Why the value's activation step is unacceptable as input (not merely late), or None."""
@@ -514,18 +562,32 @@ class PaxosRoles(MachineCore):
         return None
 
     def _local_accept(
-        self, now: float, rec: RunRecord, ballot: Ballot, value: Value, ids: tuple[bytes, ...], *, adopted: bool
+        self,
+        now: float,
+        rec: RunRecord,
+        ballot: Ballot,
+        value: Value,
+        ids: tuple[bytes, ...],
+        *,
+        adopted: bool,
+        outcome: tuple[Configuration, tuple[AppliedOp, ...]],
     ) -> int | None:
         """Accept ``value`` (and gate at its step) unless it refuses it (see ``paxos.refuses``);
-        returns the completed step if refused."""
+        returns the completed step if refused. Accepting signs the acceptance statement over the
+        digest of C_{e+1}: the proposer needs a quorum of these signatures to commit."""
         if not adopted and refuses(value, self.local_peer.raw, rec.completed):
             self._count("refused_past")
             return rec.completed
         old_gate = rec.gate_step
+        epoch = outcome[0].epoch
         rec.promised = ballot
         rec.accepted_ballot = ballot
         rec.accepted_value = value
         rec.accepted_ids = ids
+        rec.accepted_outcome = outcome
+        body = statement(rec.run, epoch, ballot, outcome[0].digest)
+        rec.accepted_signature = self.identity.sign(body)
+        self._sigs.remember_share(self.local_peer, rec.accepted_signature, body)
         rec.state = transition(rec.state, RunEvent.ACCEPT)
         if old_gate != value.activation_step:
             self._events.append(GateRaised(run=rec.run, step=value.activation_step))
@@ -584,9 +646,20 @@ class PaxosRoles(MachineCore):
         if not rec.config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
+        outcome = prop.outcome
+        assert outcome is not None and prop.ballot is not None
+        if sender.raw in prop.shares:
+            return  # a duplicate
+        # The acceptor's signature is what makes the certificate: one that does not cover our value
+        # (a forged or confused answer) does not count.
+        body = statement(msg.run, msg.epoch, prop.ballot, outcome[0].digest)
+        if not msg.signature or not self._sigs.verify(sender, msg.signature, body):
+            self._reject(msg.run, "bad_signature", sender)
+            return
         self._heard_from(rec, sender)
         self._note_progress(rec, msg.entered, msg.completed)
         prop.accepted_by.add(sender.raw)
+        prop.shares[sender.raw] = msg.signature
         self._check_phase2(now, rec)
 
     def _on_refuse_past(self, now: float, sender: PeerID, msg: RefusePast) -> None:
