@@ -82,7 +82,10 @@ def test_operations_about_another_peer_that_it_did_not_sign(net3: tuple[ManualNe
     )
     # an outsider declares c failed: only members may.
     fail = signed(outsider, OpKind.FAIL, c, epoch=epoch)
-    rejected(net, a, outsider, OpsAnnounce(run=RUN, epoch=epoch, ops=(fail,)), "forged_origin")
+    # An outsider's announcement is not even read (issue 20, finding 7); relayed by a member, the
+    # operation itself is refused.
+    rejected(net, a, outsider, OpsAnnounce(run=RUN, epoch=epoch, ops=(fail,)), "not_member")
+    rejected(net, a, b, OpsAnnounce(run=RUN, epoch=epoch, ops=(fail,)), "forged_origin")
     # b signs a JOIN for someone else.
     rejected(
         net,

@@ -94,7 +94,7 @@ def test_an_unsolicited_forged_snapshot_changes_nothing() -> None:
 def test_a_forged_commit_record_in_a_solicited_reply_is_refused() -> None:
     """Issue 20, finding 1: commit records in a catch-up answer must carry a quorum certificate."""
     net, peers = make_net(3)
-    a, b, c = peers
+    a, b, _ = peers
     before = conf(net, a)
     commit = throughput_commit(net, b, rate=50.0, step=before.activation_step + 3)
     net.call(a, lambda m, now: m._request_sync(m._runs[RUN], b))
@@ -142,7 +142,7 @@ def test_an_acceptor_accepts_one_value_per_ballot() -> None:
     """Issue 20, finding 3 (fork by equivocation): a proposer sending two values at one ballot gets
     at most one acceptance from each acceptor, so it cannot certify both with a quorum each."""
     net, peers = make_net(3)
-    a, b, c = peers
+    a, b, _ = peers
     config = conf(net, a)
     ballot = Ballot(round=5, proposer=b)
     values = [throughput_commit(net, b, rate=r, step=config.activation_step + 3).value for r in (40.0, 60.0)]
@@ -188,7 +188,7 @@ def test_a_newcomer_told_whom_to_trust_ignores_other_peers_run_info() -> None:
     ids = [*MEMBERS[:3], OUTSIDER]
     machines = [NegotiationMachine(identity=i, config=CFG, rng=random.Random(k), now=0.0) for k, i in enumerate(ids)]
     net = ManualNet(machines)
-    a, b, c, newcomer = (i.peer_id for i in ids)
+    a, b, _, newcomer = (i.peer_id for i in ids)
     net.call(a, lambda m, now: m.create_run(now, RUN, params=RunParams(global_batch=8)))
     net.machines[newcomer].trust([a])
     liar = b

@@ -42,7 +42,7 @@ from chaosp2p.protocols.negotiation.operations import (
 from chaosp2p.protocols.negotiation.paxos import (
     RunRecord,
 )
-from chaosp2p.protocols.negotiation.run_configuration import Configuration
+from chaosp2p.protocols.negotiation.run_configuration import MAX_OP_AGE_EPOCHS, Configuration
 from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     RunEvent,
@@ -209,7 +209,10 @@ class Learning(Joins):
         self._revalidate_pending(now, rec)
 
     def _trim_applied(self, rec: RunRecord) -> None:
-        horizon = rec.epoch - self.config.max_history
+        # Committed ids are remembered as long as an operation stays valid (MAX_OP_AGE_EPOCHS),
+        # not just max_history: a replay older than our memory but still valid would otherwise
+        # pass as new (issue 20, finding 10).
+        horizon = rec.epoch - MAX_OP_AGE_EPOCHS
         if rec.applied and next(iter(rec.applied.values())) < horizon:
             for ident in [i for i, e in rec.applied.items() if e < horizon]:
                 del rec.applied[ident]
@@ -475,7 +478,9 @@ class Learning(Joins):
             self._reject(msg.run, "unknown_run", sender)
             return
         config = rec.config
-        if rec.state not in MEMBER_STATES or config is None:
+        if rec.state not in MEMBER_STATES or config is None or not config.has_member(sender):
+            # Only members announce operations: anyone else's are refused before any decoding of
+            # their content or signature check (issue 20, finding 7).
             self._reject(msg.run, "not_member", sender)
             return
         if len(msg.ops) > self.config.max_ops_per_batch:
@@ -483,7 +488,6 @@ class Learning(Joins):
             return
         if msg.epoch > config.epoch:
             self._request_sync(rec, sender)
-        if config.has_member(sender):
-            self._note_progress(rec, msg.entered, msg.completed)
+        self._note_progress(rec, msg.entered, msg.completed)
         if self._admit_ops(now, rec, msg.ops, sender):
             self._ops_became_pending(now, rec)

@@ -320,7 +320,7 @@ class NegotiationMachine(PaxosRoles, Learning):
             if join is not None:
                 self._remove_pending(rec, join)  # a newcomer that died before its admission
             held = config.incarnation_of(peer)
-            if held is not None and not rec.pending_fails.get(raw):
+            if held is not None and self.local_peer.raw not in rec.pending_fails.get(raw, {}):
                 self._raise(
                     now, rec, kind=OpKind.FAIL, subject=peer, incarnation=held, observed_incarnation=incarnation
                 )

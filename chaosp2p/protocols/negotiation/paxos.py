@@ -117,8 +117,8 @@ class RunRecord:
     pending: dict[bytes, Operation] = field(default_factory=dict)
     pending_removals: dict[bytes, int] = field(default_factory=dict)
     """Subject raw id -> number of pending FAIL/LEAVE ops about it."""
-    pending_fails: dict[bytes, int] = field(default_factory=dict)
-    """Subject raw id -> number of pending FAIL ops about it."""
+    pending_fails: dict[bytes, dict[bytes, bytes]] = field(default_factory=dict)
+    """Subject raw id -> origin raw id -> the one pending FAIL that origin signed about it."""
     pending_joins: dict[bytes, bytes] = field(default_factory=dict)
     """Subject raw id -> the one pending JOIN of that newcomer (its newest)."""
     pending_evicts: dict[bytes, dict[bytes, bytes]] = field(default_factory=dict)

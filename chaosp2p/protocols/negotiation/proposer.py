@@ -12,7 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from chaosp2p.protocols.negotiation.certificates import make_certificate, statement
-from chaosp2p.protocols.negotiation.configuration_change import AppliedOp, check_operation, next_configuration
+from chaosp2p.protocols.negotiation.configuration_change import (
+    AppliedOp,
+    check_operation,
+    fail_signers_needed,
+    next_configuration,
+)
 from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
     GateRaised,
@@ -166,19 +171,27 @@ class PaxosRoles(MachineCore):
                 key=lambda e: apply_key(e[0], e[1]),
             )
             others.extend(signed[:need])
+        # Likewise failures: only with enough distinct first-hand signers (FAIL_SIGNERS), and then
+        # just that many of their FAILs; a lone FAIL waits for a second observer.
+        failable = {raw for raw in self._failable(rec) if raw != me.raw and raw not in evictable}
+        for raw in failable:
+            signed = sorted(
+                ((ident, rec.pending[ident]) for ident in rec.pending_fails[raw].values()),
+                key=lambda e: apply_key(e[0], e[1]),
+            )
+            others.extend(signed[: fail_signers_needed(config, signed[0][1].subject)])
         for ident, op in rec.pending.items():
-            if op.kind is OpKind.EVICT:
+            if op.kind is OpKind.EVICT or op.kind is OpKind.FAIL:
                 continue  # handled above
+            if op.kind is OpKind.LEAVE and op.subject.raw in failable:
+                continue  # the failure removes it (urgently)
             if op.subject.raw in evictable and op.kind in MEMBER_KINDS:
                 continue  # void against the eviction (it would be dropped)
-            if op.kind is OpKind.FAIL and op.subject == me:
-                continue  # we know better
             if op.kind is OpKind.JOIN and op.subject.raw in self._failed:
                 continue  # membership says the newcomer died: admitting it would only cost a quorum
             if op.kind in REMOVAL_KINDS or op.kind is OpKind.JOIN:
-                # Several FAILs of one subject (raised by different observers) or repeated JOINs
-                # of one newcomer do the same thing: propose one, keep the rest pending (they
-                # become invalid, and are dropped, once it commits).
+                # A LEAVE, or repeated JOINs of one newcomer: propose one, keep the rest pending
+                # (they become invalid, and are dropped, once it commits).
                 key = (0 if op.kind in REMOVAL_KINDS else 1, op.subject.raw)
                 best = chosen.get(key)
                 if best is None or apply_key(ident, op) < apply_key(*best):
@@ -212,7 +225,7 @@ class PaxosRoles(MachineCore):
                     continue
                 joins_left -= 1
             kept.append(entry)
-        entries = kept[: self.config.max_ops_per_batch]
+        entries = _whole_failures(config, kept[: self.config.max_ops_per_batch])
         if not entries and not allow_empty:
             return None, ()
         ops = [op for _, op in entries]
@@ -380,6 +393,8 @@ class PaxosRoles(MachineCore):
         for op in value.ops:
             if check_operation(op, config) is not None:
                 return None
+        if _short_failures(config, value.ops):
+            return None  # a FAIL without its second signer: urgent in form, removing nobody
         ids = []
         for op in value.ops:
             ident = self._sigs.check(op)
@@ -677,3 +692,26 @@ class PaxosRoles(MachineCore):
         prop.refused[sender.raw] = msg.completed
         prop.refusers.add(sender.raw)
         self._check_phase2(now, rec)
+
+
+def _fail_counts(config: Configuration, ops: Iterable[Operation]) -> dict[bytes, tuple[PeerID, set[bytes]]]:
+    counts: dict[bytes, tuple[PeerID, set[bytes]]] = {}
+    for op in ops:
+        if op.kind is OpKind.FAIL:
+            counts.setdefault(op.subject.raw, (op.subject, set()))[1].add(op.origin.raw)
+    return counts
+
+
+def _short_failures(config: Configuration, ops: Iterable[Operation]) -> bool:
+    """Does a FAIL in ``ops`` lack the distinct co-signers it needs (``fail_signers_needed``)?"""
+    counts = _fail_counts(config, ops)
+    return any(len(who) < fail_signers_needed(config, subject) for subject, who in counts.values())
+
+
+def _whole_failures(config: Configuration, entries: list[tuple[bytes, Operation]]) -> list[tuple[bytes, Operation]]:
+    """``entries`` without the FAILs of a subject whose co-signers the batch cap cut off."""
+    counts = _fail_counts(config, (op for _, op in entries))
+    short = {raw for raw, (subject, who) in counts.items() if len(who) < fail_signers_needed(config, subject)}
+    if not short:
+        return entries
+    return [(i, op) for i, op in entries if not (op.kind is OpKind.FAIL and op.subject.raw in short)]
