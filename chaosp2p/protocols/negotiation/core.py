@@ -102,6 +102,10 @@ class MachineCore:
         self._queries: dict[int, tuple[str, PeerID]] = {}
         self._trusted: frozenset[bytes] = frozenset()
         """Peers whose word a newcomer takes for a run's configuration (``trust``)."""
+        self._declined: dict[str, set[bytes]] = {}
+        """Per run: trusted peers that answered they are no member of it."""
+        self._trusted_down: set[bytes] = set()
+        """Trusted peers the driver could not reach (until they are heard from)."""
         self._anchors: dict[str, Configuration] = {}
         """Per run we are not (yet) a member of: the newest configuration we believe (joins.py)."""
         self._counts: dict[str, int] = {}

@@ -165,6 +165,11 @@ class Joins(MachineCore):
             elif (reason := self._believe(msg.run, sender, config, msg.certificate, previous)) is not None:
                 self._reject(msg.run, reason, sender)
                 config = None
+        if config is None and not msg.configuration and sender.raw in self._trusted:
+            declined = self._declined.setdefault(msg.run, set())
+            if len(self._declined) > _MAX_ANCHORS:
+                del self._declined[next(iter(self._declined))]
+            declined.add(sender.raw)
         self._events.append(RunInfo(run=msg.run, configuration=config, step=msg.step, from_peer=sender))
         rec = self._runs.get(msg.run)
         join = None if rec is None else rec.join
@@ -228,7 +233,12 @@ class Joins(MachineCore):
                 # Trusting nobody, our anchor was only the first answer: a newer first answer is as good.
                 self._count("anchors_replaced")
         elif anchor is None and self._trusted and not trusted:
-            return "untrusted"  # told whom to trust, and this is not one of them
+            # Told whom to trust, and this is not one of them -- unless none of them can speak for
+            # the run: each answered that it is no member, or could not be reached. Then the first
+            # member that answers is as good as it gets (trust on first use; spec section 6).
+            declined = self._declined.get(run, set()) | self._trusted_down
+            if not self._trusted <= declined:
+                return "untrusted"
         if anchor is None or anchor.epoch <= config.epoch:
             self._anchors.pop(run, None)
             if len(self._anchors) >= _MAX_ANCHORS:

@@ -124,6 +124,7 @@ class NegotiationMachine(PaxosRoles, Learning):
             self._count("rate_limited")
             return
         self._down.pop(sender.raw, None)
+        self._trusted_down.discard(sender.raw)
         name = _HANDLERS.get(type(message))
         if name is None:
             self._reject("", "bad_message", sender)
@@ -181,6 +182,8 @@ class NegotiationMachine(PaxosRoles, Learning):
         if peer == self.local_peer:
             return
         self._mark_down(peer, now)
+        if peer.raw in self._trusted:
+            self._trusted_down.add(peer.raw)
         for rec in self._runs.values():
             join = rec.join
             if rec.state is RunState.JOINING and join is not None and join.sponsors and not join.answered:
@@ -220,9 +223,11 @@ class NegotiationMachine(PaxosRoles, Learning):
     def trust(self, peers: Iterable[PeerID]) -> None:
         """Take these peers' word for a run's configuration when joining (the operator's bootstrap
         peers). Without any, a newcomer believes the first member that answers (trust on first
-        use); with some, only them -- and, either way, afterwards only configurations proven by
-        quorum certificates to follow the one it believed (spec section 6, "Trust")."""
+        use); with some, only them, unless none of them is a member of the run (each said so, or
+        could not be reached) -- and, either way, afterwards only configurations proven by quorum
+        certificates to follow the one it believed (spec section 6, "Trust")."""
         self._trusted = frozenset(p.raw for p in peers)
+        self._trusted_down &= self._trusted
 
     def query_run(self, now: float, run: str, peer: PeerID) -> None:
         """Ask ``peer`` for its configuration of ``run``; a ``RunInfo`` event brings the answer."""
@@ -418,6 +423,14 @@ class NegotiationMachine(PaxosRoles, Learning):
                 rec.completed = completed
                 rec.last_completed_at = now
                 rec.entered = max(rec.entered, completed)
+                if rec.pending_fails and rec.config is not None and rec.state in MEMBER_STATES:
+                    # A FAIL waiting for a second signer about a departed member whose last steps we
+                    # are now past does not matter any more (no commit would revalidate it).
+                    for signers in list(rec.pending_fails.values()):
+                        for ident in list(signers.values()):
+                            op = rec.pending.get(ident)
+                            if op is not None and not self._fail_matters(rec, op):
+                                self._remove_pending(rec, ident)
 
     def config_for_step(self, run: str, step: int) -> Configuration | None:
         """The configuration governing ``step``, or None if the step is gated or not ours.
