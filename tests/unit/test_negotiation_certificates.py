@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
+
 from chaosp2p.protocols.negotiation import NegotiationMachine, OpKind, RunParams, RunState
 from chaosp2p.protocols.negotiation.certificates import make_certificate, statement
 from chaosp2p.protocols.negotiation.configuration_change import next_configuration
@@ -215,3 +217,46 @@ def test_sync_requests_get_answers_only_when_asked() -> None:
     assert dict(net.machines[a].statistics().rejected_by_reason).get("unsolicited") == 1
     net.machines[a].receive(net.now, b, PROTOCOL, SyncRequest(run=RUN, from_epoch=0))
     assert net.machines[a].take_outgoing()  # it answers requests
+
+
+# ================================================================================== not defended
+def _accept_and_collect(net: ManualNet, liar: PeerID, targets: list[PeerID], ballot: Ballot, rate: float) -> Commit:
+    """The liar has ``targets`` accept a value of its own at ``ballot``, and certifies it with their
+    acceptances and its own signature (what a dishonest proposer can do with good-faith answers)."""
+    from chaosp2p.protocols.negotiation.messages import Accept, Accepted
+
+    config = conf(net, targets[0])
+    commit = throughput_commit(net, liar, rate=rate, step=config.activation_step + 3)
+    shares = {liar.raw: identity_of(liar).sign(statement(RUN, commit.epoch, ballot, commit.digest))}
+    for target in targets:
+        m = net.machines[target]
+        m.receive(net.now, liar, PROTOCOL, Accept(run=RUN, epoch=commit.epoch, ballot=ballot, value=commit.value))
+        for out in m.take_outgoing():
+            if isinstance(out.message, Accepted) and out.to == liar:
+                shares[target.raw] = out.message.signature
+    return dataclasses.replace(commit, certificate=make_certificate(config, ballot, shares))
+
+
+@pytest.mark.xfail(strict=True, reason="not defended: equivocation at one ballot splits a run of odd size (spec §9)")
+def test_not_defended_a_proposer_equivocating_at_its_ballot_splits_an_odd_run() -> None:
+    net, peers = make_net(3)
+    liar = peers[2]
+    a, b = peers[0], peers[1]
+    ballot = Ballot(round=9, proposer=liar)
+    for target, rate in ((a, 40.0), (b, 60.0)):
+        commit = _accept_and_collect(net, liar, [target], ballot, rate)
+        net.machines[target].receive(net.now, liar, PROTOCOL, commit)
+    assert conf(net, a).digest == conf(net, b).digest
+
+
+@pytest.mark.xfail(strict=True, reason="not defended: a withheld COMMIT and an unjustified higher ballot (spec §9)")
+def test_not_defended_a_proposer_withholding_its_commit_splits_a_run() -> None:
+    net, peers = make_net(4)
+    liar = peers[3]
+    a, b, c = peers[:3]
+    first = _accept_and_collect(net, liar, [a, b, c], Ballot(round=9, proposer=liar), 40.0)
+    net.machines[a].receive(net.now, liar, PROTOCOL, first)  # only a learns the decision
+    second = _accept_and_collect(net, liar, [b, c], Ballot(round=10, proposer=liar), 60.0)
+    for target in (b, c):
+        net.machines[target].receive(net.now, liar, PROTOCOL, second)
+    assert conf(net, a).digest == conf(net, b).digest
