@@ -43,11 +43,12 @@ from chaosp2p.protocols.negotiation.messages import (
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, Operation, op_id, sign_operation
-from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration, quorum
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.sim.negotiation import NegotiationSwarm, sim_identity
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
+from tests.unit.test_negotiation_certificates import forged_configuration
 
 CONFIG = dataclasses.replace(NegotiationConfig.local(), max_history=8)
 FAKES = [sim_identity(900 + i, namespace=77) for i in range(3)]
@@ -93,6 +94,15 @@ class ByzantineMember(RuleBasedStateMachine):
 
     def _current(self) -> Configuration | None:
         return self.swarm.peers[self.liar].machine.configuration(self.swarm.run)
+
+    def _equivocation(self) -> tuple[Configuration, list[PeerID], Ballot] | None:
+        """The liar's view, the honest members to lie to (two at least) and a fresh ballot of its own."""
+        config = self._current()
+        honest = self._honest()
+        if config is None or len(honest) < 2:
+            return None
+        self.round += 1
+        return config, honest, Ballot(round=self.round, proposer=self.liar)
 
     def _send(self, to: PeerID, message: Message) -> None:
         self.swarm.net.inject(self.liar, to, PROTOCOL, message)
@@ -149,18 +159,7 @@ class ByzantineMember(RuleBasedStateMachine):
         if config is None or not honest:
             return
         target = data.draw(st.sampled_from(honest))
-        peers = sorted({self.liar, *(f.peer_id for f in FAKES), target}, key=lambda p: p.raw)
-        fake = make_configuration(
-            run=config.run,
-            epoch=config.epoch + ahead,
-            activation_step=config.activation_step,
-            peers=peers,
-            incarnations=[5] * len(peers),
-            throughputs=[1.0] * len(peers),
-            links=(),
-            params=RunParams(global_batch=4),
-            seed=3,
-        )
+        fake = forged_configuration(config, [self.liar, *(f.peer_id for f in FAKES), target], epochs_ahead=ahead)
         ballot = Ballot(round=self.round, proposer=self.liar)
         body = statement(config.run, fake.epoch, ballot, fake.digest)
         shares = {p.raw: self.identity.sign(body) for p in (self.liar, *(f.peer_id for f in FAKES))}
@@ -173,12 +172,10 @@ class ByzantineMember(RuleBasedStateMachine):
 
     @rule(data=st.data(), signed=st.booleans())
     def equivocating_commits(self, data: st.DataObject, signed: bool) -> None:
-        config = self._current()
-        honest = self._honest()
-        if config is None or len(honest) < 2:
+        setting = self._equivocation()
+        if setting is None:
             return
-        ballot = Ballot(round=self.round, proposer=self.liar)
-        self.round += 1
+        config, honest, ballot = setting
         for i, target in enumerate(honest):
             op = self._own_op(config, rate=float(10 + i))
             step = config.activation_step + 2
@@ -194,12 +191,10 @@ class ByzantineMember(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def equivocating_accepts(self, data: st.DataObject) -> None:
-        config = self._current()
-        honest = self._honest()
-        if config is None or len(honest) < 2:
+        setting = self._equivocation()
+        if setting is None:
             return
-        ballot = Ballot(round=self.round, proposer=self.liar)
-        self.round += 1
+        config, honest, ballot = setting
         step = config.activation_step + data.draw(st.integers(min_value=0, max_value=4))
         for i, target in enumerate(honest):
             value = Value(ops=(self._own_op(config, rate=float(20 + i % 2)),), activation_step=step)
@@ -215,24 +210,18 @@ class ByzantineMember(RuleBasedStateMachine):
         held = config.incarnation_of(victim)
         if held is None:
             return
-        fail = sign_operation(
-            self.identity,
-            kind=OpKind.FAIL,
-            run=config.run,
-            epoch=config.epoch,
-            subject=victim,
-            incarnation=held,
-            detected_at=self.swarm.net.now,
-            observed_incarnation=10**6,
-        )
-        evict = sign_operation(
-            self.identity,
-            kind=OpKind.EVICT,
-            run=config.run,
-            epoch=config.epoch,
-            subject=victim,
-            incarnation=held,
-            detected_at=self.swarm.net.now,
+        fail, evict = (
+            sign_operation(
+                self.identity,
+                kind=kind,
+                run=config.run,
+                epoch=config.epoch,
+                subject=victim,
+                incarnation=held,
+                detected_at=self.swarm.net.now,
+                observed_incarnation=observed,
+            )
+            for kind, observed in ((OpKind.FAIL, 10**6), (OpKind.EVICT, 0))
         )
         for target in honest:
             if propose:

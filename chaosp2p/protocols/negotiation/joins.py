@@ -17,8 +17,8 @@ run never agreed on.
 from __future__ import annotations
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.protocols.negotiation.certificates import certified_forward, check_certificate
-from chaosp2p.protocols.negotiation.configuration_change import check_operation, next_configuration
+from chaosp2p.protocols.negotiation.certificates import certified_forward
+from chaosp2p.protocols.negotiation.configuration_change import check_operation
 from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
 from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
@@ -245,49 +245,6 @@ class Joins(MachineCore):
                 del self._anchors[next(iter(self._anchors))]
             self._anchors[run] = config
         return None
-
-    def _newcomer_catch_up(self, now: float, rec: RunRecord, msg: SyncReply, sender: PeerID) -> None:
-        """A newcomer walks certified commits forward from its anchor (the configuration that admits
-        it may be several epochs past the one it joined against), then takes any snapshot."""
-        join = rec.join
-        known = None if join is None else join.known
-        if join is None or known is None:
-            return
-        for record in sorted(msg.commits, key=lambda r: r.epoch):
-            if record.epoch != known.epoch + 1:
-                continue
-            value = record.value
-            if len(value.ops) > self.config.max_ops_per_batch or any(check_operation(op, known) for op in value.ops):
-                self._reject(rec.run, "bad_value", sender)
-                return
-            new, _ = next_configuration(known, ((op_id(op), op) for op in value.ops), value.activation_step)
-            reason = "digest_mismatch" if new.digest != record.digest else None
-            reason = reason or check_certificate(self._sigs, known, record.epoch, record.digest, record.certificate)
-            if reason is not None:
-                self._reject(rec.run, reason, sender)
-                return
-            known = join.known = new
-            mine = new.incarnation_of(self.local_peer)
-            if mine is not None and join.op is not None and mine >= join.op.incarnation:
-                self._admit(now, rec, new, sender, record.certificate)
-                return
-        if msg.snapshot:
-            self._offer_configuration(
-                now, rec, msg.snapshot, sender, expected_digest=None, certificate=msg.certificate, previous=msg.previous
-            )
-
-    def _offer_configuration(
-        self,
-        now: float,
-        rec: RunRecord,
-        raw: bytes,
-        sender: PeerID,
-        *,
-        expected_digest: bytes | None,
-        certificate: Certificate | None,
-        previous: bytes = b"",
-    ) -> None:
-        raise NotImplementedError
 
     def _join_refused(self, rec: RunRecord, sponsor: PeerID, reason: str) -> None:
         rec.state = transition(rec.state, RunEvent.JOIN_REFUSED)

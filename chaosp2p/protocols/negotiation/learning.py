@@ -38,6 +38,7 @@ from chaosp2p.protocols.negotiation.messages import (
 from chaosp2p.protocols.negotiation.operations import (
     REMOVAL_KINDS,
     OpKind,
+    op_id,
 )
 from chaosp2p.protocols.negotiation.paxos import (
     RunRecord,
@@ -105,15 +106,7 @@ class Learning(Joins):
             if before is not None and before >= incarnation:
                 continue  # admitted earlier, by a commit we learned elsewhere: its retry serves it
             if full is None:
-                encoded = self._encoded(rec)
-                full = Commit(
-                    run=rec.run,
-                    epoch=record.epoch,
-                    value=record.value,
-                    digest=record.digest,
-                    configuration=encoded,
-                    certificate=record.certificate,
-                )
+                full = Commit.of(rec.run, record, self._encoded(rec))
             self._send(peer, full)
 
     def _learn(self, now: float, rec: RunRecord, record: CommitRecord, sender: PeerID) -> bool:
@@ -367,6 +360,36 @@ class Learning(Joins):
             if not self._learn(now, rec, record, sender):
                 return
         if msg.snapshot and self._learner(rec):
+            self._offer_configuration(
+                now, rec, msg.snapshot, sender, expected_digest=None, certificate=msg.certificate, previous=msg.previous
+            )
+
+    def _newcomer_catch_up(self, now: float, rec: RunRecord, msg: SyncReply, sender: PeerID) -> None:
+        """A newcomer walks certified commits forward from its anchor (the configuration that admits
+        it may be several epochs past the one it joined against), then takes any snapshot."""
+        join = rec.join
+        known = None if join is None else join.known
+        if join is None or known is None:
+            return
+        for record in sorted(msg.commits, key=lambda r: r.epoch):
+            if record.epoch != known.epoch + 1:
+                continue
+            value = record.value
+            if len(value.ops) > self.config.max_ops_per_batch or any(check_operation(op, known) for op in value.ops):
+                self._reject(rec.run, "bad_value", sender)
+                return
+            new, _ = next_configuration(known, ((op_id(op), op) for op in value.ops), value.activation_step)
+            reason = "digest_mismatch" if new.digest != record.digest else None
+            reason = reason or check_certificate(self._sigs, known, record.epoch, record.digest, record.certificate)
+            if reason is not None:
+                self._reject(rec.run, reason, sender)
+                return
+            known = join.known = new
+            mine = new.incarnation_of(self.local_peer)
+            if mine is not None and join.op is not None and mine >= join.op.incarnation:
+                self._admit(now, rec, new, sender, record.certificate)
+                return
+        if msg.snapshot:
             self._offer_configuration(
                 now, rec, msg.snapshot, sender, expected_digest=None, certificate=msg.certificate, previous=msg.previous
             )

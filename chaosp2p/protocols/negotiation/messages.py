@@ -359,6 +359,18 @@ class Commit(Message):
             certificate=self.certificate,
         )
 
+    @classmethod
+    def of(cls, run: str, record: CommitRecord, configuration: bytes = b"") -> Commit:
+        """The COMMIT of a decision kept as a commit record (with its certificate)."""
+        return cls(
+            run=run,
+            epoch=record.epoch,
+            value=record.value,
+            digest=record.digest,
+            configuration=configuration,
+            certificate=record.certificate,
+        )
+
     def record(self) -> CommitRecord:
         """The decision this COMMIT carries, as a commit record."""
         return CommitRecord(epoch=self.epoch, value=self.value, digest=self.digest, certificate=self.certificate)

@@ -356,7 +356,7 @@ class PaxosRoles(MachineCore):
         self._count("commits")
         certificate = make_certificate(config, prop.ballot, prop.shares)
         record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest, certificate=certificate)
-        plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest, certificate=certificate)
+        plain = Commit.of(rec.run, record)
         self._disseminate(config, plain)
         # Members that left but still train steps this value now governs must learn it too.
         lame = [d.peer_id for d in config.departed if d.activation_step > value.activation_step]
@@ -371,14 +371,7 @@ class PaxosRoles(MachineCore):
             and not config.has_member(r.op.subject)
         ]
         if newcomers:
-            full = Commit(
-                run=rec.run,
-                epoch=record.epoch,
-                value=value,
-                digest=record.digest,
-                configuration=new_config.encode(),
-                certificate=certificate,
-            )
+            full = Commit.of(rec.run, record, new_config.encode())
             for peer in newcomers:
                 self._send(peer, full)
         self._apply_commit(now, rec, record, new_config, results)
@@ -421,12 +414,7 @@ class PaxosRoles(MachineCore):
             record = rec.history.get(epoch)
             if record is not None:
                 # The sender missed this decision: give it the commit instead of an answer.
-                self._send(
-                    sender,
-                    Commit(
-                        run=run, epoch=epoch, value=record.value, digest=record.digest, certificate=record.certificate
-                    ),
-                )
+                self._send(sender, Commit.of(run, record))
             else:  # too old for our history: tell it where we are, it will ask for a snapshot
                 ballot = Ballot(round=0, proposer=sender)
                 self._send(sender, Nack(run=run, epoch=epoch, ballot=ballot, known_epoch=config.epoch))
