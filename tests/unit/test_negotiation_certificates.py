@@ -260,3 +260,27 @@ def test_not_defended_a_proposer_withholding_its_commit_splits_a_run() -> None:
     for target in (b, c):
         net.machines[target].receive(net.now, liar, PROTOCOL, second)
     assert conf(net, a).digest == conf(net, b).digest
+
+
+def test_a_long_catch_up_comes_in_frames_that_fit() -> None:
+    # Certificates make commit records large: a SYNC_REPLY carries what fits, the asker asks again.
+    import chaosp2p.protocols.negotiation.learning as learning
+
+    net, peers = make_net(3)
+    a, b, c = peers
+    for i in range(6):
+        net.call(b, lambda m, now, r=float(i + 2): m.set_throughput(now, RUN, r * 10))
+        net.advance(0.3, lambda s, r, m: r == c)  # c misses everything
+    target = conf(net, a)
+    behind = target.epoch - conf(net, c).epoch
+    assert behind >= 3
+    saved = learning._SYNC_REPLY_BYTES
+    learning._SYNC_REPLY_BYTES = 1  # one record per reply
+    try:
+        net.call(c, lambda m, now: m._request_sync(m._runs[RUN], a))
+        net.deliver()
+    finally:
+        learning._SYNC_REPLY_BYTES = saved
+    replies = [m for s, r, m in net.delivered if r == c and isinstance(m, SyncReply)]
+    assert len(replies) >= behind and all(len(r.commits) <= 1 for r in replies)
+    assert conf(net, c).digest == target.digest

@@ -56,6 +56,17 @@ _MAX_SYNC_ASKED = 64
 """Outstanding SYNC_REQUESTs per run (the oldest is forgotten first)."""
 
 
+_SYNC_REPLY_BYTES = 512 << 10
+"""Commit records per SYNC_REPLY stop at about this many bytes (frames are 1 MiB by default)."""
+
+
+def _record_bytes(record: CommitRecord) -> int:
+    """A generous estimate of a commit record's wire size (no encoding needed)."""
+    cert = record.certificate
+    signed = 0 if cert is None else 70 * len(cert.signatures) + len(cert.signers)
+    return 160 + signed + 320 * len(record.value.ops)
+
+
 class Learning(Joins):
     """Commits and anti-entropy (joins: ``joins.py``)."""
 
@@ -321,7 +332,17 @@ class Learning(Joins):
         assert config is not None
         epochs = range(max(from_epoch, 1), config.epoch + 1)
         if len(epochs) <= self.config.max_history and all(e in rec.history for e in epochs):
-            return SyncReply(run=rec.run, commits=tuple(rec.history[e] for e in epochs))
+            # Certificates make records large (~34 KB at 1024 members): a reply carries what fits in
+            # a frame, and the asker asks again from where it got to (_on_sync_reply).
+            records: list[CommitRecord] = []
+            size = 0
+            for e in epochs:
+                record = rec.history[e]
+                size += _record_bytes(record)
+                if records and size > _SYNC_REPLY_BYTES:
+                    break
+                records.append(record)
+            return SyncReply(run=rec.run, commits=tuple(records))
         # Beyond our history: the configuration with its certificate, and the one before it (which
         # names the certificate's signers), so that the asker can count its own members among them.
         previous = next((c for c in reversed(rec.configs) if c.epoch == config.epoch - 1), None)
@@ -352,6 +373,7 @@ class Learning(Joins):
         if not config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
+        learned = False
         for record in sorted(msg.commits, key=lambda r: r.epoch):
             if not self._learner(rec):
                 return
@@ -359,6 +381,9 @@ class Learning(Joins):
                 continue
             if not self._learn(now, rec, record, sender):
                 return
+            learned = True
+        if learned and not msg.snapshot and self._learner(rec):
+            self._request_sync(rec, sender)  # the reply may have been cut to fit a frame: the rest, if any
         if msg.snapshot and self._learner(rec):
             self._offer_configuration(
                 now, rec, msg.snapshot, sender, expected_digest=None, certificate=msg.certificate, previous=msg.previous
