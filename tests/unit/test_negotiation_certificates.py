@@ -284,3 +284,19 @@ def test_a_long_catch_up_comes_in_frames_that_fit() -> None:
     replies = [m for s, r, m in net.delivered if r == c and isinstance(m, SyncReply)]
     assert len(replies) >= behind and all(len(r.commits) <= 1 for r in replies)
     assert conf(net, c).digest == target.digest
+
+
+def test_a_newcomer_whose_trusted_peers_are_no_members_falls_back_to_the_first_member() -> None:
+    # Told to trust a peer that is not in the run: an untrusted answer is refused at first, the
+    # trusted peer is asked, declines, and the next answer is believed (trust on first use).
+    ids = [*MEMBERS[:2], OUTSIDER, FAKES[0]]
+    machines = [NegotiationMachine(identity=i, config=CFG, rng=random.Random(k), now=0.0) for k, i in enumerate(ids)]
+    net = ManualNet(machines)
+    a, _, newcomer, bystander = (i.peer_id for i in ids)
+    net.call(a, lambda m, now: m.create_run(now, RUN, params=RunParams(global_batch=8)))
+    net.machines[newcomer].trust([bystander])
+    for expect_config in (False, True):
+        net.call(newcomer, lambda m, now: m.query_run(now, RUN, a))
+        net.deliver()
+        infos = [e for e in net.take(newcomer) if type(e).__name__ == "RunInfo" and e.from_peer == a]
+        assert infos and (infos[-1].configuration is not None) is expect_config

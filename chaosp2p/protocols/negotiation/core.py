@@ -104,6 +104,8 @@ class MachineCore:
         """Peers whose word a newcomer takes for a run's configuration (``trust``)."""
         self._declined: dict[str, set[bytes]] = {}
         """Per run: trusted peers that answered they are no member of it."""
+        self._trusted_asked: dict[str, set[bytes]] = {}
+        """Per run: trusted peers this newcomer asked about it on its own (once each)."""
         self._trusted_down: set[bytes] = set()
         """Trusted peers the driver could not reach (until they are heard from)."""
         self._anchors: dict[str, Configuration] = {}

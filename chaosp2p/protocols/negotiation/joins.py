@@ -238,6 +238,7 @@ class Joins(MachineCore):
             # member that answers is as good as it gets (trust on first use; spec section 6).
             declined = self._declined.get(run, set()) | self._trusted_down
             if not self._trusted <= declined:
+                self._ask_trusted(run, declined)
                 return "untrusted"
         if anchor is None or anchor.epoch <= config.epoch:
             self._anchors.pop(run, None)
@@ -245,6 +246,17 @@ class Joins(MachineCore):
                 del self._anchors[next(iter(self._anchors))]
             self._anchors[run] = config
         return None
+
+    def _ask_trusted(self, run: str, answered: set[bytes]) -> None:
+        """Ask the trusted peers that have not spoken about ``run`` yet (once each): the caller's
+        next try then finds the run's configuration from one of them, or learns that none can give
+        it (each declines or cannot be reached) and believes the first member that answers."""
+        asked = self._trusted_asked.setdefault(run, set())
+        if len(self._trusted_asked) > _MAX_ANCHORS:
+            del self._trusted_asked[next(iter(self._trusted_asked))]
+        for raw in self._trusted - answered - asked:
+            asked.add(raw)
+            self._send_query(run, PeerID(raw=raw))
 
     def _join_refused(self, rec: RunRecord, sponsor: PeerID, reason: str) -> None:
         rec.state = transition(rec.state, RunEvent.JOIN_REFUSED)

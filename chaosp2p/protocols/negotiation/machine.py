@@ -301,6 +301,12 @@ class NegotiationMachine(PaxosRoles, Learning):
         raw = peer.raw
         if incarnation < self._alive_inc.get(raw, -1):
             return  # news older than what we already know (it refuted since)
+        if raw in self._trusted:
+            # A trusted peer that membership reports gone cannot tell a newcomer about a run.
+            if state in (MemberState.FAILED, MemberState.LEFT):
+                self._trusted_down.add(raw)
+            else:
+                self._trusted_down.discard(raw)
         if state in (MemberState.ALIVE, MemberState.SUSPECT):
             self._down.pop(raw, None)
             if self._failed.pop(raw, None) is not None:
