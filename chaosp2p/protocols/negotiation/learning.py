@@ -350,7 +350,7 @@ class Learning(Joins):
             run=rec.run,
             snapshot=self._encoded(rec),
             certificate=rec.certs.get(config.epoch),
-            previous=b"" if previous is None else previous.encode(),
+            previous=b"" if previous is None else self._encoded_config(rec, previous),
         )
 
     def _on_sync_reply(self, now: float, sender: PeerID, msg: SyncReply) -> None:

@@ -156,6 +156,8 @@ class RunRecord:
     """(epoch, step, failure-report version) of the last stuck check (skip it if unchanged)."""
     encoded: bytes | None = None
     """Cached wire form of ``config`` (RUN_INFO replies and snapshots)."""
+    encoded_older: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    """Epoch -> (digest, wire form) of a few older configurations handed out (newest excluded)."""
     sponsored: dict[bytes, tuple[PeerID, int]] = field(default_factory=dict)
     """Newcomers whose JOIN_REQUEST we accepted (raw id -> (peer, incarnation)), not admitted yet:
     we pass on the COMMIT that admits them (we hold a connection to them; the proposer may not)."""
