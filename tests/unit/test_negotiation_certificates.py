@@ -180,6 +180,11 @@ def test_a_newcomer_is_not_admitted_into_a_forged_configuration() -> None:
     )
     net.machines[newcomer].receive(net.now, outsider, PROTOCOL, forged)
     assert net.machines[newcomer].state_of(RUN) is RunState.JOINING
+    # From a member of the configuration it believes: refused for want of a certificate.
+    liar = peers[1]
+    net.machines[newcomer].receive(net.now, liar, PROTOCOL, forged)
+    assert net.machines[newcomer].state_of(RUN) is RunState.JOINING
+    assert dict(net.machines[newcomer].statistics().rejected_by_reason).get("uncertified") == 1
     net.advance(1.0)  # its retry gets it admitted for real
     assert conf(net, newcomer).digest == conf(net, a).digest
 

@@ -78,6 +78,13 @@ class Learning(Joins):
             self._reject(msg.run, "unknown_run", sender)
             return
         if rec.state is RunState.JOINING:
+            join = rec.join
+            known = None if join is None else join.known
+            if join is None or known is None or not (known.has_member(sender) or sender in join.sponsors):
+                # Only a member of the configuration we believe, or a member we asked, admits us:
+                # anyone else's COMMIT is dropped before its configuration is even decoded.
+                self._reject(msg.run, "not_member", sender)
+                return
             if msg.configuration:
                 self._offer_configuration(
                     now, rec, msg.configuration, sender, expected_digest=msg.digest, certificate=msg.certificate
