@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -49,6 +49,7 @@ from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 from tests.unit.test_negotiation_certificates import forged_configuration
+from tests.unit.test_negotiation_property import NegotiationProperties
 
 CONFIG = dataclasses.replace(NegotiationConfig.local(), max_history=8)
 FAKES = [sim_identity(900 + i, namespace=77) for i in range(3)]
@@ -210,19 +211,10 @@ class ByzantineMember(RuleBasedStateMachine):
         held = config.incarnation_of(victim)
         if held is None:
             return
-        fail, evict = (
-            sign_operation(
-                self.identity,
-                kind=kind,
-                run=config.run,
-                epoch=config.epoch,
-                subject=victim,
-                incarnation=held,
-                detected_at=self.swarm.net.now,
-                observed_incarnation=observed,
-            )
-            for kind, observed in ((OpKind.FAIL, 10**6), (OpKind.EVICT, 0))
-        )
+        about = {"run": config.run, "epoch": config.epoch, "subject": victim, "incarnation": held}
+        now = self.swarm.net.now
+        fail = sign_operation(self.identity, kind=OpKind.FAIL, detected_at=now, observed_incarnation=10**6, **about)
+        evict = sign_operation(self.identity, kind=OpKind.EVICT, detected_at=now, **about)
         for target in honest:
             if propose:
                 ballot = Ballot(round=self.round, proposer=self.liar)
@@ -260,9 +252,7 @@ class ByzantineMember(RuleBasedStateMachine):
 
 
 ByzantineMember.TestCase.settings = settings(
+    NegotiationProperties.TestCase.settings,
     max_examples=int(os.environ.get("NEGOTIATION_BYZANTINE_EXAMPLES", "25")),
-    stateful_step_count=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestByzantineMember = ByzantineMember.TestCase

@@ -42,17 +42,16 @@ def identity_of(peer: PeerID) -> Identity:
 
 def forged_configuration(current: Configuration, peers: list[PeerID], *, epochs_ahead: int = 1) -> Configuration:
     """What finding 1 sent: a higher epoch listing the attacker and made-up members, batch 64 -> 4."""
-    peers = sorted(peers, key=lambda p: p.raw)
+    members = sorted(peers, key=lambda p: p.raw)
+    same = {"run": current.run, "activation_step": current.activation_step, "links": ()}
     return make_configuration(
-        run=current.run,
         epoch=current.epoch + epochs_ahead,
-        activation_step=current.activation_step,
-        peers=peers,
-        incarnations=[9] * len(peers),
-        throughputs=[1.0] * len(peers),
-        links=(),
+        peers=members,
+        incarnations=[9] * len(members),
+        throughputs=[1.0] * len(members),
         params=RunParams(global_batch=4),
         seed=1,
+        **same,
     )
 
 

@@ -45,6 +45,8 @@ _MAX_QUERIES = 1024
 """Outstanding RUN_INFO requests remembered (the oldest is forgotten first)."""
 _MAX_SPONSORED = 256
 """Newcomers per run whose admission we pass on (the oldest is forgotten first)."""
+Admission = tuple[PeerID, Certificate | None]
+"""Who admitted a newcomer, and the certificate of the configuration that admits it."""
 _MAX_ANCHORS = 64
 """Runs we hold an anchor for without being a member (the oldest is forgotten first)."""
 
@@ -202,7 +204,7 @@ class Joins(MachineCore):
         mine = config.incarnation_of(self.local_peer)
         if mine is not None and mine >= join.incarnation:
             # Our admission commit was lost; this is the configuration (proven to follow our anchor).
-            self._admit(now, rec, config, sender, msg.certificate)
+            self._admit(now, rec, config, (sender, msg.certificate))
             return
         gone = config.departed_incarnation(self.local_peer)
         incarnation = max(join.incarnation, -1 if gone is None else gone + 1, -1 if mine is None else mine + 1)
@@ -328,14 +330,10 @@ class Joins(MachineCore):
         if len(sponsored) > _MAX_SPONSORED:
             del sponsored[next(iter(sponsored))]  # the oldest request; its newcomer still retries
 
-    def _admit(
-        self,
-        now: float,
-        rec: RunRecord,
-        config: Configuration,
-        sender: PeerID | None = None,
-        certificate: Certificate | None = None,
-    ) -> None:
+    def _admit(self, now: float, rec: RunRecord, config: Configuration, via: Admission | None = None) -> None:
+        """Become a member with ``config``; ``via``: the member that admitted us and the
+        configuration's certificate (None: the simulator's preformed run)."""
+        sender, certificate = (None, None) if via is None else via
         rec.state = transition(rec.state, RunEvent.ADMIT)
         rec.configs.clear()
         rec.history.clear()

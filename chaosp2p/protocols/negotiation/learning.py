@@ -419,7 +419,7 @@ class Learning(Joins):
             known = join.known = new
             mine = new.incarnation_of(self.local_peer)
             if mine is not None and join.op is not None and mine >= join.op.incarnation:
-                self._admit(now, rec, new, sender, record.certificate)
+                self._admit(now, rec, new, (sender, record.certificate))
                 return
         if msg.snapshot:
             self._offer_configuration(
@@ -484,7 +484,7 @@ class Learning(Joins):
                 if config.epoch > known.epoch + 1 and sender.raw not in rec.sync_asked:
                     self._request_sync(rec, sender)  # the commits between our anchor and it prove it
                 return
-            self._admit(now, rec, config, sender, certificate)
+            self._admit(now, rec, config, (sender, certificate))
             return
         held = rec.config
         if held is None or not (config.has_member(sender) or held.has_member(sender)):

@@ -148,14 +148,13 @@ class Certificate:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommitRecord:
-    """One decided instance: epoch ``epoch`` was produced by ``value`` and has ``digest``."""
+    """One decided instance: epoch ``epoch`` was produced by ``value`` and has ``digest``; the
+    ``certificate`` holds the quorum of C_(epoch-1) that accepted ``value`` (``certificates.py``)."""
 
     epoch: int
     value: Value
     digest: bytes
     certificate: Certificate | None = None
-    """The quorum of C_(epoch-1) that accepted ``value`` (see ``certificates.py``); None only in
-    records a peer keeps of configurations it was handed without one (C_0)."""
 
     def validate(self) -> None:
         """Bounds of the epoch and the digest."""

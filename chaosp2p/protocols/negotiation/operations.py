@@ -284,14 +284,7 @@ class SignatureCache:
             return cached[1]
         body = canonical_bytes(op)
         ident = hashlib.sha256(body).digest()
-        if self._bad.get(op.signature) == ident:
-            self.rejected_cached += 1
-            return None
-        self.verifications += 1
-        try:
-            self._key(op.origin).verify(op.signature, body)
-        except InvalidSignature:
-            _bounded_put(self._bad, self._max, op.signature, ident)
+        if not self._verify_once(op.origin, op.signature, body, ident):
             return None
         _bounded_put(self._verified, self._max, op.signature, (op, ident))
         return ident
@@ -302,6 +295,14 @@ class SignatureCache:
         if self._shares.get(signature) == tag:
             self.hits += 1
             return True
+        if not self._verify_once(signer, signature, body, tag):
+            return False
+        _bounded_put(self._shares, self._max, signature, tag)
+        return True
+
+    def _verify_once(self, signer: PeerID, signature: bytes, body: bytes, tag: bytes) -> bool:
+        """Verify, unless this signature already failed for this content (``tag``): then refuse at
+        once. A failure is remembered."""
         if self._bad.get(signature) == tag:
             self.rejected_cached += 1
             return False
@@ -311,7 +312,6 @@ class SignatureCache:
         except (InvalidSignature, ValueError):
             _bounded_put(self._bad, self._max, signature, tag)
             return False
-        _bounded_put(self._shares, self._max, signature, tag)
         return True
 
     def remember_share(self, signer: PeerID, signature: bytes, body: bytes) -> None:

@@ -639,16 +639,24 @@ class PaxosRoles(MachineCore):
             rec.activity_at = now
             rec.wake_at = now + self.config.phase_timeout_s * self._jitter()
 
-    def _on_accepted(self, now: float, sender: PeerID, msg: Accepted) -> None:
+    def _phase2_answer(self, sender: PeerID, msg: Accepted | RefusePast) -> RunRecord | None:
+        """The run if ``msg`` answers our current ACCEPT and comes from a member of C_e."""
         rec = self._runs.get(msg.run)
         if rec is None or rec.config is None or rec.state not in MEMBER_STATES:
-            return
+            return None
         prop = rec.proposer
         if msg.epoch != rec.epoch + 1 or prop.phase is not _ACCEPTING or msg.ballot != prop.ballot:
-            return
+            return None  # late or for an older ballot: harmless
         if not rec.config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
+            return None
+        return rec
+
+    def _on_accepted(self, now: float, sender: PeerID, msg: Accepted) -> None:
+        rec = self._phase2_answer(sender, msg)
+        if rec is None:
             return
+        prop = rec.proposer
         outcome = prop.outcome
         assert outcome is not None and prop.ballot is not None
         if sender.raw in prop.shares:
@@ -666,15 +674,10 @@ class PaxosRoles(MachineCore):
         self._check_phase2(now, rec)
 
     def _on_refuse_past(self, now: float, sender: PeerID, msg: RefusePast) -> None:
-        rec = self._runs.get(msg.run)
-        if rec is None or rec.config is None or rec.state not in MEMBER_STATES:
+        rec = self._phase2_answer(sender, msg)
+        if rec is None:
             return
         prop = rec.proposer
-        if msg.epoch != rec.epoch + 1 or prop.phase is not _ACCEPTING or msg.ballot != prop.ballot:
-            return
-        if not rec.config.has_member(sender):
-            self._reject(msg.run, "not_member", sender)
-            return
         self._heard_from(rec, sender)
         self._note_progress(rec, -1, msg.completed)
         prop.refused[sender.raw] = msg.completed
