@@ -24,6 +24,11 @@ fail, link up/down, throughput) and the activation step S from which C_{e+1} gov
   for gated steps. A member that already completed S refuses (REFUSE_PAST); when enough refuse, the
   value is provably unchoosable and a fresh one with a later S is proposed (see ``paxos.py``). A
   commit that activates at a step this member already completed raises ``ResyncNeeded``.
+* **Certificates** (``certificates.py``). Accepting signs (run, epoch, ballot, digest of C_{e+1});
+  the COMMIT carries the signatures of a quorum of C_e, and nothing -- a COMMIT, a commit record, a
+  snapshot, a newcomer's admission -- is installed without them. Catch-up answers are read only
+  when asked for. A FAIL removes its subject only with two members' first-hand FAILs, an EVICT
+  with a quorum's. A newcomer believes its trusted (bootstrap) peers, then certificates (``joins.py``).
 * **Decisions** go to every member of C_e and C_{e+1} (COMMIT; ACCEPT and COMMIT travel through
   about sqrt(n) relays above ``relay_threshold`` members); newcomers get the full configuration.
   Lost commits are repaired by SYNC beacons between ring neighbours (SYNC_REQUEST / SYNC_REPLY with
