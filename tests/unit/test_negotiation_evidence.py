@@ -8,7 +8,7 @@ import dataclasses
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation import OpKind
 from chaosp2p.protocols.negotiation.configuration_change import check_operation, next_configuration
-from chaosp2p.protocols.negotiation.messages import Accept, Ballot, OpsAnnounce, Value
+from chaosp2p.protocols.negotiation.messages import Accept, Ballot, OpsAnnounce, Sync, Value
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, SignatureCache, op_id, sign_operation
 from chaosp2p.protocols.negotiation.run_configuration import EVIDENCE_MAX_AGE_EPOCHS, MAX_OP_AGE_EPOCHS
 
@@ -179,3 +179,37 @@ def test_failure_and_eviction_evidence_expires() -> None:
     assert check_operation(evict, config) is None
     assert check_operation(evict, later) == "too_old"
     assert check_operation(fail_op(net, peers[0], peers[1]), later) == "too_old"
+
+
+def test_a_member_told_of_a_failure_checks_the_subject_itself() -> None:
+    # The failover path stays fast: one observer's FAIL makes the others check the subject at once
+    # (a SYNC to it); a member whose driver cannot reach it signs its own FAIL, the second signer.
+    net, peers = make_net(4)
+    coord, others = roles(net, peers)
+    victim, helper = others[0], others[1]
+    report_all(net, peers, entered=3, completed=2)
+    net.crashed.add(victim)
+    net.call(coord, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
+    net.deliver()
+    assert conf(net, coord).has_member(victim)  # one signer: nothing yet
+    checked = [s for s, out in net.queue if out.to == victim] + [s for s, r, m in net.delivered if r == victim]
+    assert helper in checked or victim.raw in net.machines[helper]._fail_hints
+    net.call(helper, lambda m, now: m.peer_unreachable(now, victim))  # its SYNC found nobody
+    net.deliver()
+    assert not conf(net, coord).has_member(victim)
+    assert {conf(net, p).digest for p in peers if p != victim} == {conf(net, coord).digest}
+
+
+def test_a_live_subject_answering_is_not_failed() -> None:
+    net, peers = make_net(4)
+    coord, others = roles(net, peers)
+    victim, helper = others[0], others[1]
+    report_all(net, peers, entered=3, completed=2)
+    forged = fail_op(net, coord, victim)
+    net.call(
+        helper, lambda m, now: m.receive(now, coord, PROTOCOL, OpsAnnounce(run=RUN, epoch=forged.epoch, ops=(forged,)))
+    )
+    assert net.machines[helper]._fail_hints
+    net.call(helper, lambda m, now: m.receive(now, victim, PROTOCOL, Sync(run=RUN, epoch=0, digest=bytes(32))))
+    net.call(helper, lambda m, now: m.peer_unreachable(now, victim))  # a late, stale report
+    assert net.machines[helper].run_status(RUN).pending == ()

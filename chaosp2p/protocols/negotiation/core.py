@@ -32,6 +32,7 @@ from chaosp2p.protocols.negotiation.messages import (
     Commit,
     CommitRecord,
     OpsAnnounce,
+    Sync,
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import (
@@ -99,6 +100,9 @@ class MachineCore:
         """Peers membership reported failed/left or the driver could not reach (proposer ranking)."""
         self._alive_inc: dict[bytes, int] = {}
         """Highest membership incarnation at which each peer was reported alive."""
+        self._fail_hints: dict[bytes, float] = {}
+        """Members another member's FAIL named, that we sent a message to check them ourselves
+        (raw id -> when): if our driver then cannot reach one, we sign a FAIL of it too."""
         self._queries: dict[int, tuple[str, PeerID]] = {}
         self._trusted: frozenset[bytes] = frozenset()
         """Peers whose word a newcomer takes for a run's configuration (``trust``)."""
@@ -333,7 +337,46 @@ class MachineCore:
                 continue
             self._add_pending(rec, ident, op)
             added += 1
+            if op.kind is OpKind.FAIL:
+                self._check_subject(now, rec, op.subject)
         return added
+
+    def _check_subject(self, now: float, rec: RunRecord, subject: PeerID) -> None:
+        """Another member says ``subject`` failed; one FAIL removes nobody (a second signer is
+        needed, §3b). Unless our own membership already said so, check it ourselves at once: a
+        SYNC to it. If our driver cannot reach it, that is our own first-hand observation
+        (``peer_unreachable``) and we sign a FAIL too -- typically within a round trip, where
+        waiting for our membership's verdict took tens of milliseconds or more. A live subject just
+        gets a SYNC."""
+        raw = subject.raw
+        config = rec.config
+        if raw in self._failed or raw == self.local_peer.raw or config is None:
+            return
+        if self.local_peer.raw in rec.pending_fails.get(raw, {}):
+            return  # we signed one already
+        asked = self._fail_hints.get(raw)
+        if asked is not None and now - asked < self.config.decision_timeout_s:
+            return
+        if len(self._fail_hints) >= self.config.max_tracked_senders:
+            del self._fail_hints[next(iter(self._fail_hints))]
+        self._fail_hints[raw] = now
+        self._send(subject, Sync(run=rec.run, epoch=config.epoch, digest=config.digest))
+
+    def _unreachable_subject(self, now: float, peer: PeerID) -> None:
+        """Our check of a member another one failed could not reach it: sign our own FAIL of it."""
+        asked = self._fail_hints.pop(peer.raw, None)
+        if asked is None or now - asked > self.config.decision_timeout_s:
+            return
+        for rec in list(self._runs.values()):
+            config = rec.config
+            if rec.state not in MEMBER_STATES or config is None or not rec.pending_fails.get(peer.raw):
+                continue
+            held = config.incarnation_of(peer)
+            if held is None or self.local_peer.raw in rec.pending_fails[peer.raw]:
+                continue
+            self._count("fails_from_unreachable")
+            observed = self._alive_inc.get(peer.raw, 0)
+            self._raise(now, rec, kind=OpKind.FAIL, subject=peer, incarnation=held, observed_incarnation=observed)
 
     def _evictable(self, rec: RunRecord) -> list[bytes]:
         """Subjects (raw ids) whose pending EVICTs come from a quorum of distinct members, at most

@@ -130,6 +130,8 @@ class NegotiationMachine(PaxosRoles, Learning):
             return
         self._down.pop(sender.raw, None)
         self._trusted_down.discard(sender.raw)
+        if self._fail_hints:
+            self._fail_hints.pop(sender.raw, None)  # it answered: alive
         name = _HANDLERS.get(type(message))
         if name is None:
             self._reject("", "bad_message", sender)
@@ -189,6 +191,8 @@ class NegotiationMachine(PaxosRoles, Learning):
         self._mark_down(peer, now)
         if peer.raw in self._trusted:
             self._trusted_down.add(peer.raw)
+        if peer.raw in self._fail_hints:
+            self._unreachable_subject(now, peer)
         for rec in self._runs.values():
             join = rec.join
             if rec.state is RunState.JOINING and join is not None and join.sponsors and not join.answered:
