@@ -67,8 +67,21 @@ from _common import percentile, print_table, write_json
 
 from chaosp2p.protocols.membership.events import MemberState
 from chaosp2p.protocols.negotiation import NegotiationConfig, NegotiationMachine, OpKind, RunParams
-from chaosp2p.protocols.negotiation.messages import Accept, Accepted, Commit, JoinRequest, OpsAnnounce
-from chaosp2p.protocols.negotiation.operations import PROTOCOL
+from chaosp2p.protocols.negotiation.configuration_change import next_configuration
+from chaosp2p.protocols.negotiation.messages import Accept, Accepted, Commit, JoinRequest, OpsAnnounce, codec
+from chaosp2p.protocols.negotiation.operations import PROTOCOL, op_id
+
+try:  # certificates (issue 20); the same script measures the code before them (``--baseline``)
+    from chaosp2p.protocols.negotiation.certificates import statement
+    from chaosp2p.protocols.negotiation.configuration_change import FAIL_SIGNERS
+
+    CERTIFIED = True
+except ImportError:  # pragma: no cover - only when run against an older checkout
+    CERTIFIED = False
+    FAIL_SIGNERS = 1
+
+    def statement(run: str, epoch: int, ballot: Any, digest: bytes) -> bytes:
+        return b""
 from chaosp2p.protocols.negotiation.paxos import coordinator
 from chaosp2p.protocols.negotiation.run_configuration import make_configuration
 from chaosp2p.sim.negotiation import NegotiationSwarm, install_configuration
@@ -161,6 +174,14 @@ class LocalBench:
                 timed("origin", lambda: origin.leave(self.now, RUN))
             elif kind is OpKind.FAIL:
                 timed("origin", lambda: origin.observe_member(self.now, subject_id, MemberState.FAILED, 0))
+                if FAIL_SIGNERS > 1 and hasattr(origin, "_failable"):
+                    # A FAIL takes effect with a second observer's FAIL (every survivor sees the
+                    # failure): the proposer gets that one first, and proposes on the origin's.
+                    second_id = next(p for p in others[1:] if p not in (subject_id, origin_id))
+                    second = self.machine(second_id)
+                    second.observe_member(self.now, subject_id, MemberState.FAILED, 0)
+                    first = _only(second.take_outgoing(), proposer_id)
+                    timed("proposer_op_first", lambda: proposer.receive(self.now, second_id, PROTOCOL, first))
             elif kind is OpKind.THROUGHPUT:
                 rate = 1.0 if config.throughputs[config.index_of(origin_id)] > 2.0 else 3.0
                 timed("origin", lambda: origin.set_throughput(self.now, RUN, rate))
@@ -195,8 +216,12 @@ class LocalBench:
         quorum = len(config) // 2 + 1
         voters = [acceptor_id, *[p for p in others if p not in (acceptor_id, subject_id)][: quorum - 2]]
         replies: list[float] = []
+        body = _acceptance(accept, proposer.configuration(RUN), accept.value) if CERTIFIED else b""
         for voter in voters:
             message = reply if voter == acceptor_id else dataclasses.replace(reply)
+            if CERTIFIED and voter != acceptor_id:
+                # Each member signs its own acceptance (signed here, outside the measured call).
+                message = dataclasses.replace(reply, signature=self.identities[voter].sign(body))
             start = time.thread_time_ns()
             proposer.receive(self.now, voter, PROTOCOL, message)
             replies.append((time.thread_time_ns() - start) / 1000.0)
@@ -205,12 +230,23 @@ class LocalBench:
         out = proposer.take_outgoing()
         commit = next(o.message for o in out if o.to == acceptor_id and isinstance(o.message, Commit))
         assert isinstance(commit, Commit)
+        times["commit_bytes"] = len(codec.encode(commit.relayed(())))
+        times["certificate_bytes"] = len(codec.encode(commit.relayed(()))) - len(
+            codec.encode(Commit(run=commit.run, epoch=commit.epoch, value=commit.value, digest=commit.digest))
+        )
         timed("acceptor_commit", lambda: acceptor.receive(self.now, proposer_id, PROTOCOL, commit))
         new = proposer.configuration(RUN)
         assert new is not None and new.epoch == config.epoch + 1
         assert acceptor.configuration(RUN) == new
         # Every trial starts from the same formed run (fresh machines), so removals do not shrink it.
         return times
+
+
+def _acceptance(accept: Any, config: Any, value: Any) -> bytes:
+    """The acceptance statement a member signs for ``accept`` (C_{e+1} from the proposer's C_e)."""
+    ids = [op_id(op) for op in value.ops]
+    new, _ = next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
+    return statement(accept.run, accept.epoch, accept.ballot, new.digest)
 
 
 def _only(outgoing: list[Any], to: PeerID) -> Message:
@@ -241,6 +277,9 @@ def local_handling(sizes: list[int], trials: int, seed: int) -> list[dict[str, A
                     "trials": trials,
                     "origin_us": stat("origin"),
                     "proposer_op_us": stat("proposer_op"),
+                    "proposer_op_first_us": stat("proposer_op_first") if "proposer_op_first" in samples[0] else None,
+                    "commit_bytes": statistics.median(s["commit_bytes"] for s in samples),
+                    "certificate_bytes": statistics.median(s["certificate_bytes"] for s in samples),
                     "proposer_accepted_us": {
                         "p50": percentile(accepted, 0.5) if accepted else 0.0,
                         "p99": percentile(accepted, 0.99) if accepted else 0.0,
@@ -770,6 +809,8 @@ def main() -> None:
                 "acceptor: COMMIT",
                 "acceptor total",
                 "max call",
+                "COMMIT bytes",
+                "of it certificate",
             ],
             [
                 [
@@ -783,6 +824,8 @@ def main() -> None:
                     _pp(r["acceptor_commit_us"]),
                     _pp(r["acceptor_total_us"]),
                     f"{r['max_call_us']:.0f}",
+                    f"{r['commit_bytes']:.0f}",
+                    f"{r['certificate_bytes']:.0f}",
                 ]
                 for r in local
             ],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -66,11 +66,15 @@ class NegotiationService:
         publish: Callable[[Any], None],
         resolve: Callable[[PeerID], list[Multiaddr]],
         link_settle_s: float,
+        trusted: Iterable[PeerID] = (),
     ) -> None:
         self._clock = clock
         self._publish = publish
         self.config = config
         self.machine = NegotiationMachine(identity=host.identity, config=config, rng=rng, now=clock.now())
+        # A newcomer believes these peers (the operator's bootstrap peers) about a run's
+        # configuration, and afterwards only what quorum certificates prove (spec section 6).
+        self.machine.trust(trusted)
         self.driver = MachineDriver(
             host=host,
             machine=self.machine,

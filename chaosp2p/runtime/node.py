@@ -132,6 +132,7 @@ class Node:
             publish=self._events.publish,
             resolve=self._dial_addrs,
             link_settle_s=LINK_SETTLE_INTERVALS * config.membership.heartbeat_interval_s,
+            trusted=[a.peer_id for a in config.bootstrap_addrs() if a.peer_id is not None],
         )
 
     def start(self) -> None:

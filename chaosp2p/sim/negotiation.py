@@ -602,8 +602,9 @@ class NegotiationSwarm:
 
     def converged(self) -> bool:
         """Every running peer is a member of one agreed configuration made of exactly the running
-        peers, and nothing is pending (but EVICTs short of a quorum of signers, which wait for
-        corroboration and change nothing), gated or being proposed anywhere."""
+        peers, and nothing is pending (but EVICTs short of a quorum of signers and FAILs short of a
+        second signer, which wait for corroboration and change nothing), gated or being proposed
+        anywhere."""
         config = self.agreed()
         if config is None:
             return False
@@ -612,7 +613,15 @@ class NegotiationSwarm:
             return False
         for p in running:
             status = self.peers[p].machine.run_status(self.run)
-            waiting = any(op.kind is not OpKind.EVICT for op in status.pending)
+            fail_signers: dict[PeerID, set[PeerID]] = {}
+            for op in status.pending:
+                if op.kind is OpKind.FAIL:
+                    fail_signers.setdefault(op.subject, set()).add(op.origin)
+            # EVICTs short of a quorum and FAILs short of a second signer wait for corroboration.
+            waiting = any(
+                op.kind is not OpKind.EVICT and (op.kind is not OpKind.FAIL or len(fail_signers[op.subject]) >= 2)
+                for op in status.pending
+            )
             if waiting or status.gate_step is not None or status.proposer is not ProposerPhase.IDLE:
                 return False
         return True

@@ -13,6 +13,7 @@ from chaosp2p.protocols.negotiation import NegotiationConfig, OperationRejected,
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
     Ballot,
+    Certificate,
     Commit,
     JoinRequest,
     OpsAnnounce,
@@ -81,7 +82,10 @@ def test_operations_about_another_peer_that_it_did_not_sign(net3: tuple[ManualNe
     )
     # an outsider declares c failed: only members may.
     fail = signed(outsider, OpKind.FAIL, c, epoch=epoch)
-    rejected(net, a, outsider, OpsAnnounce(run=RUN, epoch=epoch, ops=(fail,)), "forged_origin")
+    # An outsider's announcement is not even read (issue 20, finding 7); relayed by a member, the
+    # operation itself is refused.
+    rejected(net, a, outsider, OpsAnnounce(run=RUN, epoch=epoch, ops=(fail,)), "not_member")
+    rejected(net, a, b, OpsAnnounce(run=RUN, epoch=epoch, ops=(fail,)), "forged_origin")
     # b signs a JOIN for someone else.
     rejected(
         net,
@@ -179,7 +183,10 @@ def test_digest_mismatches(net3: tuple[ManualNet, list[PeerID]]) -> None:
     config = conf(net, a)
     op = signed(b, OpKind.THROUGHPUT, b, epoch=config.epoch)
     wrong = Commit(run=RUN, epoch=config.epoch + 1, value=Value(ops=(op,), activation_step=3), digest=bytes(32))
-    rejected(net, a, b, wrong, "digest_mismatch")
+    # Without a quorum certificate it is refused before anything is computed (issue 20, finding 3).
+    rejected(net, a, b, wrong, "uncertified")
+    cert = Certificate(ballot=Ballot(round=1, proposer=b), signers=b"\x07", signatures=(bytes(64),) * 3)
+    rejected(net, a, b, dataclasses.replace(wrong, certificate=cert), "digest_mismatch")
     rejected(net, a, c, Sync(run=RUN, epoch=config.epoch, digest=bytes(32)), "digest_mismatch")
 
 

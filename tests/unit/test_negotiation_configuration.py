@@ -153,7 +153,8 @@ def test_higher_incarnation_wins_and_removal_beats_join_at_equal_incarnation() -
     assert {r.op_id: r.applied for r in results} == {fail_old[0]: False, rejoin[0]: True}
 
     fail_new = op(0, OpKind.FAIL, 1, incarnation=2)
-    new, _ = next_configuration(c, [fail_new, rejoin], 20)
+    second = op(2, OpKind.FAIL, 1, incarnation=2)  # a FAIL needs two signers (issue 20, finding 3)
+    new, _ = next_configuration(c, [fail_new, second, rejoin], 20)
     assert not new.has_member(P[1])  # equal incarnation: the removal wins
 
     leave = op(2, OpKind.LEAVE, 2)
@@ -226,7 +227,7 @@ def test_link_ops_update_the_snapshot_and_removals_drop_links() -> None:
     c2, _ = next_configuration(c1, [op(1, OpKind.LINK_DOWN, 0, other=P[1], epoch=4)], 12)
     down = c2.link(P[0], P[1])
     assert down is not None and not down.up and down.bandwidth_bytes_per_s == 5e8
-    c3, _ = next_configuration(c2, [op(2, OpKind.FAIL, 1, epoch=5)], 13)
+    c3, _ = next_configuration(c2, [op(2, OpKind.FAIL, 1, epoch=5), op(0, OpKind.FAIL, 1, epoch=5)], 13)
     assert c3.links == ()
 
 

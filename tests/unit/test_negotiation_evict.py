@@ -234,6 +234,9 @@ def test_members_reject_forged_and_outsider_evicts() -> None:
     net.advance(2.0)
     after = dict(net.machines[coord].statistics().rejected_by_reason)
     gained = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    assert gained.get("bad_signature") == 2 and gained.get("forged_origin") == 2
+    # The deterministic rule is checked before the signature (issue 20, finding 7): the changed
+    # incarnation is refused as stale without a verification.
+    assert gained.get("bad_signature") == 1 and gained.get("forged_origin") == 2
+    assert gained.get("stale_incarnation") == 1
     assert conf(net, coord) == config
     assert net.machines[coord].run_status(RUN).pending == ()

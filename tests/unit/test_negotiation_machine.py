@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import chaosp2p.protocols.negotiation.core as core_module
+import chaosp2p.protocols.negotiation.joins as joins_module
 import chaosp2p.protocols.negotiation.learning as learning_module
 import chaosp2p.protocols.negotiation.machine as machine_module
 import chaosp2p.protocols.negotiation.proposer as proposer_module
@@ -340,7 +341,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[set[object], set
         proposers.add((current, event))
         return new
 
-    for module in (machine_module, core_module, proposer_module, learning_module):
+    for module in (machine_module, core_module, proposer_module, learning_module, joins_module):
         if hasattr(module, "transition"):
             monkeypatch.setattr(module, "transition", run_transition)
         if hasattr(module, "proposer_transition"):

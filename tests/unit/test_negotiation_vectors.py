@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from chaosp2p.protocols.negotiation.certificates import statement
 from chaosp2p.protocols.negotiation.configuration_change import next_configuration
 from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
     Accepted,
     Ballot,
+    Certificate,
     Commit,
     CommitRecord,
     JoinRefused,
@@ -68,6 +70,9 @@ EVICT_C = tuple(
 )
 BALLOT = Ballot(round=3, proposer=A)
 VALUE = Value(ops=(FAIL_C, LEAVE_B), activation_step=120, proposed_at=13.25)
+ACCEPTANCE = statement(RUN, 5, BALLOT, bytes(range(32)))
+CERT = Certificate(ballot=BALLOT, signers=b"\x03", signatures=(IA.sign(ACCEPTANCE), IB.sign(ACCEPTANCE)))
+"""Members 0 and 1 (in PeerID order) of a C_4 signed the acceptance of VALUE at BALLOT."""
 
 _C0 = genesis_configuration(RUN, A, incarnation=0, throughput=100.0, params=RunParams(global_batch=256))
 _JOIN_B = sign_operation(
@@ -96,9 +101,11 @@ EXPECTED: dict[str, Message] = {
     "nack": Nack(run=RUN, epoch=5, ballot=BALLOT, promised=Ballot(round=4, proposer=C), known_epoch=4),
     "accept": Accept(run=RUN, epoch=5, ballot=BALLOT, value=VALUE),
     "accept-adopted": Accept(run=RUN, epoch=5, ballot=BALLOT, value=VALUE, adopted=True),
-    "accepted": Accepted(run=RUN, epoch=5, ballot=BALLOT, entered=118, completed=117, step_time_s=0.25),
+    "accepted": Accepted(
+        run=RUN, epoch=5, ballot=BALLOT, entered=118, completed=117, step_time_s=0.25, signature=IB.sign(ACCEPTANCE)
+    ),
     "refuse-past": RefusePast(run=RUN, epoch=5, ballot=BALLOT, completed=130),
-    "commit": Commit(run=RUN, epoch=5, value=VALUE, digest=bytes(range(32))),
+    "commit": Commit(run=RUN, epoch=5, value=VALUE, digest=bytes(range(32)), certificate=CERT),
     "commit-newcomer": Commit(
         run=RUN,
         epoch=1,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from chaosp2p.protocols.negotiation.configuration_body import DELETE, INSERT, SET, MemberEdits
 from chaosp2p.protocols.negotiation.operations import MEMBER_KINDS, Operation, OpKind, apply_order
 from chaosp2p.protocols.negotiation.run_configuration import (
+    EVIDENCE_MAX_AGE_EPOCHS,
     MAX_OP_AGE_EPOCHS,
     Configuration,
     DepartedEntry,
@@ -49,6 +50,8 @@ def check_operation(op: Operation, config: Configuration) -> str | None:
     if op.epoch + MAX_OP_AGE_EPOCHS < config.epoch:
         return "too_old"
     kind = op.kind
+    if (kind is OpKind.FAIL or kind is OpKind.EVICT) and op.epoch + EVIDENCE_MAX_AGE_EPOCHS < config.epoch:
+        return "too_old"
     if kind is OpKind.FAIL:
         if op.origin == op.subject or not config.has_member(op.origin):
             return "forged_origin"
@@ -106,11 +109,40 @@ class AppliedOp:
 
 def eviction_signers(config: Configuration, ops: Iterable[tuple[bytes, Operation]]) -> dict[bytes, set[bytes]]:
     """Per subject (raw id), the distinct members that signed an EVICT of it valid against ``config``."""
+    return _signers(config, ops, OpKind.EVICT)
+
+
+def _signers(config: Configuration, ops: Iterable[tuple[bytes, Operation]], kind: OpKind) -> dict[bytes, set[bytes]]:
     signers: dict[bytes, set[bytes]] = {}
     for _, op in ops:
-        if op.kind is OpKind.EVICT and check_operation(op, config) is None:
+        if op.kind is kind and check_operation(op, config) is None:
             signers.setdefault(op.subject.raw, set()).add(op.origin.raw)
     return signers
+
+
+FAIL_SIGNERS = 2
+"""Distinct members (other than the subject) whose FAILs of one subject a change needs before it
+removes the subject: no single member's word removes anyone (issue 20, finding 3). A protocol
+constant: every member must judge a value the same way. Spec section 3b argues the choice."""
+
+
+def fail_signers_needed(config: Configuration, subject: PeerID) -> int:
+    """How many distinct signers a FAIL of ``subject`` needs against ``config``: FAIL_SIGNERS, or
+    every other member when fewer remain (a run of two: the one other member)."""
+    others = len(config.peers) - (1 if config.has_member(subject) else 0)
+    return max(1, min(FAIL_SIGNERS, others))
+
+
+def failures(config: Configuration, ops: Iterable[tuple[bytes, Operation]]) -> frozenset[bytes]:
+    """The subjects (raw ids) that ``ops`` fail: those with FAILs valid against ``config`` from at
+    least :func:`fail_signers_needed` distinct members."""
+    subjects: dict[bytes, PeerID] = {}
+    signers: dict[bytes, set[bytes]] = {}
+    for _, op in ops:
+        if op.kind is OpKind.FAIL and check_operation(op, config) is None:
+            subjects[op.subject.raw] = op.subject
+            signers.setdefault(op.subject.raw, set()).add(op.origin.raw)
+    return frozenset(raw for raw, who in signers.items() if len(who) >= fail_signers_needed(config, subjects[raw]))
 
 
 def eviction_cap(config: Configuration) -> int:
@@ -149,6 +181,19 @@ def _settle_evictions(
             dropped.append((ident, op))
         else:
             keep.append((ident, op))
+    return keep, dropped
+
+
+def _settle_failures(
+    prev: Configuration, ops: list[tuple[bytes, Operation]]
+) -> tuple[list[tuple[bytes, Operation]], list[tuple[bytes, Operation]]]:
+    """(ops left to apply, ops dropped): FAILs of a subject without enough distinct signers do
+    nothing (one member's word removes nobody)."""
+    failed = failures(prev, ops)
+    keep: list[tuple[bytes, Operation]] = []
+    dropped: list[tuple[bytes, Operation]] = []
+    for ident, op in ops:
+        (dropped if op.kind is OpKind.FAIL and op.subject.raw not in failed else keep).append((ident, op))
     return keep, dropped
 
 
@@ -334,6 +379,9 @@ def next_configuration(
     unsettled: list[tuple[bytes, Operation]] = []
     if any(op.kind is OpKind.EVICT for _, op in ops):
         ops, unsettled = _settle_evictions(prev, ops)
+    if any(op.kind is OpKind.FAIL for _, op in ops):
+        ops, short = _settle_failures(prev, ops)
+        unsettled.extend(short)
     ordered, dropped = apply_order(ops)
     draft = _Draft(prev, activation_step)
     raws = draft.raws
@@ -380,6 +428,7 @@ def _dropped(ops: Iterable[tuple[bytes, Operation]], dropped: set[bytes]) -> lis
 
 __all__ = [
     "APPLY_BY_KIND",
+    "FAIL_SIGNERS",
     "AppliedOp",
     "ApplyOp",
     "capped_evictions",
@@ -387,5 +436,7 @@ __all__ = [
     "eviction_cap",
     "eviction_signers",
     "evictions",
+    "fail_signers_needed",
+    "failures",
     "next_configuration",
 ]

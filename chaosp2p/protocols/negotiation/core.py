@@ -16,7 +16,13 @@ from typing import Any
 from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.negotiation.configuration_change import AppliedOp, capped_evictions, check_operation
+from chaosp2p.protocols.negotiation.configuration_change import (
+    FAIL_SIGNERS,
+    AppliedOp,
+    capped_evictions,
+    check_operation,
+    fail_signers_needed,
+)
 from chaosp2p.protocols.negotiation.events import (
     NegotiationEvent,
     OperationRejected,
@@ -26,6 +32,7 @@ from chaosp2p.protocols.negotiation.messages import (
     Commit,
     CommitRecord,
     OpsAnnounce,
+    Sync,
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import (
@@ -35,6 +42,7 @@ from chaosp2p.protocols.negotiation.operations import (
     OpKind,
     SignatureCache,
     check_run,
+    op_id,
     sign_operation,
 )
 from chaosp2p.protocols.negotiation.paxos import (
@@ -92,7 +100,20 @@ class MachineCore:
         """Peers membership reported failed/left or the driver could not reach (proposer ranking)."""
         self._alive_inc: dict[bytes, int] = {}
         """Highest membership incarnation at which each peer was reported alive."""
+        self._fail_hints: dict[bytes, float] = {}
+        """Members another member's FAIL named, that we sent a message to check them ourselves
+        (raw id -> when): if our driver then cannot reach one, we sign a FAIL of it too."""
         self._queries: dict[int, tuple[str, PeerID]] = {}
+        self._trusted: frozenset[bytes] = frozenset()
+        """Peers whose word a newcomer takes for a run's configuration (``trust``)."""
+        self._declined: dict[str, set[bytes]] = {}
+        """Per run: trusted peers that answered they are no member of it."""
+        self._trusted_asked: dict[str, set[bytes]] = {}
+        """Per run: trusted peers this newcomer asked about it on its own (once each)."""
+        self._trusted_down: set[bytes] = set()
+        """Trusted peers the driver could not reach (until they are heard from)."""
+        self._anchors: dict[str, Configuration] = {}
+        """Per run we are not (yet) a member of: the newest configuration we believe (joins.py)."""
         self._counts: dict[str, int] = {}
         self._rejections: dict[str, int] = {}
         self._started = now
@@ -156,7 +177,7 @@ class MachineCore:
             return  # nothing changed since the last look (this runs on every step)
         rec.stuck_checked = key
         for raw, (peer, observed) in list(self._failed.items()):
-            if rec.pending_fails.get(raw) or not governing.takes_part(peer, step):
+            if self.local_peer.raw in rec.pending_fails.get(raw, {}) or not governing.takes_part(peer, step):
                 continue
             held = config.incarnation_of(peer)
             if held is None:
@@ -225,9 +246,11 @@ class MachineCore:
                     return
                 self._remove_pending(rec, older)
             rec.pending_joins[raw] = ident
-        elif op.kind is OpKind.EVICT:
-            # One per signer and subject: only distinct signers count towards an eviction.
-            signers = rec.pending_evicts.setdefault(op.subject.raw, {})
+        elif op.kind is OpKind.EVICT or op.kind is OpKind.FAIL:
+            # One per signer and subject: only distinct signers count (an eviction needs a quorum
+            # of them, a failure FAIL_SIGNERS).
+            table = rec.pending_evicts if op.kind is OpKind.EVICT else rec.pending_fails
+            signers = table.setdefault(op.subject.raw, {})
             if op.origin.raw in signers:
                 return
             signers[op.origin.raw] = ident
@@ -235,29 +258,25 @@ class MachineCore:
         if op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
             rec.pending_removals[raw] = rec.pending_removals.get(raw, 0) + 1
-            if op.kind is OpKind.FAIL:
-                rec.pending_fails[raw] = rec.pending_fails.get(raw, 0) + 1
 
     def _remove_pending(self, rec: RunRecord, ident: bytes) -> None:
         op = rec.pending.pop(ident, None)
         if op is not None and op.kind is OpKind.JOIN and rec.pending_joins.get(op.subject.raw) == ident:
             del rec.pending_joins[op.subject.raw]
-        if op is not None and op.kind is OpKind.EVICT:
-            signers = rec.pending_evicts.get(op.subject.raw)
+        if op is not None and (op.kind is OpKind.EVICT or op.kind is OpKind.FAIL):
+            table = rec.pending_evicts if op.kind is OpKind.EVICT else rec.pending_fails
+            signers = table.get(op.subject.raw)
             if signers is not None and signers.get(op.origin.raw) == ident:
                 del signers[op.origin.raw]
                 if not signers:
-                    del rec.pending_evicts[op.subject.raw]
+                    del table[op.subject.raw]
         if op is not None and op.kind in REMOVAL_KINDS:
             raw = op.subject.raw
-            for counts in (
-                (rec.pending_removals, rec.pending_fails) if op.kind is OpKind.FAIL else (rec.pending_removals,)
-            ):
-                left = counts.get(raw, 0) - 1
-                if left > 0:
-                    counts[raw] = left
-                else:
-                    counts.pop(raw, None)
+            left = rec.pending_removals.get(raw, 0) - 1
+            if left > 0:
+                rec.pending_removals[raw] = left
+            else:
+                rec.pending_removals.pop(raw, None)
 
     def _drop_own_pending(self, rec: RunRecord, match: Callable[[Operation], bool]) -> None:
         for ident in [i for i, op in rec.pending.items() if op.origin == self.local_peer and match(op)]:
@@ -280,24 +299,28 @@ class MachineCore:
         assert config is not None
         added = 0
         for op in ops:
-            if op.kind is OpKind.FAIL and rec.pending_fails.get(op.subject.raw):
-                # One FAIL per subject is enough: skip the others before the signature check, the
-                # costly part (every survivor of a failure may announce one).
-                continue
-            ident = self._sigs.check(op)
-            if ident is None:
-                self._reject(rec.run, "bad_signature", sender)
-                continue
-            if ident in rec.pending:
-                continue
-            if ident in rec.applied:
-                self._reject(rec.run, "replayed", sender)
-                continue
+            if op.kind is OpKind.FAIL:
+                signers = rec.pending_fails.get(op.subject.raw)
+                if signers and (op.origin.raw in signers or len(signers) >= FAIL_SIGNERS):
+                    # Enough distinct signers (or this one's) already: skip the rest before the
+                    # signature check, the costly part (every survivor of a failure may announce one).
+                    continue
+            # Cheap checks first (issue 20, finding 7): the deterministic rule and the replay filter
+            # cost microseconds, a signature check ~100; failed checks are cached by the verifier.
             reason = check_operation(op, config)
             if reason is not None:
                 if reason == "future_epoch":
                     self._request_sync(rec, sender)
                 self._reject(rec.run, reason, sender)
+                continue
+            ident = op_id(op)
+            if ident in rec.pending:
+                continue
+            if ident in rec.applied:
+                self._reject(rec.run, "replayed", sender)
+                continue
+            if self._sigs.check(op) is None:
+                self._reject(rec.run, "bad_signature", sender)
                 continue
             if op.kind is OpKind.FAIL:
                 if not self._fail_matters(rec, op):
@@ -314,7 +337,46 @@ class MachineCore:
                 continue
             self._add_pending(rec, ident, op)
             added += 1
+            if op.kind is OpKind.FAIL:
+                self._check_subject(now, rec, op.subject)
         return added
+
+    def _check_subject(self, now: float, rec: RunRecord, subject: PeerID) -> None:
+        """Another member says ``subject`` failed; one FAIL removes nobody (a second signer is
+        needed, §3b). Unless our own membership already said so, check it ourselves at once: a
+        SYNC to it. If our driver cannot reach it, that is our own first-hand observation
+        (``peer_unreachable``) and we sign a FAIL too -- typically within a round trip, where
+        waiting for our membership's verdict took tens of milliseconds or more. A live subject just
+        gets a SYNC."""
+        raw = subject.raw
+        config = rec.config
+        if raw in self._failed or raw == self.local_peer.raw or config is None:
+            return
+        if self.local_peer.raw in rec.pending_fails.get(raw, {}):
+            return  # we signed one already
+        asked = self._fail_hints.get(raw)
+        if asked is not None and now - asked < self.config.decision_timeout_s:
+            return
+        if len(self._fail_hints) >= self.config.max_tracked_senders:
+            del self._fail_hints[next(iter(self._fail_hints))]
+        self._fail_hints[raw] = now
+        self._send(subject, Sync(run=rec.run, epoch=config.epoch, digest=config.digest))
+
+    def _unreachable_subject(self, now: float, peer: PeerID) -> None:
+        """Our check of a member another one failed could not reach it: sign our own FAIL of it."""
+        asked = self._fail_hints.pop(peer.raw, None)
+        if asked is None or now - asked > self.config.decision_timeout_s:
+            return
+        for rec in list(self._runs.values()):
+            config = rec.config
+            if rec.state not in MEMBER_STATES or config is None or not rec.pending_fails.get(peer.raw):
+                continue
+            held = config.incarnation_of(peer)
+            if held is None or self.local_peer.raw in rec.pending_fails[peer.raw]:
+                continue
+            self._count("fails_from_unreachable")
+            observed = self._alive_inc.get(peer.raw, 0)
+            self._raise(now, rec, kind=OpKind.FAIL, subject=peer, incarnation=held, observed_incarnation=observed)
 
     def _evictable(self, rec: RunRecord) -> list[bytes]:
         """Subjects (raw ids) whose pending EVICTs come from a quorum of distinct members, at most
@@ -330,7 +392,21 @@ class MachineCore:
         """Is anything pending that a fresh value would carry? EVICTs short of a quorum of signers
         wait for more signers without starting an instance."""
         waiting = sum(len(signers) for signers in rec.pending_evicts.values())
-        return len(rec.pending) > waiting or bool(self._evictable(rec))
+        waiting += sum(len(signers) for signers in rec.pending_fails.values())
+        return len(rec.pending) > waiting or bool(self._evictable(rec)) or bool(self._failable(rec))
+
+    def _failable(self, rec: RunRecord) -> list[bytes]:
+        """Subjects (raw ids) whose pending FAILs come from enough distinct members to remove them
+        (``fail_signers_needed``); a lone FAIL is evidence waiting for a second observer."""
+        config = rec.config
+        if not rec.pending_fails or config is None:
+            return []
+        out = []
+        for raw, signers in rec.pending_fails.items():
+            subject = rec.pending[next(iter(signers.values()))].subject
+            if len(signers) >= fail_signers_needed(config, subject):
+                out.append(raw)
+        return out
 
     def _ops_became_pending(self, now: float, rec: RunRecord) -> None:
         if not self._proposable(rec):

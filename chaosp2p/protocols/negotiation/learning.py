@@ -15,41 +15,35 @@ from __future__ import annotations
 import bisect
 
 from chaosp2p.errors import RemoteProtocolError
+from chaosp2p.protocols.negotiation.certificates import certified_forward, check_certificate
 from chaosp2p.protocols.negotiation.configuration_change import AppliedOp, check_operation, next_configuration
 from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
-from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
-    Admitted,
     ConfigurationCommitted,
     GateReleased,
-    JoinRefused,
     OperationCommitted,
     RemovedFromRun,
     ResyncNeeded,
-    RunInfo,
 )
+from chaosp2p.protocols.negotiation.joins import Joins
 from chaosp2p.protocols.negotiation.messages import (
+    Certificate,
     Commit,
     CommitRecord,
-    JoinRequest,
     OpsAnnounce,
-    RunInfoReply,
-    RunInfoRequest,
     Sync,
     SyncReply,
     SyncRequest,
 )
-from chaosp2p.protocols.negotiation.messages import JoinRefused as JoinRefusedMessage
 from chaosp2p.protocols.negotiation.operations import (
     REMOVAL_KINDS,
     OpKind,
-    sign_operation,
+    op_id,
 )
 from chaosp2p.protocols.negotiation.paxos import (
     RunRecord,
-    coordinator,
 )
-from chaosp2p.protocols.negotiation.run_configuration import Configuration
+from chaosp2p.protocols.negotiation.run_configuration import MAX_OP_AGE_EPOCHS, Configuration
 from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     RunEvent,
@@ -58,14 +52,23 @@ from chaosp2p.protocols.negotiation.transitions import (
 )
 from chaosp2p.wire.identity import PeerID
 
-_MAX_QUERIES = 1024
-"""Outstanding RUN_INFO requests remembered (the oldest is forgotten first)."""
-_MAX_SPONSORED = 256
-"""Newcomers per run whose admission we pass on (the oldest is forgotten first)."""
+_MAX_SYNC_ASKED = 64
+"""Outstanding SYNC_REQUESTs per run (the oldest is forgotten first)."""
 
 
-class Learning(MachineCore):
-    """Commits, anti-entropy and joins."""
+_SYNC_REPLY_BYTES = 512 << 10
+"""Commit records per SYNC_REPLY stop at about this many bytes (frames are 1 MiB by default)."""
+
+
+def _record_bytes(record: CommitRecord) -> int:
+    """A generous estimate of a commit record's wire size (no encoding needed)."""
+    cert = record.certificate
+    signed = 0 if cert is None else 70 * len(cert.signatures) + len(cert.signers)
+    return 160 + signed + 320 * len(record.value.ops)
+
+
+class Learning(Joins):
+    """Commits and anti-entropy (joins: ``joins.py``)."""
 
     # ------------------------------------------------------------------ decisions
 
@@ -75,8 +78,17 @@ class Learning(MachineCore):
             self._reject(msg.run, "unknown_run", sender)
             return
         if rec.state is RunState.JOINING:
+            join = rec.join
+            known = None if join is None else join.known
+            if join is None or known is None or not (known.has_member(sender) or sender in join.sponsors):
+                # Only a member of the configuration we believe, or a member we asked, admits us:
+                # anyone else's COMMIT is dropped before its configuration is even decoded.
+                self._reject(msg.run, "not_member", sender)
+                return
             if msg.configuration:
-                self._offer_configuration(now, rec, msg.configuration, sender, expected_digest=msg.digest)
+                self._offer_configuration(
+                    now, rec, msg.configuration, sender, expected_digest=msg.digest, certificate=msg.certificate
+                )
             return
         config = rec.config
         if config is None or not self._learner(rec):
@@ -90,7 +102,7 @@ class Learning(MachineCore):
         if not config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
-        self._learn(now, rec, CommitRecord(epoch=msg.epoch, value=msg.value, digest=msg.digest), sender)
+        self._learn(now, rec, msg.record(), sender)
 
     def _pass_admissions(self, rec: RunRecord, old: Configuration, record: CommitRecord) -> None:
         """Send the COMMIT we just applied, with its configuration, to the newcomers we sponsor that
@@ -112,10 +124,7 @@ class Learning(MachineCore):
             if before is not None and before >= incarnation:
                 continue  # admitted earlier, by a commit we learned elsewhere: its retry serves it
             if full is None:
-                encoded = self._encoded(rec)
-                full = Commit(
-                    run=rec.run, epoch=record.epoch, value=record.value, digest=record.digest, configuration=encoded
-                )
+                full = Commit.of(rec.run, record, self._encoded(rec))
             self._send(peer, full)
 
     def _learn(self, now: float, rec: RunRecord, record: CommitRecord, sender: PeerID) -> bool:
@@ -123,16 +132,31 @@ class Learning(MachineCore):
         config = rec.config
         assert config is not None
         value = record.value
-        if rec.accepted_value is not None and rec.accepted_value == value:
-            ids: tuple[bytes, ...] | None = rec.accepted_ids
+        cert = record.certificate
+        if cert is None:
+            # Without the signatures of a quorum of C_e, a COMMIT is one member's word (finding 1
+            # and 3 of issue 20: it forked the run). Checked before anything costly.
+            self._reject(rec.run, "uncertified", sender)
+            return False
+        own = b""
+        if rec.accepted_value is not None and rec.accepted_value == value and rec.accepted_outcome is not None:
+            new_config, results = rec.accepted_outcome
+            if rec.accepted_ballot == cert.ballot:
+                own = rec.accepted_signature
         else:
             ids = self._value_ids(rec, value)
-        if ids is None:
-            self._reject(rec.run, "bad_value", sender)
-            return False
-        new_config, results = next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
+            if ids is None:
+                self._reject(rec.run, "bad_value", sender)
+                return False
+            new_config, results = next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
         if new_config.digest != record.digest:
             self._reject(rec.run, "digest_mismatch", sender)
+            return False
+        reason = check_certificate(
+            self._sigs, config, record.epoch, record.digest, cert, me=self.local_peer, own_signature=own or None
+        )
+        if reason is not None:
+            self._reject(rec.run, reason, sender)
             return False
         self._apply_commit(now, rec, record, new_config, results)
         if rec.sponsored and rec.config is new_config:
@@ -151,7 +175,7 @@ class Learning(MachineCore):
         assert old is not None
         was_gated = rec.accepted_value is not None
         self._abandon(now, rec)  # a decision learned from elsewhere ends our own proposal
-        self._install(rec, new_config)
+        self._install(rec, new_config, record.certificate)
         rec.history[record.epoch] = record
         rec.history.pop(record.epoch - self.config.max_history, None)
         self._count("configurations_applied")
@@ -195,18 +219,11 @@ class Learning(MachineCore):
             self._resync(rec, new_config)
         self._revalidate_pending(now, rec)
 
-    def _install(self, rec: RunRecord, config: Configuration) -> None:
-        rec.config = config
-        rec.configs.append(config)
-        if len(rec.configs) > self.config.max_history:
-            del rec.configs[0]
-        rec.encoded = None
-        me = config.incarnation_of(self.local_peer)
-        if me is not None:
-            rec.incarnation = me
-
     def _trim_applied(self, rec: RunRecord) -> None:
-        horizon = rec.epoch - self.config.max_history
+        # Committed ids are remembered as long as an operation stays valid (MAX_OP_AGE_EPOCHS),
+        # not just max_history: a replay older than our memory but still valid would otherwise
+        # pass as new (issue 20, finding 10).
+        horizon = rec.epoch - MAX_OP_AGE_EPOCHS
         if rec.applied and next(iter(rec.applied.values())) < horizon:
             for ident in [i for i, e in rec.applied.items() if e < horizon]:
                 del rec.applied[ident]
@@ -273,8 +290,19 @@ class Learning(MachineCore):
                 self._send(peer, message)
 
     def _request_sync(self, rec: RunRecord, peer: PeerID) -> None:
+        if rec.config is not None:
+            start = rec.epoch + 1
+        else:  # a newcomer catching up from the configuration it trusts
+            known = None if rec.join is None else rec.join.known
+            if known is None:
+                return
+            start = known.epoch + 1
         self._count("syncs_requested")
-        self._send(peer, SyncRequest(run=rec.run, from_epoch=rec.epoch + 1))
+        asked = rec.sync_asked
+        if peer.raw not in asked and len(asked) >= _MAX_SYNC_ASKED:
+            del asked[next(iter(asked))]
+        asked[peer.raw] = start
+        self._send(peer, SyncRequest(run=rec.run, from_epoch=start))
 
     def _on_sync(self, now: float, sender: PeerID, msg: Sync) -> None:
         rec = self._runs.get(msg.run)
@@ -290,7 +318,10 @@ class Learning(MachineCore):
             if self._learner(rec):
                 self._request_sync(rec, sender)
         elif msg.epoch < config.epoch:
-            self._send(sender, self._sync_reply(rec, msg.epoch + 1))
+            # The sender is behind: tell it where we are and let it ask. Catch-up answers are read
+            # only by a peer that asked for them (an unsolicited SYNC_REPLY replaced whole
+            # configurations: issue 20, finding 1).
+            self._send(sender, Sync(run=rec.run, epoch=config.epoch, digest=config.digest))
         elif msg.digest != config.digest:
             self._reject(msg.run, "digest_mismatch", sender)
 
@@ -308,30 +339,48 @@ class Learning(MachineCore):
         assert config is not None
         epochs = range(max(from_epoch, 1), config.epoch + 1)
         if len(epochs) <= self.config.max_history and all(e in rec.history for e in epochs):
-            return SyncReply(run=rec.run, commits=tuple(rec.history[e] for e in epochs))
-        return SyncReply(run=rec.run, snapshot=self._encoded(rec))
-
-    def _encoded(self, rec: RunRecord) -> bytes:
-        config = rec.config
-        assert config is not None
-        if rec.encoded is None:
-            rec.encoded = config.encode()
-        return rec.encoded
+            # Certificates make records large (~34 KB at 1024 members): a reply carries what fits in
+            # a frame, and the asker asks again from where it got to (_on_sync_reply).
+            records: list[CommitRecord] = []
+            size = 0
+            for e in epochs:
+                record = rec.history[e]
+                size += _record_bytes(record)
+                if records and size > _SYNC_REPLY_BYTES:
+                    break
+                records.append(record)
+            return SyncReply(run=rec.run, commits=tuple(records))
+        # Beyond our history: the configuration with its certificate, and the one before it (which
+        # names the certificate's signers), so that the asker can count its own members among them.
+        previous = next((c for c in reversed(rec.configs) if c.epoch == config.epoch - 1), None)
+        return SyncReply(
+            run=rec.run,
+            snapshot=self._encoded(rec),
+            certificate=rec.certs.get(config.epoch),
+            previous=b"" if previous is None else self._encoded_config(rec, previous),
+        )
 
     def _on_sync_reply(self, now: float, sender: PeerID, msg: SyncReply) -> None:
         rec = self._runs.get(msg.run)
         if rec is None:
             self._reject(msg.run, "unknown_run", sender)
             return
-        if rec.state is RunState.JOINING:
-            if msg.snapshot:
-                self._offer_configuration(now, rec, msg.snapshot, sender, expected_digest=None)
-            return
-        if not self._learner(rec):
+        if rec.sync_asked.pop(sender.raw, None) is None:
+            self._reject(msg.run, "unsolicited", sender)
             return
         if len(msg.commits) > self.config.max_history:
             self._reject(msg.run, "too_many_commits", sender)
             return
+        if rec.state is RunState.JOINING:
+            self._newcomer_catch_up(now, rec, msg, sender)
+            return
+        config = rec.config
+        if config is None or not self._learner(rec):
+            return
+        if not config.has_member(sender):
+            self._reject(msg.run, "not_member", sender)
+            return
+        learned = False
         for record in sorted(msg.commits, key=lambda r: r.epoch):
             if not self._learner(rec):
                 return
@@ -339,44 +388,117 @@ class Learning(MachineCore):
                 continue
             if not self._learn(now, rec, record, sender):
                 return
+            learned = True
+        if learned and not msg.snapshot and self._learner(rec):
+            self._request_sync(rec, sender)  # the reply may have been cut to fit a frame: the rest, if any
         if msg.snapshot and self._learner(rec):
-            self._offer_configuration(now, rec, msg.snapshot, sender, expected_digest=None)
+            self._offer_configuration(
+                now, rec, msg.snapshot, sender, expected_digest=None, certificate=msg.certificate, previous=msg.previous
+            )
 
-    def _offer_configuration(
-        self, now: float, rec: RunRecord, raw: bytes, sender: PeerID, *, expected_digest: bytes | None
-    ) -> None:
-        """A full configuration from ``sender``: admission (joining) or a snapshot (far behind)."""
+    def _newcomer_catch_up(self, now: float, rec: RunRecord, msg: SyncReply, sender: PeerID) -> None:
+        """A newcomer walks certified commits forward from its anchor (the configuration that admits
+        it may be several epochs past the one it joined against), then takes any snapshot."""
+        join = rec.join
+        known = None if join is None else join.known
+        if join is None or known is None:
+            return
+        for record in sorted(msg.commits, key=lambda r: r.epoch):
+            if record.epoch != known.epoch + 1:
+                continue
+            value = record.value
+            if len(value.ops) > self.config.max_ops_per_batch or any(check_operation(op, known) for op in value.ops):
+                self._reject(rec.run, "bad_value", sender)
+                return
+            new, _ = next_configuration(known, ((op_id(op), op) for op in value.ops), value.activation_step)
+            reason = "digest_mismatch" if new.digest != record.digest else None
+            reason = reason or check_certificate(self._sigs, known, record.epoch, record.digest, record.certificate)
+            if reason is not None:
+                self._reject(rec.run, reason, sender)
+                return
+            known = join.known = new
+            mine = new.incarnation_of(self.local_peer)
+            if mine is not None and join.op is not None and mine >= join.op.incarnation:
+                self._admit(now, rec, new, (sender, record.certificate))
+                return
+        if msg.snapshot:
+            self._offer_configuration(
+                now, rec, msg.snapshot, sender, expected_digest=None, certificate=msg.certificate, previous=msg.previous
+            )
+
+    def _decode(self, rec: RunRecord, raw: bytes, sender: PeerID) -> Configuration | None:
+        """A configuration from the wire (None, rejected, if it does not decode or is another run's)."""
         try:
             config = decode_configuration(raw, max_members=self.config.max_members, max_links=self.config.max_links)
         except RemoteProtocolError:
             self._reject(rec.run, "bad_configuration", sender)
+            return None
+        if config.run != rec.run:
+            self._reject(rec.run, "bad_configuration", sender)
+            return None
+        return config
+
+    def _offer_configuration(
+        self,
+        now: float,
+        rec: RunRecord,
+        raw: bytes,
+        sender: PeerID,
+        *,
+        expected_digest: bytes | None,
+        certificate: Certificate | None,
+        previous: bytes = b"",
+    ) -> None:
+        """A full configuration from ``sender``: admission (joining) or a snapshot (far behind).
+
+        Installed only if proven to follow the configuration this peer trusts (the one it holds,
+        or a newcomer's anchor): the next one with a quorum certificate, or a later one whose
+        certificate a quorum of the trusted one's members signed (``certificates.certified_forward``).
+        """
+        config = self._decode(rec, raw, sender)
+        if config is None:
             return
-        if config.run != rec.run or (expected_digest is not None and config.digest != expected_digest):
+        if expected_digest is not None and config.digest != expected_digest:
             self._reject(rec.run, "digest_mismatch", sender)
             return
         if config.epoch <= rec.epoch:
             return
+        before = None
+        if previous:
+            before = self._decode(rec, previous, sender)
+            if before is None:
+                return
         join = rec.join
         if rec.state is RunState.JOINING:
             assert join is not None
             known = join.known
-            trusted = config.has_member(sender) or (known is not None and known.has_member(sender))
             mine = config.incarnation_of(self.local_peer)
             # Only a configuration holding the JOIN we signed in this attempt admits us: a delayed
             # or duplicated COMMIT of an earlier admission (an incarnation since removed) would
             # put us back under a configuration the run has replaced (spec section 9, joins).
-            if not trusted or mine is None or join.op is None or mine < join.op.incarnation:
+            if known is None or mine is None or join.op is None or mine < join.op.incarnation:
                 return
-            self._admit(now, rec, config, sender)
+            reason = certified_forward(self._sigs, known, config, certificate, before, me=self.local_peer)
+            if reason is not None:
+                self._reject(rec.run, reason, sender)
+                if config.epoch > known.epoch + 1 and sender.raw not in rec.sync_asked:
+                    self._request_sync(rec, sender)  # the commits between our anchor and it prove it
+                return
+            self._admit(now, rec, config, (sender, certificate))
             return
-        if not (config.has_member(sender) or (rec.config is not None and rec.config.has_member(sender))):
+        held = rec.config
+        if held is None or not (config.has_member(sender) or held.has_member(sender)):
             self._reject(rec.run, "not_member", sender)
+            return
+        reason = certified_forward(self._sigs, held, config, certificate, before, me=self.local_peer)
+        if reason is not None:
+            self._reject(rec.run, reason, sender)
             return
         if rec.state is RunState.REMOVED:
             # A lame duck far behind: the newest configuration's record of its departure says
             # when its participation ends (_config_for); older configurations still tell it who
             # trains the steps before that.
-            self._install(rec, config)
+            self._install(rec, config, certificate)
             self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
             return
         # A member far behind: adopt the snapshot (the history cannot bridge the gap).
@@ -385,7 +507,8 @@ class Learning(MachineCore):
         self._count("snapshots_adopted")
         rec.configs.clear()
         rec.history.clear()
-        self._install(rec, config)
+        rec.certs.clear()
+        self._install(rec, config, certificate)
         self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
         if was_gated:
             self._events.append(GateReleased(run=rec.run))
@@ -402,191 +525,7 @@ class Learning(MachineCore):
                 self._remove_pending(rec, ident)
         self._revalidate_pending(now, rec)
 
-    # ------------------------------------------------------------------ joins, run info, announcements
-
-    def _send_query(self, run: str, peer: PeerID) -> int:
-        request_id = self._rng.getrandbits(63)
-        if len(self._queries) >= _MAX_QUERIES:
-            self._queries.pop(next(iter(self._queries)))
-        self._queries[request_id] = (run, peer)
-        self._send(peer, RunInfoRequest(run=run, request_id=request_id))
-        return request_id
-
-    def _join_attempt(self, now: float, rec: RunRecord) -> None:
-        join = rec.join
-        assert join is not None
-        sponsor = join.sponsors[join.attempt % len(join.sponsors)]
-        join.attempt += 1
-        join.answered = False
-        join.request_id = self._send_query(rec.run, sponsor)
-        join.retry_at = now + self.config.join_retry_s * self._jitter()
-
-    def _on_run_info_request(self, now: float, sender: PeerID, msg: RunInfoRequest) -> None:
-        rec = self._runs.get(msg.run)
-        if rec is None or rec.state not in MEMBER_STATES or rec.config is None:
-            self._send(sender, RunInfoReply(run=msg.run, request_id=msg.request_id))
-            return
-        raw = self._encoded_for(rec, sender)
-        self._send(sender, RunInfoReply(run=msg.run, request_id=msg.request_id, configuration=raw, step=rec.entered))
-
-    def _encoded_for(self, rec: RunRecord, peer: PeerID) -> bytes:
-        """The configuration to hand ``peer``: our newest, unless ``peer`` is a member that may not
-        have learned its admission yet (its COMMIT was lost; we completed no step it takes part
-        in, which no step can be without it) and configurations committed since then activate
-        after its first step. Then it gets the newest one governing that step (the one that
-        admitted it, or a later one activating earlier), and catches up from there through SYNC:
-        a newcomer handed only the newest configuration would know none for the steps before its
-        activation step, which the members count on it for."""
-        config = rec.config
-        assert config is not None
-        i = config.index_of(peer)
-        if i < 0 or config.activation_step <= config.since_steps[i] or config.since_steps[i] <= rec.completed:
-            return self._encoded(rec)
-        since, incarnation = config.since_steps[i], config.incarnations[i]
-        for older in reversed(rec.configs):
-            if older.activation_step <= since:
-                # The newcomer trusts a configuration only from one of its members.
-                if older.incarnation_of(peer) == incarnation and older.has_member(self.local_peer):
-                    return older.encode()
-                break
-        return self._encoded(rec)  # beyond our history (or we joined later): the newest is all we can give
-
-    def _on_run_info(self, now: float, sender: PeerID, msg: RunInfoReply) -> None:
-        query = self._queries.pop(msg.request_id, None)
-        if query is None or query != (msg.run, sender):
-            self._reject(msg.run, "unsolicited", sender)
-            return
-        config: Configuration | None = None
-        if msg.configuration:
-            try:
-                config = decode_configuration(
-                    msg.configuration, max_members=self.config.max_members, max_links=self.config.max_links
-                )
-            except RemoteProtocolError:
-                self._reject(msg.run, "bad_configuration", sender)
-                return
-            if config.run != msg.run or not config.has_member(sender):
-                self._reject(msg.run, "bad_configuration", sender)
-                config = None
-        self._events.append(RunInfo(run=msg.run, configuration=config, step=msg.step, from_peer=sender))
-        rec = self._runs.get(msg.run)
-        join = None if rec is None else rec.join
-        if rec is None or join is None or rec.state is not RunState.JOINING or msg.request_id != join.request_id:
-            return
-        join.answered = True
-        if config is None:
-            self._join_refused(rec, sender, "not_member")
-            return
-        join.known = config
-        skip = (sender.raw, self.local_peer.raw)  # raw bytes compare much faster than PeerIDs
-        others = [p for p in config.peers if p.raw not in skip]
-        if others:
-            start = self._rng.randrange(len(others))
-            others = others[start:] + others[:start]
-        join.sponsors = [sender, *others]
-        join.attempt = 1
-        mine = config.incarnation_of(self.local_peer)
-        if mine is not None and mine >= join.incarnation:
-            self._admit(now, rec, config, sender)  # our admission commit was lost; this is the configuration
-            return
-        gone = config.departed_incarnation(self.local_peer)
-        incarnation = max(join.incarnation, -1 if gone is None else gone + 1, -1 if mine is None else mine + 1)
-        join.incarnation = incarnation
-        join.op = sign_operation(
-            self.identity,
-            kind=OpKind.JOIN,
-            run=rec.run,
-            epoch=config.epoch,
-            subject=self.local_peer,
-            incarnation=incarnation,
-            detected_at=now,
-            throughput_samples_per_s=join.throughput,
-        )
-        self._count("ops_raised")
-        request = JoinRequest(run=rec.run, op=join.op)
-        self._send(sender, request)
-        # The epoch's coordinator proposes at once, without phase 1, when it holds the JOIN: a copy
-        # to it saves the sponsor's announcement hop (the sponsor still announces it, in case the
-        # coordinator is down; the duplicate is recognised by its op id).
-        lead = coordinator(config)
-        if lead is not None and lead.raw not in skip:
-            self._send(lead, request)
-
-    def _join_refused(self, rec: RunRecord, sponsor: PeerID, reason: str) -> None:
-        rec.state = transition(rec.state, RunEvent.JOIN_REFUSED)
-        self._events.append(JoinRefused(run=rec.run, sponsor=sponsor, reason=reason))
-
-    def _on_join_refused(self, now: float, sender: PeerID, msg: JoinRefusedMessage) -> None:
-        rec = self._runs.get(msg.run)
-        if rec is None or rec.state is not RunState.JOINING or rec.join is None:
-            return
-        if sender not in rec.join.sponsors:
-            self._reject(msg.run, "unsolicited", sender)
-            return
-        rec.join.answered = True
-        self._join_refused(rec, sender, msg.reason)
-
-    def _on_join_request(self, now: float, sender: PeerID, msg: JoinRequest) -> None:
-        rec = self._runs.get(msg.run)
-        op = msg.op
-        if rec is None or rec.state not in MEMBER_STATES or rec.config is None:
-            self._send(sender, JoinRefusedMessage(run=msg.run, reason="not_member"))
-            return
-        if op.kind is not OpKind.JOIN or op.origin != sender or op.subject != sender or op.run != msg.run:
-            self._reject(msg.run, "forged_origin", sender)
-            self._send(sender, JoinRefusedMessage(run=msg.run, reason="forged_origin"))
-            return
-        ident = self._sigs.check(op)
-        if ident is None:
-            self._reject(msg.run, "bad_signature", sender)
-            self._send(sender, JoinRefusedMessage(run=msg.run, reason="bad_signature"))
-            return
-        config = rec.config
-        held = config.incarnation_of(sender)
-        if ident in rec.applied or (held is not None and held >= op.incarnation):
-            snapshot = self._encoded_for(rec, sender)
-            self._send(sender, SyncReply(run=msg.run, snapshot=snapshot))  # already admitted
-            return
-        if ident in rec.pending:
-            self._sponsor(rec, sender, op.incarnation)
-            self._announce(rec, (op,))  # a retry: the first announcement may have been lost
-            return
-        reason = check_operation(op, config)
-        if reason is not None:
-            self._reject(msg.run, reason, sender)
-            self._send(sender, JoinRefusedMessage(run=msg.run, reason=reason))
-            return
-        self._sponsor(rec, sender, op.incarnation)
-        if self._admit_ops(now, rec, (op,), sender):
-            self._announce(rec, (op,))
-            self._ops_became_pending(now, rec)
-
-    def _sponsor(self, rec: RunRecord, newcomer: PeerID, incarnation: int) -> None:
-        sponsored = rec.sponsored
-        sponsored.pop(newcomer.raw, None)
-        sponsored[newcomer.raw] = (newcomer, incarnation)
-        if len(sponsored) > _MAX_SPONSORED:
-            del sponsored[next(iter(sponsored))]  # the oldest request; its newcomer still retries
-
-    def _admit(self, now: float, rec: RunRecord, config: Configuration, sender: PeerID | None = None) -> None:
-        rec.state = transition(rec.state, RunEvent.ADMIT)
-        rec.configs.clear()
-        rec.history.clear()
-        rec.applied.clear()
-        rec.join = None
-        rec.entered = rec.completed = -1
-        rec.last_completed_at = None
-        self._install(rec, config)
-        rec.reset_instance()
-        rec.sync_at = now + self.config.sync_interval_s * self._rng.uniform(0.5, 1.5)
-        self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
-        since = config.since_steps[config.index_of(self.local_peer)]
-        self._events.append(Admitted(run=rec.run, configuration=config, activation_step=since))
-        if sender is not None:
-            # The configuration that admitted us may have been replaced already (its COMMIT came
-            # late, or a member handed us the one governing our first step): catch up at once
-            # instead of at the first SYNC beacon. Nothing newer: no answer.
-            self._request_sync(rec, sender)
+    # ------------------------------------------------------------------ announcements
 
     def _on_announce(self, now: float, sender: PeerID, msg: OpsAnnounce) -> None:
         rec = self._runs.get(msg.run)
@@ -594,7 +533,9 @@ class Learning(MachineCore):
             self._reject(msg.run, "unknown_run", sender)
             return
         config = rec.config
-        if rec.state not in MEMBER_STATES or config is None:
+        if rec.state not in MEMBER_STATES or config is None or not config.has_member(sender):
+            # Only members announce operations: anyone else's are refused before any decoding of
+            # their content or signature check (issue 20, finding 7).
             self._reject(msg.run, "not_member", sender)
             return
         if len(msg.ops) > self.config.max_ops_per_batch:
@@ -602,7 +543,6 @@ class Learning(MachineCore):
             return
         if msg.epoch > config.epoch:
             self._request_sync(rec, sender)
-        if config.has_member(sender):
-            self._note_progress(rec, msg.entered, msg.completed)
+        self._note_progress(rec, msg.entered, msg.completed)
         if self._admit_ops(now, rec, msg.ops, sender):
             self._ops_became_pending(now, rec)

@@ -24,6 +24,11 @@ fail, link up/down, throughput) and the activation step S from which C_{e+1} gov
   for gated steps. A member that already completed S refuses (REFUSE_PAST); when enough refuse, the
   value is provably unchoosable and a fresh one with a later S is proposed (see ``paxos.py``). A
   commit that activates at a step this member already completed raises ``ResyncNeeded``.
+* **Certificates** (``certificates.py``). Accepting signs (run, epoch, ballot, digest of C_{e+1});
+  the COMMIT carries the signatures of a quorum of C_e, and nothing -- a COMMIT, a commit record, a
+  snapshot, a newcomer's admission -- is installed without them. Catch-up answers are read only
+  when asked for. A FAIL removes its subject only with two members' first-hand FAILs, an EVICT
+  with a quorum's. A newcomer believes its trusted (bootstrap) peers, then certificates (``joins.py``).
 * **Decisions** go to every member of C_e and C_{e+1} (COMMIT; ACCEPT and COMMIT travel through
   about sqrt(n) relays above ``relay_threshold`` members); newcomers get the full configuration.
   Lost commits are repaired by SYNC beacons between ring neighbours (SYNC_REQUEST / SYNC_REPLY with
@@ -41,7 +46,7 @@ by reason and reported as an ``OperationRejected`` event. The machine never read
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
@@ -124,6 +129,9 @@ class NegotiationMachine(PaxosRoles, Learning):
             self._count("rate_limited")
             return
         self._down.pop(sender.raw, None)
+        self._trusted_down.discard(sender.raw)
+        if self._fail_hints:
+            self._fail_hints.pop(sender.raw, None)  # it answered: alive
         name = _HANDLERS.get(type(message))
         if name is None:
             self._reject("", "bad_message", sender)
@@ -181,6 +189,10 @@ class NegotiationMachine(PaxosRoles, Learning):
         if peer == self.local_peer:
             return
         self._mark_down(peer, now)
+        if peer.raw in self._trusted:
+            self._trusted_down.add(peer.raw)
+        if peer.raw in self._fail_hints:
+            self._unreachable_subject(now, peer)
         for rec in self._runs.values():
             join = rec.join
             if rec.state is RunState.JOINING and join is not None and join.sponsors and not join.answered:
@@ -216,6 +228,15 @@ class NegotiationMachine(PaxosRoles, Learning):
         rec.sync_at = now + self.config.sync_interval_s * self._rng.uniform(0.5, 1.5)
         self._events.append(ConfigurationCommitted(run=run, configuration=config, committed_at=now))
         return config
+
+    def trust(self, peers: Iterable[PeerID]) -> None:
+        """Take these peers' word for a run's configuration when joining (the operator's bootstrap
+        peers). Without any, a newcomer believes the first member that answers (trust on first
+        use); with some, only them, unless none of them is a member of the run (each said so, or
+        could not be reached) -- and, either way, afterwards only configurations proven by quorum
+        certificates to follow the one it believed (spec section 6, "Trust")."""
+        self._trusted = frozenset(p.raw for p in peers)
+        self._trusted_down &= self._trusted
 
     def query_run(self, now: float, run: str, peer: PeerID) -> None:
         """Ask ``peer`` for its configuration of ``run``; a ``RunInfo`` event brings the answer."""
@@ -289,6 +310,12 @@ class NegotiationMachine(PaxosRoles, Learning):
         raw = peer.raw
         if incarnation < self._alive_inc.get(raw, -1):
             return  # news older than what we already know (it refuted since)
+        if raw in self._trusted:
+            # A trusted peer that membership reports gone cannot tell a newcomer about a run.
+            if state in (MemberState.FAILED, MemberState.LEFT):
+                self._trusted_down.add(raw)
+            else:
+                self._trusted_down.discard(raw)
         if state in (MemberState.ALIVE, MemberState.SUSPECT):
             self._down.pop(raw, None)
             if self._failed.pop(raw, None) is not None:
@@ -313,7 +340,7 @@ class NegotiationMachine(PaxosRoles, Learning):
             if join is not None:
                 self._remove_pending(rec, join)  # a newcomer that died before its admission
             held = config.incarnation_of(peer)
-            if held is not None and not rec.pending_fails.get(raw):
+            if held is not None and self.local_peer.raw not in rec.pending_fails.get(raw, {}):
                 self._raise(
                     now, rec, kind=OpKind.FAIL, subject=peer, incarnation=held, observed_incarnation=incarnation
                 )
@@ -411,6 +438,14 @@ class NegotiationMachine(PaxosRoles, Learning):
                 rec.completed = completed
                 rec.last_completed_at = now
                 rec.entered = max(rec.entered, completed)
+                if rec.pending_fails and rec.config is not None and rec.state in MEMBER_STATES:
+                    # A FAIL waiting for a second signer about a departed member whose last steps we
+                    # are now past does not matter any more (no commit would revalidate it).
+                    for signers in list(rec.pending_fails.values()):
+                        for ident in list(signers.values()):
+                            op = rec.pending.get(ident)
+                            if op is not None and not self._fail_matters(rec, op):
+                                self._remove_pending(rec, ident)
 
     def config_for_step(self, run: str, step: int) -> Configuration | None:
         """The configuration governing ``step``, or None if the step is gated or not ours.

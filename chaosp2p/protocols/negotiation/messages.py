@@ -21,7 +21,9 @@ from chaosp2p.protocols.negotiation.config import MAX_STEP
 from chaosp2p.protocols.negotiation.operations import (
     DIGEST_BYTES,
     PROTOCOL,
+    SIGNATURE_BYTES,
     WIRE_MAX_HISTORY,
+    WIRE_MAX_MEMBERS,
     WIRE_MAX_OPS,
     WIRE_MAX_REASON_CHARS,
     Operation,
@@ -125,12 +127,34 @@ class Value:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Certificate:
+    """Signatures of a quorum of C_(epoch-1) over the acceptance statement of one ballot (wire record)."""
+
+    ballot: Ballot
+    signers: bytes
+    """Bitmap over the previous configuration's members in order: bit i (byte i // 8, least
+    significant bit first) is set if member i signed."""
+    signatures: tuple[bytes, ...]
+    """One per set bit, in member order."""
+
+    def validate(self) -> None:
+        """Hard limits (the count against the configuration is checked by :func:`check_certificate`)."""
+        check_uint(self.ballot.round, "certificate ballot round")
+        check_count(len(self.signers), WIRE_MAX_MEMBERS // 8, "certificate bitmap bytes")
+        check_count(len(self.signatures), WIRE_MAX_MEMBERS, "certificate signatures")
+        if any(len(s) != SIGNATURE_BYTES for s in self.signatures):
+            raise reject("certificate signatures must be 64 bytes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CommitRecord:
-    """One decided instance: epoch ``epoch`` was produced by ``value`` and has ``digest``."""
+    """One decided instance: epoch ``epoch`` was produced by ``value`` and has ``digest``; the
+    ``certificate`` holds the quorum of C_(epoch-1) that accepted ``value`` (``certificates.py``)."""
 
     epoch: int
     value: Value
     digest: bytes
+    certificate: Certificate | None = None
 
     def validate(self) -> None:
         """Bounds of the epoch and the digest."""
@@ -263,12 +287,17 @@ class Accepted(Message):
     entered: int = -1
     completed: int = -1
     step_time_s: float = 0.0
+    signature: bytes = b""
+    """The acceptor's signature over the acceptance statement (``certificates.statement``): what
+    the proposer gathers into the COMMIT's certificate. Empty from peers before certificates."""
 
     def validate(self) -> None:
         """Bounds."""
         check_run(self.run)
         check_uint(self.epoch, "epoch")
         _check_progress(self.entered, self.completed, self.step_time_s)
+        if self.signature and len(self.signature) != SIGNATURE_BYTES:
+            raise reject("acceptance signature must be 64 bytes")
 
 
 @codec.register(NegotiationMessageType.REFUSE_PAST)
@@ -305,6 +334,9 @@ class Commit(Message):
     configuration: bytes = b""
     relay_to: tuple[PeerID, ...] = ()
     """Members the receiver forwards this COMMIT to (large runs disseminate through relays)."""
+    certificate: Certificate | None = None
+    """Signatures of a quorum of C_(epoch-1) that accepted ``value`` (see ``certificates.py``):
+    no receiver installs C_epoch without it."""
 
     def validate(self) -> None:
         """Bounds."""
@@ -323,7 +355,24 @@ class Commit(Message):
             digest=self.digest,
             configuration=self.configuration,
             relay_to=relay_to,
+            certificate=self.certificate,
         )
+
+    @classmethod
+    def of(cls, run: str, record: CommitRecord, configuration: bytes = b"") -> Commit:
+        """The COMMIT of a decision kept as a commit record (with its certificate)."""
+        return cls(
+            run=run,
+            epoch=record.epoch,
+            value=record.value,
+            digest=record.digest,
+            configuration=configuration,
+            certificate=record.certificate,
+        )
+
+    def record(self) -> CommitRecord:
+        """The decision this COMMIT carries, as a commit record."""
+        return CommitRecord(epoch=self.epoch, value=self.value, digest=self.digest, certificate=self.certificate)
 
 
 @codec.register(NegotiationMessageType.SYNC)
@@ -365,12 +414,18 @@ class SyncReply(Message):
     commits: tuple[CommitRecord, ...] = ()
     snapshot: bytes = b""
     """The sender's current configuration, encoded (empty unless commits cannot bridge the gap)."""
+    certificate: Certificate | None = None
+    """The snapshot's certificate (by the configuration before it)."""
+    previous: bytes = b""
+    """The configuration before the snapshot, encoded: it names the certificate's signers, so that
+    a receiver that holds an older configuration can count how many of *its* members signed."""
 
     def validate(self) -> None:
         """Bounds."""
         check_run(self.run)
         check_count(len(self.commits), WIRE_MAX_HISTORY, "commit records")
         _check_configuration(self.snapshot)
+        _check_configuration(self.previous)
 
 
 @codec.register(NegotiationMessageType.RUN_INFO_REQUEST)
@@ -380,12 +435,16 @@ class RunInfoRequest(Message):
 
     run: str
     request_id: int
+    known_epoch: int = -1
+    """The epoch of the configuration the asker already trusts (-1: none): the answer then carries
+    what it needs to check the newer one against it."""
 
     def validate(self) -> None:
         """Bounds."""
         check_run(self.run)
         if not 0 <= self.request_id <= MAX_REQUEST_ID:
             raise reject("request id out of range")
+        _check_step(self.known_epoch, "known epoch")
 
 
 @codec.register(NegotiationMessageType.RUN_INFO)
@@ -397,6 +456,12 @@ class RunInfoReply(Message):
     request_id: int
     configuration: bytes = b""
     step: int = -1
+    certificate: Certificate | None = None
+    """The certificate of ``configuration`` (signatures of a quorum of the configuration before
+    it); None for C_0. A newcomer that holds the configuration before it can check it."""
+    previous: bytes = b""
+    """The configuration before ``configuration`` (only when the request named an older trusted
+    epoch): it names the certificate's signers."""
 
     def validate(self) -> None:
         """Bounds."""
@@ -404,6 +469,7 @@ class RunInfoReply(Message):
         if not 0 <= self.request_id <= MAX_REQUEST_ID:
             raise reject("request id out of range")
         _check_configuration(self.configuration)
+        _check_configuration(self.previous)
         if not -1 <= self.step <= MAX_STEP:
             raise reject("step out of range")
 
@@ -459,6 +525,7 @@ __all__ = [
     "Accept",
     "Accepted",
     "Ballot",
+    "Certificate",
     "Commit",
     "CommitRecord",
     "JoinRefused",

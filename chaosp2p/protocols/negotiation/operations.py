@@ -26,6 +26,7 @@ import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -244,24 +245,36 @@ def sign_operation(
 
 
 class SignatureCache:
-    """Verifies operation signatures, remembering the verified ones and each origin's public key."""
+    """Verifies signatures (operations, and the acceptances certificates are made of), remembering
+    the verified ones, the ones that failed (a forged message sent again costs a lookup, not a
+    verification) and each signer's decoded public key."""
 
-    __slots__ = ("_keys", "_max", "_verified", "hits", "verifications")
+    __slots__ = ("_bad", "_keys", "_max", "_shares", "_verified", "hits", "rejected_cached", "verifications")
 
     def __init__(self, max_entries: int) -> None:
         self._max = max_entries
         self._verified: dict[bytes, tuple[Operation, bytes]] = {}
+        self._shares: dict[bytes, bytes] = {}
+        """Signature -> SHA-256 of (signer, body) of a verified acceptance signature."""
+        self._bad: dict[bytes, bytes] = {}
+        """Signature -> SHA-256 of (signer, body) it failed to verify for (the negative cache)."""
         self._keys: dict[bytes, Ed25519PublicKey] = {}
         self.hits = 0
         self.verifications = 0
+        self.rejected_cached = 0
 
     def remember(self, op: Operation) -> bytes:
         """Record an operation we signed ourselves (no need to verify it); returns its id."""
         ident = op_id(op)
-        if len(self._verified) >= self._max:
-            self._verified.pop(next(iter(self._verified)))
-        self._verified[op.signature] = (op, ident)
+        _bounded_put(self._verified, self._max, op.signature, (op, ident))
         return ident
+
+    def _key(self, signer: PeerID) -> Ed25519PublicKey:
+        key = self._keys.get(signer.raw)
+        if key is None:
+            key = signer.public_key()
+            _bounded_put(self._keys, self._max, signer.raw, key)
+        return key
 
     def check(self, op: Operation) -> bytes | None:
         """The op id if ``op`` carries its origin's valid signature, else ``None``."""
@@ -269,23 +282,48 @@ class SignatureCache:
         if cached is not None and (cached[0] is op or cached[0] == op):
             self.hits += 1
             return cached[1]
-        self.verifications += 1
         body = canonical_bytes(op)
-        key = self._keys.get(op.origin.raw)
-        if key is None:
-            key = op.origin.public_key()
-            if len(self._keys) >= self._max:
-                self._keys.pop(next(iter(self._keys)))
-            self._keys[op.origin.raw] = key
-        try:
-            key.verify(op.signature, body)
-        except InvalidSignature:
-            return None
         ident = hashlib.sha256(body).digest()
-        if len(self._verified) >= self._max:
-            self._verified.pop(next(iter(self._verified)))  # oldest first: dicts keep insertion order
-        self._verified[op.signature] = (op, ident)
+        if not self._verify_once(op.origin, op.signature, body, ident):
+            return None
+        _bounded_put(self._verified, self._max, op.signature, (op, ident))
         return ident
+
+    def verify(self, signer: PeerID, signature: bytes, body: bytes) -> bool:
+        """Does ``signature`` by ``signer`` cover ``body``? (Acceptances; cached both ways.)"""
+        tag = hashlib.sha256(signer.raw + body).digest()
+        if self._shares.get(signature) == tag:
+            self.hits += 1
+            return True
+        if not self._verify_once(signer, signature, body, tag):
+            return False
+        _bounded_put(self._shares, self._max, signature, tag)
+        return True
+
+    def _verify_once(self, signer: PeerID, signature: bytes, body: bytes, tag: bytes) -> bool:
+        """Verify, unless this signature already failed for this content (``tag``): then refuse at
+        once. A failure is remembered."""
+        if self._bad.get(signature) == tag:
+            self.rejected_cached += 1
+            return False
+        self.verifications += 1
+        try:
+            self._key(signer).verify(signature, body)
+        except (InvalidSignature, ValueError):
+            _bounded_put(self._bad, self._max, signature, tag)
+            return False
+        return True
+
+    def remember_share(self, signer: PeerID, signature: bytes, body: bytes) -> None:
+        """Record an acceptance we signed ourselves (no need to verify it)."""
+        _bounded_put(self._shares, self._max, signature, hashlib.sha256(signer.raw + body).digest())
+
+
+def _bounded_put(table: dict[Any, Any], cap: int, key: Any, value: Any) -> None:
+    """Insert, forgetting the oldest entry first when full (dicts keep insertion order)."""
+    if key not in table and len(table) >= cap:
+        table.pop(next(iter(table)))
+    table[key] = value
 
 
 def apply_key(ident: bytes, op: Operation) -> tuple[int, bytes, bytes, bytes]:

@@ -31,7 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
-from chaosp2p.protocols.negotiation.messages import Ballot, CommitRecord, Value
+from chaosp2p.protocols.negotiation.configuration_change import AppliedOp
+from chaosp2p.protocols.negotiation.messages import Ballot, Certificate, CommitRecord, Value
 from chaosp2p.protocols.negotiation.operations import Operation, OpKind
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
@@ -65,6 +66,10 @@ class ProposerRecord:
     promised_completed: int = -1
     """Highest ``completed`` among the promises of the current ballot."""
     accepted_by: set[bytes] = field(default_factory=set)
+    shares: dict[bytes, bytes] = field(default_factory=dict)
+    """Acceptor raw id -> its verified signature over the acceptance statement of our value."""
+    outcome: tuple[Configuration, tuple[AppliedOp, ...]] | None = None
+    """C_{e+1} (and what became of each operation) if our current value is chosen."""
     refused: dict[bytes, int] = field(default_factory=dict)
     """Acceptors that refused our current value (completed >= S), with their completed step."""
     refusers: set[bytes] = field(default_factory=set)
@@ -104,14 +109,16 @@ class RunRecord:
     configs: list[Configuration] = field(default_factory=list)
     """Recent configurations, oldest first (config_for_step looks back through them)."""
     history: dict[int, CommitRecord] = field(default_factory=dict)
+    certs: dict[int, Certificate] = field(default_factory=dict)
+    """The certificate of each configuration in ``configs`` we hold one for (C_0 has none)."""
     """Committed values by the epoch they produced (bounded by max_history)."""
     applied: dict[bytes, int] = field(default_factory=dict)
     """Op ids committed recently -> epoch (local replay filter for pending ops)."""
     pending: dict[bytes, Operation] = field(default_factory=dict)
     pending_removals: dict[bytes, int] = field(default_factory=dict)
     """Subject raw id -> number of pending FAIL/LEAVE ops about it."""
-    pending_fails: dict[bytes, int] = field(default_factory=dict)
-    """Subject raw id -> number of pending FAIL ops about it."""
+    pending_fails: dict[bytes, dict[bytes, bytes]] = field(default_factory=dict)
+    """Subject raw id -> origin raw id -> the one pending FAIL that origin signed about it."""
     pending_joins: dict[bytes, bytes] = field(default_factory=dict)
     """Subject raw id -> the one pending JOIN of that newcomer (its newest)."""
     pending_evicts: dict[bytes, dict[bytes, bytes]] = field(default_factory=dict)
@@ -123,6 +130,12 @@ class RunRecord:
     accepted_ballot: Ballot | None = None
     accepted_value: Value | None = None
     accepted_ids: tuple[bytes, ...] = ()
+    accepted_outcome: tuple[Configuration, tuple[AppliedOp, ...]] | None = None
+    """C_{e+1} computed when we accepted (the commit of that value reuses it)."""
+    accepted_signature: bytes = b""
+    """Our signature over the acceptance statement of (accepted_ballot, C_{e+1}'s digest)."""
+    sync_asked: dict[bytes, int] = field(default_factory=dict)
+    """Peers we sent a SYNC_REQUEST (raw id -> from epoch): only their SYNC_REPLY is read."""
     proposer: ProposerRecord = field(default_factory=ProposerRecord)
     # progress reported by training
     entered: int = -1
@@ -143,6 +156,8 @@ class RunRecord:
     """(epoch, step, failure-report version) of the last stuck check (skip it if unchanged)."""
     encoded: bytes | None = None
     """Cached wire form of ``config`` (RUN_INFO replies and snapshots)."""
+    encoded_older: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    """Epoch -> (digest, wire form) of a few older configurations handed out (newest excluded)."""
     sponsored: dict[bytes, tuple[PeerID, int]] = field(default_factory=dict)
     """Newcomers whose JOIN_REQUEST we accepted (raw id -> (peer, incarnation)), not admitted yet:
     we pass on the COMMIT that admits them (we hold a connection to them; the proposer may not)."""
@@ -164,6 +179,8 @@ class RunRecord:
         self.accepted_ballot = None
         self.accepted_value = None
         self.accepted_ids = ()
+        self.accepted_outcome = None
+        self.accepted_signature = b""
         self.proposer = ProposerRecord()
         self.activity_at = None
         self.wake_at = None

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from chaosp2p.protocols.negotiation.configuration_change import check_operation, next_configuration
+from chaosp2p.protocols.negotiation.certificates import make_certificate, statement
+from chaosp2p.protocols.negotiation.configuration_change import (
+    AppliedOp,
+    check_operation,
+    fail_signers_needed,
+    next_configuration,
+)
 from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
     GateRaised,
@@ -44,7 +50,7 @@ from chaosp2p.protocols.negotiation.paxos import (
     is_urgent,
     refuses,
 )
-from chaosp2p.protocols.negotiation.run_configuration import quorum
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
     ProposerEvent,
@@ -99,6 +105,8 @@ class PaxosRoles(MachineCore):
         prop = rec.proposer
         prop.promises = {}
         prop.accepted_by = set()
+        prop.shares = {}
+        prop.outcome = None
         prop.refused = {}
         prop.started_at = now
         if fast:
@@ -163,19 +171,27 @@ class PaxosRoles(MachineCore):
                 key=lambda e: apply_key(e[0], e[1]),
             )
             others.extend(signed[:need])
+        # Likewise failures: only with enough distinct first-hand signers (FAIL_SIGNERS), and then
+        # just that many of their FAILs; a lone FAIL waits for a second observer.
+        failable = {raw for raw in self._failable(rec) if raw != me.raw and raw not in evictable}
+        for raw in failable:
+            signed = sorted(
+                ((ident, rec.pending[ident]) for ident in rec.pending_fails[raw].values()),
+                key=lambda e: apply_key(e[0], e[1]),
+            )
+            others.extend(signed[: fail_signers_needed(config, signed[0][1].subject)])
         for ident, op in rec.pending.items():
-            if op.kind is OpKind.EVICT:
+            if op.kind is OpKind.EVICT or op.kind is OpKind.FAIL:
                 continue  # handled above
+            if op.kind is OpKind.LEAVE and op.subject.raw in failable:
+                continue  # the failure removes it (urgently)
             if op.subject.raw in evictable and op.kind in MEMBER_KINDS:
                 continue  # void against the eviction (it would be dropped)
-            if op.kind is OpKind.FAIL and op.subject == me:
-                continue  # we know better
             if op.kind is OpKind.JOIN and op.subject.raw in self._failed:
                 continue  # membership says the newcomer died: admitting it would only cost a quorum
             if op.kind in REMOVAL_KINDS or op.kind is OpKind.JOIN:
-                # Several FAILs of one subject (raised by different observers) or repeated JOINs
-                # of one newcomer do the same thing: propose one, keep the rest pending (they
-                # become invalid, and are dropped, once it commits).
+                # A LEAVE, or repeated JOINs of one newcomer: propose one, keep the rest pending
+                # (they become invalid, and are dropped, once it commits).
                 key = (0 if op.kind in REMOVAL_KINDS else 1, op.subject.raw)
                 best = chosen.get(key)
                 if best is None or apply_key(ident, op) < apply_key(*best):
@@ -209,7 +225,7 @@ class PaxosRoles(MachineCore):
                     continue
                 joins_left -= 1
             kept.append(entry)
-        entries = kept[: self.config.max_ops_per_batch]
+        entries = _whole_failures(config, kept[: self.config.max_ops_per_batch])
         if not entries and not allow_empty:
             return None, ()
         ops = [op for _, op in entries]
@@ -263,10 +279,16 @@ class PaxosRoles(MachineCore):
         prop = rec.proposer
         assert config is not None and prop.ballot is not None and prop.value is not None
         prop.retry_at = now + self.config.phase_timeout_s * self._jitter()
-        refused = self._local_accept(now, rec, prop.ballot, prop.value, prop.value_ids, adopted=prop.adopted)
+        prop.accepted_by = set()
+        prop.shares = {}
+        prop.outcome = self._outcome(rec, prop.value, prop.value_ids)
+        refused = self._local_accept(
+            now, rec, prop.ballot, prop.value, prop.value_ids, adopted=prop.adopted, outcome=prop.outcome
+        )
         me = self.local_peer.raw
         if refused is None:
             prop.accepted_by.add(me)
+            prop.shares[me] = rec.accepted_signature
         else:
             prop.refused[me] = refused
             prop.refusers.add(me)
@@ -326,13 +348,15 @@ class PaxosRoles(MachineCore):
         config = rec.config
         prop = rec.proposer
         assert config is not None and prop.value is not None
-        value, ids = prop.value, prop.value_ids
-        new_config, results = next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
+        assert prop.ballot is not None and prop.outcome is not None
+        value = prop.value
+        new_config, results = prop.outcome
         prop.phase = proposer_transition(prop.phase, ProposerEvent.DECIDED)
         prop.retry_at = None
         self._count("commits")
-        record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest)
-        plain = Commit(run=rec.run, epoch=record.epoch, value=value, digest=record.digest)
+        certificate = make_certificate(config, prop.ballot, prop.shares)
+        record = CommitRecord(epoch=new_config.epoch, value=value, digest=new_config.digest, certificate=certificate)
+        plain = Commit.of(rec.run, record)
         self._disseminate(config, plain)
         # Members that left but still train steps this value now governs must learn it too.
         lame = [d.peer_id for d in config.departed if d.activation_step > value.activation_step]
@@ -347,9 +371,7 @@ class PaxosRoles(MachineCore):
             and not config.has_member(r.op.subject)
         ]
         if newcomers:
-            full = Commit(
-                run=rec.run, epoch=record.epoch, value=value, digest=record.digest, configuration=new_config.encode()
-            )
+            full = Commit.of(rec.run, record, new_config.encode())
             for peer in newcomers:
                 self._send(peer, full)
         self._apply_commit(now, rec, record, new_config, results)
@@ -360,11 +382,17 @@ class PaxosRoles(MachineCore):
         assert config is not None
         if len(value.ops) > self.config.max_ops_per_batch:
             return None
+        # The deterministic rule first: it costs microseconds, a signature check ~100.
+        for op in value.ops:
+            if check_operation(op, config) is not None:
+                return None
+        if _short_failures(config, value.ops):
+            return None  # a FAIL without its second signer: urgent in form, removing nobody
         ids = []
         for op in value.ops:
             ident = self._sigs.check(op)
-            if ident is None or check_operation(op, config) is not None:
-                return None
+            if ident is None or ident in rec.applied:
+                return None  # forged, or committed before (a replay)
             ids.append(ident)
         if len(set(ids)) != len(ids):
             return None
@@ -386,7 +414,7 @@ class PaxosRoles(MachineCore):
             record = rec.history.get(epoch)
             if record is not None:
                 # The sender missed this decision: give it the commit instead of an answer.
-                self._send(sender, Commit(run=run, epoch=epoch, value=record.value, digest=record.digest))
+                self._send(sender, Commit.of(run, record))
             else:  # too old for our history: tell it where we are, it will ask for a snapshot
                 ballot = Ballot(round=0, proposer=sender)
                 self._send(sender, Nack(run=run, epoch=epoch, ballot=ballot, known_epoch=config.epoch))
@@ -470,8 +498,13 @@ class PaxosRoles(MachineCore):
             self._nack(rec, proposer, msg.epoch, msg.ballot)
             return
         value = msg.value
-        if rec.accepted_ballot == msg.ballot and rec.accepted_value == value:
-            self._reply_accepted(rec, proposer, msg)  # a duplicate: answer again
+        if rec.accepted_ballot == msg.ballot:
+            if rec.accepted_value == value:
+                self._reply_accepted(rec, proposer, msg)  # a duplicate: answer again
+            else:
+                # Another value at a ballot we already accepted: its proposer equivocates (an honest
+                # one proposes one value per ballot). Accepting both would let it certify both.
+                self._reject(msg.run, "equivocation", sender)
             return
         ids = self._value_ids(rec, value)
         if ids is None:
@@ -481,7 +514,9 @@ class PaxosRoles(MachineCore):
         if reason is not None:
             self._reject(msg.run, reason, sender)
             return
-        refused = self._local_accept(now, rec, msg.ballot, value, ids, adopted=msg.adopted)
+        refused = self._local_accept(
+            now, rec, msg.ballot, value, ids, adopted=msg.adopted, outcome=self._outcome(rec, value, ids)
+        )
         if refused is not None:
             self._send(proposer, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
             return
@@ -498,8 +533,24 @@ class PaxosRoles(MachineCore):
                 entered=rec.entered,
                 completed=rec.completed,
                 step_time_s=rec.step_time_s,
+                signature=rec.accepted_signature,
             ),
         )
+
+    def _outcome(
+        self, rec: RunRecord, value: Value, ids: tuple[bytes, ...]
+    ) -> tuple[Configuration, tuple[AppliedOp, ...]]:
+        """C_{e+1} if ``value`` is chosen (computed once per value: accepting, signing and the commit
+        all need it)."""
+        config = rec.config
+        assert config is not None
+        if rec.accepted_value is value or (rec.accepted_value == value and rec.accepted_outcome is not None):
+            assert rec.accepted_outcome is not None
+            return rec.accepted_outcome
+        prop = rec.proposer
+        if prop.outcome is not None and (prop.value is value or prop.value == value):
+            return prop.outcome
+        return next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
 
     def _step_problem(self, rec: RunRecord, value: Value) -> str | None:
         """Why the value's activation step is unacceptable as input (not merely late), or None."""
@@ -514,18 +565,32 @@ class PaxosRoles(MachineCore):
         return None
 
     def _local_accept(
-        self, now: float, rec: RunRecord, ballot: Ballot, value: Value, ids: tuple[bytes, ...], *, adopted: bool
+        self,
+        now: float,
+        rec: RunRecord,
+        ballot: Ballot,
+        value: Value,
+        ids: tuple[bytes, ...],
+        *,
+        adopted: bool,
+        outcome: tuple[Configuration, tuple[AppliedOp, ...]],
     ) -> int | None:
         """Accept ``value`` (and gate at its step) unless it refuses it (see ``paxos.refuses``);
-        returns the completed step if refused."""
+        returns the completed step if refused. Accepting signs the acceptance statement over the
+        digest of C_{e+1}: the proposer needs a quorum of these signatures to commit."""
         if not adopted and refuses(value, self.local_peer.raw, rec.completed):
             self._count("refused_past")
             return rec.completed
         old_gate = rec.gate_step
+        epoch = outcome[0].epoch
         rec.promised = ballot
         rec.accepted_ballot = ballot
         rec.accepted_value = value
         rec.accepted_ids = ids
+        rec.accepted_outcome = outcome
+        body = statement(rec.run, epoch, ballot, outcome[0].digest)
+        rec.accepted_signature = self.identity.sign(body)
+        self._sigs.remember_share(self.local_peer, rec.accepted_signature, body)
         rec.state = transition(rec.state, RunEvent.ACCEPT)
         if old_gate != value.activation_step:
             self._events.append(GateRaised(run=rec.run, step=value.activation_step))
@@ -574,33 +639,70 @@ class PaxosRoles(MachineCore):
             rec.activity_at = now
             rec.wake_at = now + self.config.phase_timeout_s * self._jitter()
 
-    def _on_accepted(self, now: float, sender: PeerID, msg: Accepted) -> None:
+    def _phase2_answer(self, sender: PeerID, msg: Accepted | RefusePast) -> RunRecord | None:
+        """The run if ``msg`` answers our current ACCEPT and comes from a member of C_e."""
         rec = self._runs.get(msg.run)
         if rec is None or rec.config is None or rec.state not in MEMBER_STATES:
-            return
+            return None
         prop = rec.proposer
         if msg.epoch != rec.epoch + 1 or prop.phase is not _ACCEPTING or msg.ballot != prop.ballot:
-            return
+            return None  # late or for an older ballot: harmless
         if not rec.config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
+            return None
+        return rec
+
+    def _on_accepted(self, now: float, sender: PeerID, msg: Accepted) -> None:
+        rec = self._phase2_answer(sender, msg)
+        if rec is None:
+            return
+        prop = rec.proposer
+        outcome = prop.outcome
+        assert outcome is not None and prop.ballot is not None
+        if sender.raw in prop.shares:
+            return  # a duplicate
+        # The acceptor's signature is what makes the certificate: one that does not cover our value
+        # (a forged or confused answer) does not count.
+        body = statement(msg.run, msg.epoch, prop.ballot, outcome[0].digest)
+        if not msg.signature or not self._sigs.verify(sender, msg.signature, body):
+            self._reject(msg.run, "bad_signature", sender)
             return
         self._heard_from(rec, sender)
         self._note_progress(rec, msg.entered, msg.completed)
         prop.accepted_by.add(sender.raw)
+        prop.shares[sender.raw] = msg.signature
         self._check_phase2(now, rec)
 
     def _on_refuse_past(self, now: float, sender: PeerID, msg: RefusePast) -> None:
-        rec = self._runs.get(msg.run)
-        if rec is None or rec.config is None or rec.state not in MEMBER_STATES:
+        rec = self._phase2_answer(sender, msg)
+        if rec is None:
             return
         prop = rec.proposer
-        if msg.epoch != rec.epoch + 1 or prop.phase is not _ACCEPTING or msg.ballot != prop.ballot:
-            return
-        if not rec.config.has_member(sender):
-            self._reject(msg.run, "not_member", sender)
-            return
         self._heard_from(rec, sender)
         self._note_progress(rec, -1, msg.completed)
         prop.refused[sender.raw] = msg.completed
         prop.refusers.add(sender.raw)
         self._check_phase2(now, rec)
+
+
+def _fail_counts(config: Configuration, ops: Iterable[Operation]) -> dict[bytes, tuple[PeerID, set[bytes]]]:
+    counts: dict[bytes, tuple[PeerID, set[bytes]]] = {}
+    for op in ops:
+        if op.kind is OpKind.FAIL:
+            counts.setdefault(op.subject.raw, (op.subject, set()))[1].add(op.origin.raw)
+    return counts
+
+
+def _short_failures(config: Configuration, ops: Iterable[Operation]) -> bool:
+    """Does a FAIL in ``ops`` lack the distinct co-signers it needs (``fail_signers_needed``)?"""
+    counts = _fail_counts(config, ops)
+    return any(len(who) < fail_signers_needed(config, subject) for subject, who in counts.values())
+
+
+def _whole_failures(config: Configuration, entries: list[tuple[bytes, Operation]]) -> list[tuple[bytes, Operation]]:
+    """``entries`` without the FAILs of a subject whose co-signers the batch cap cut off."""
+    counts = _fail_counts(config, (op for _, op in entries))
+    short = {raw for raw, (subject, who) in counts.items() if len(who) < fail_signers_needed(config, subject)}
+    if not short:
+        return entries
+    return [(i, op) for i, op in entries if not (op.kind is OpKind.FAIL and op.subject.raw in short)]

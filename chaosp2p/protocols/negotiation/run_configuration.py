@@ -43,6 +43,10 @@ MAX_OP_AGE_EPOCHS = 256
 """An operation raised at epoch E applies only to configurations of epoch <= E + this (a protocol
 constant, not a setting: every member must judge an operation the same way). Departed members are
 remembered as long, so a replayed JOIN cannot re-admit a peer that left or failed."""
+EVIDENCE_MAX_AGE_EPOCHS = 16
+"""A FAIL or EVICT raised at epoch E counts only against configurations of epoch <= E + this: they
+are evidence about a member's present state, and signers' observations many changes apart must not
+add up to a removal (issue 20, finding 10). A protocol constant, like MAX_OP_AGE_EPOCHS."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
