@@ -124,9 +124,16 @@ def test_log_visible_maddrs_prints_the_initial_peers_line(caplog: pytest.LogCapt
     peer = str(Identity.generate().peer_id)
     addrs = [f"/ip4/127.0.0.1/tcp/1/p2p/{peer}", f"/ip4/8.8.8.8/tcp/1/p2p/{peer}"]
     assert choose_ip_address([Multiaddr(a) for a in addrs]) == "8.8.8.8"
-    with caplog.at_level(logging.INFO):
-        log_visible_maddrs([Multiaddr(a) for a in addrs], only_p2p=False)
-        log_visible_maddrs([Multiaddr(a) for a in addrs], only_p2p=True)
+    # The hivemind-style handler stops propagation at the drop-in's logger once any test set it up,
+    # so listen on that logger itself rather than on the root.
+    drop_in = logging.getLogger("chaosp2p.hivemind")
+    drop_in.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="chaosp2p.hivemind"):
+            log_visible_maddrs([Multiaddr(a) for a in addrs], only_p2p=False)
+            log_visible_maddrs([Multiaddr(a) for a in addrs], only_p2p=True)
+    finally:
+        drop_in.removeHandler(caplog.handler)
     assert f"--initial_peers /ip4/8.8.8.8/tcp/1/p2p/{peer}" in caplog.text
     assert f"--initial_peers /p2p/{peer}" in caplog.text
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from chaosp2p.protocols.negotiation import NegotiationMachine, OpKind, RunParams, RunState
+from chaosp2p.protocols.negotiation import NegotiationMachine, OpKind, RemovedFromRun, RunParams, RunState
 from chaosp2p.protocols.negotiation.certificates import make_certificate, statement
 from chaosp2p.protocols.negotiation.configuration_change import next_configuration
 from chaosp2p.protocols.negotiation.messages import (
@@ -29,7 +29,7 @@ from chaosp2p.protocols.negotiation.run_configuration import Configuration, make
 from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
 
-from .test_negotiation_machine import CFG, RUN, conf, make_net
+from .test_negotiation_machine import CFG, PARAMS, RUN, conf, make_net, state
 
 MEMBERS = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(6)]
 OUTSIDER = Identity.from_seed(bytes([77]) * 32)
@@ -304,3 +304,43 @@ def test_a_newcomer_whose_trusted_peers_are_no_members_falls_back_to_the_first_m
         net.deliver()
         infos = [e for e in net.take(newcomer) if type(e).__name__ == "RunInfo" and e.from_peer == a]
         assert infos and (infos[-1].configuration is not None) is expect_config
+
+
+def _turned_over(current: Configuration, signers: list[Identity], *, epochs_ahead: int) -> SyncReply:
+    """A genuine-looking catch-up snapshot of a run that turned over while we were away: the
+    configuration before it holds ``signers``, who all signed it, but few of them are our members."""
+    members = sorted((s.peer_id for s in signers), key=lambda p: p.raw)
+    shape = {"run": current.run, "activation_step": current.activation_step + 50, "links": ()}
+    ones = {"incarnations": [1] * len(members), "throughputs": [1.0] * len(members), "params": PARAMS, "seed": 1}
+    epoch = current.epoch + epochs_ahead
+    previous = make_configuration(epoch=epoch - 1, peers=members, **ones, **shape)
+    newest = make_configuration(epoch=epoch, peers=members, **ones, **shape)
+    ballot = Ballot(round=1, proposer=members[0])
+    body = statement(RUN, epoch, ballot, newest.digest)
+    cert = make_certificate(previous, ballot, {s.peer_id.raw: s.sign(body) for s in signers})
+    return SyncReply(run=RUN, snapshot=newest.encode(), certificate=cert, previous=previous.encode())
+
+
+def test_a_member_no_one_can_prove_the_run_to_rejoins_as_a_newcomer() -> None:
+    """Found by the property test: a member cut off while the run turned over (its removal, and
+    every epoch since, signed by peers that were not yet its fellow members, none of whom keeps the
+    commits between) got "unverifiable" snapshots forever and stalled. Two members of its
+    configuration saying so make it leave as "lost" and rejoin; one alone changes nothing."""
+    net, peers = make_net(5)
+    a, b, c = peers[0], peers[1], peers[2]
+    before = conf(net, a)
+    newcomers = [Identity.from_seed(bytes([90 + i]) * 32) for i in range(3)]
+    reply = _turned_over(before, [identity_of(b), identity_of(c), *newcomers], epochs_ahead=6)
+    for sender in (b, c):
+        net.machines[a]._runs[RUN].sync_asked[sender.raw] = before.epoch + 1
+        net.machines[a].receive(net.now, sender, PROTOCOL, reply)
+        net.collect()
+        if sender == b:
+            assert state(net, a) is not RunState.REMOVED and conf(net, a) == before
+    assert state(net, a) is RunState.REMOVED
+    removed = [e for e in net.events[a] if isinstance(e, RemovedFromRun)]
+    assert [e.reason for e in removed] == ["lost"]
+    assert net.machines[a].config_for_step(RUN, removed[0].activation_step) is None  # trains nothing more
+    # ...and it can ask to join again, as any newcomer.
+    net.call(a, lambda m, now: m.request_join(now, RUN, b, incarnation=2, throughput=1.0))
+    assert state(net, a) is RunState.JOINING

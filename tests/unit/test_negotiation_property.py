@@ -186,6 +186,7 @@ def _describe(swarm: NegotiationSwarm) -> str:
             f"{r.index} running={r.running} leaving={r.leaving} {s.state.name} epoch={s.epoch} "
             f"S={s.activation_step} step={s.step} gate={s.gate_step} pending={len(s.pending)} "
             f"proposer={s.proposer.name} members={len(s.members)} trainer={r.trainer.next_step}"
+            f" rejected={dict(r.machine.statistics().rejected_by_reason)}"
         )
     return "\n".join(lines)
 

@@ -57,6 +57,7 @@ class Joins(MachineCore):
     def _install(self, rec: RunRecord, config: Configuration, certificate: Certificate | None = None) -> None:
         rec.config = config
         rec.configs.append(config)
+        rec.unverifiable_from.clear()
         if certificate is not None:
             rec.certs[config.epoch] = certificate
         if len(rec.configs) > self.config.max_history:

@@ -253,7 +253,7 @@ class Learning(Joins):
         rec.last_completed_at = None
         rec.stuck_checked = None
 
-    def _remove(self, now: float, rec: RunRecord, reason: str) -> None:
+    def _remove(self, now: float, rec: RunRecord, reason: str, *, from_step: int | None = None) -> None:
         rec.state = transition(rec.state, RunEvent.REMOVE)
         rec.removed_reason = reason
         rec.pending.clear()
@@ -265,7 +265,7 @@ class Learning(Joins):
         rec.reset_instance()
         rec.sync_at = now + self.config.sync_interval_s if self._lame_duck(rec) else None
         config = rec.config
-        step = 0 if config is None else config.activation_step
+        step = from_step if from_step is not None else 0 if config is None else config.activation_step
         self._events.append(RemovedFromRun(run=rec.run, epoch=rec.epoch, reason=reason, activation_step=step))
 
     # ------------------------------------------------------------------ anti-entropy
@@ -493,6 +493,8 @@ class Learning(Joins):
         reason = certified_forward(self._sigs, held, config, certificate, before, me=self.local_peer)
         if reason is not None:
             self._reject(rec.run, reason, sender)
+            if reason == "unverifiable" and held.has_member(sender):
+                self._lost(now, rec, sender)
             return
         if rec.state is RunState.REMOVED:
             # A lame duck far behind: the newest configuration's record of its departure says
@@ -524,6 +526,31 @@ class Learning(Joins):
             if op.epoch < config.epoch:
                 self._remove_pending(rec, ident)
         self._revalidate_pending(now, rec)
+
+    def _lost(self, now: float, rec: RunRecord, sender: PeerID) -> None:
+        """``sender`` holds a newer configuration that no chain we can check ties to ours: the
+        members who signed the epochs between have all gone, and nobody alive keeps their commits
+        (a peer cut off while the run turned over). Waiting cannot fix that; once two members of
+        our configuration (the only other one, in a pair) say so, leave the run as "lost" and
+        rejoin as a newcomer, which takes its trust anew. One dishonest member alone cannot push
+        us out, and leaving is always safe: it is what a crash does."""
+        held = rec.config
+        assert held is not None
+        rec.unverifiable_from.add(sender.raw)
+        if len(rec.unverifiable_from) < min(2, len(held.peers) - 1) or rec.state not in MEMBER_STATES:
+            return
+        self._count("lost")
+        was_gated = rec.accepted_value is not None
+        self._abandon(now, rec)
+        if was_gated:
+            self._events.append(GateReleased(run=rec.run))
+        rec.reset_instance()
+        # Nothing we hold governs a step any more (no lame duck of a future we cannot see): we stop
+        # at the next step, and the newcomer we become loads the run's state afresh.
+        rec.configs.clear()
+        rec.certs.clear()
+        rec.history.clear()
+        self._remove(now, rec, "lost", from_step=rec.completed + 1)
 
     # ------------------------------------------------------------------ announcements
 

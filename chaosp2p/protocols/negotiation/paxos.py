@@ -109,9 +109,9 @@ class RunRecord:
     configs: list[Configuration] = field(default_factory=list)
     """Recent configurations, oldest first (config_for_step looks back through them)."""
     history: dict[int, CommitRecord] = field(default_factory=dict)
+    """Committed values by the epoch they produced (bounded by max_history)."""
     certs: dict[int, Certificate] = field(default_factory=dict)
     """The certificate of each configuration in ``configs`` we hold one for (C_0 has none)."""
-    """Committed values by the epoch they produced (bounded by max_history)."""
     applied: dict[bytes, int] = field(default_factory=dict)
     """Op ids committed recently -> epoch (local replay filter for pending ops)."""
     pending: dict[bytes, Operation] = field(default_factory=dict)
@@ -136,6 +136,8 @@ class RunRecord:
     """Our signature over the acceptance statement of (accepted_ballot, C_{e+1}'s digest)."""
     sync_asked: dict[bytes, int] = field(default_factory=dict)
     """Peers we sent a SYNC_REQUEST (raw id -> from epoch): only their SYNC_REPLY is read."""
+    unverifiable_from: set[bytes] = field(default_factory=set)
+    """Members of ``config`` whose newer snapshot we could not tie to it (learning._lost)."""
     proposer: ProposerRecord = field(default_factory=ProposerRecord)
     # progress reported by training
     entered: int = -1
