@@ -318,7 +318,9 @@ class Averager:
             clock=self.clock,
             window_bytes=self.config.window_bytes,
         )
-        with round_.scope:
+        # A chaosp2p error escaping a task below reaches all_reduce's caller as itself (inside the
+        # round's scope, so a cancellation beside it still goes to that scope alone).
+        with round_.scope, unwrap_single_error():
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watchdog, round_, timeout_s)
                 # Phase 1: everyone contributes, every owner averages its shard and answers.
