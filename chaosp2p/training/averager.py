@@ -93,6 +93,7 @@ from chaosp2p.protocols.averaging.shard_reduce import all_finite, decode, storag
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
+from chaosp2p.training.waiting import Waiting, log_waits, waiting_of
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
@@ -248,6 +249,11 @@ class Averager:
         self._scratch.pop(run, None)
         self._latest.pop(run, None)
 
+    def waiting(self, run: str) -> Waiting | None:
+        """What the round of ``run`` in progress here waits for (None: no round in progress)."""
+        round_ = self._active.get(run)
+        return None if round_ is None else waiting_of(round_)
+
     def statistics(self) -> AveragerStatistics:
         """Counters: rounds, exclusions, early contributions."""
         return AveragerStatistics(
@@ -323,6 +329,7 @@ class Averager:
         with round_.scope, unwrap_single_error():
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watchdog, round_, timeout_s)
+                outer.start_soon(log_waits, round_, self.clock, self.config.waiting_log_interval_s)
                 # Phase 1: everyone contributes, every owner averages its shard and answers.
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(owner.run)
