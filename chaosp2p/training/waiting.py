@@ -88,6 +88,12 @@ def waiting_of(round_: RoundState) -> Waiting:
     )
 
 
+def silent_contributors(round_: RoundState) -> frozenset[PeerID]:
+    """Members from which not even a contribution header reached this member's shard: they did
+    not take part in the round at all (as opposed to a slow link, which delivers part of one)."""
+    return frozenset(peer for peer in round_.members if peer != round_.me and peer not in round_.inbound)
+
+
 async def log_waits(round_: RoundState, clock: Clock, interval_s: float) -> None:
     """Log what ``round_`` waits for every ``interval_s`` seconds while it runs (run it beside the
     round and cancel it with the round)."""
