@@ -19,7 +19,9 @@ agreed configuration's). When the removed member calls ``step()`` again, the run
 removed (``RunRemoved``) and it rejoins as a newcomer, pulling the state (what it missed is not
 replayed, however little: a rejoin is the one path).
 
-A member admitted for this very step is not signed against: it may still be loading the state.
+A member admitted for this very step is not signed against in the step's first round: it may be
+finishing its catch-up (it loaded the state before asking to be admitted, so one round's wait is
+enough; a newcomer that never steps is signed against from the second round on).
 """
 
 from __future__ import annotations
@@ -57,8 +59,10 @@ def sign_stalls(
     signed = []
     for peer in sorted(silent, key=lambda p: p.raw):
         entry = config.member(peer)
-        if peer == me or entry is None or not config.takes_part(peer, tag.step) or entry.since_step >= tag.step:
+        if peer == me or entry is None or not config.takes_part(peer, tag.step):
             continue
+        if entry.since_step >= tag.step and tag.attempt == 0:
+            continue  # admitted for this step: its first round may find it finishing its catch-up
         if runs.stall(tag.run, peer):
             signed.append(peer)
             log.warning(

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from chaosp2p.errors import RoundAborted, RoundMismatch  # noqa: E402
+from chaosp2p.errors import LocalProtocolError, RoundAborted, RoundMismatch  # noqa: E402
 from tests.unit.fake_port import RUN, AverageCall, Rig, configuration, identities, rig  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +33,7 @@ async def _three_members_at_step_2(r: Rig) -> tuple[Any, Any]:
     r.averager.then(_fill(1.0), _fill(1.0))
     for _ in range(2):
         await r.collab.step(4)
-    old, newcomer = (i.peer_id for i in identities(2, base=200))
+    old, newcomer = (i.peer_id for i in identities(2, base=230))
     peers = [r.port.peer_id, old, newcomer]
     r.gates.install(configuration(peers, epoch=1, activation_step=2, since_steps=[0, 0, 2]))
     return old, newcomer
@@ -57,6 +57,17 @@ async def test_members_that_sent_nothing_for_the_rounds_wait_are_signed_against(
     assert r.gates.stalls == [(RUN, old)]
 
 
+async def test_a_newcomer_that_never_steps_is_signed_against_from_the_second_round_on() -> None:
+    r = rig(*_model(), max_round_attempts=5)
+    old, newcomer = await _three_members_at_step_2(r)
+    silent = {old, newcomer}
+    r.averager.then(_silent_then_abort(r, silent, 1.0), _silent_then_abort(r, silent, 1.0), _fill(2.0))
+    await r.collab.step(4)
+    first, *second = r.gates.stalls  # the fake signs every time it is asked
+    assert first == (RUN, old)
+    assert sorted(second, key=lambda e: e[1].raw) == sorted([(RUN, old), (RUN, newcomer)], key=lambda e: e[1].raw)
+
+
 @pytest.mark.parametrize(("fraction", "error"), [(0.2, RoundAborted), (1.0, RoundMismatch)])
 async def test_no_stall_without_a_long_enough_wait_or_for_a_mismatch(fraction: float, error: type[Exception]) -> None:
     r = rig(*_model(), max_round_attempts=5)
@@ -70,3 +81,16 @@ def _model() -> tuple[Any, Any]:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+async def test_a_member_removed_while_it_did_not_step_gets_a_provisional_slice_until_it_rejoins() -> None:
+    # A script asks for its batch slice before step(); a stalled member was removed meanwhile and
+    # only step() rejoins it. It used to get LocalProtocolError ("not a member") there.
+    r = rig(*_model(), max_round_attempts=5)
+    old, newcomer = await _three_members_at_step_2(r)
+    r.gates.install(configuration([old, newcomer], epoch=2, activation_step=2, since_steps=[0, 2]))
+    r.gates.remove(RUN, "stalled", 2)
+    assert r.collab.batch_slice() == (0, 12 // 3)
+    r.gates.removed.clear()
+    with pytest.raises(LocalProtocolError, match="not a member"):
+        r.collab.batch_slice()  # not removed, just not a member: still an error
