@@ -124,3 +124,18 @@ def test_a_stall_of_a_peer_outside_the_run_signs_nothing() -> None:
     net, peers = make_net(3, extra=1)
     assert net.call(peers[0], lambda m, now: m.stall(now, RUN, peers[3])) is False
     assert net.machines[peers[0]].run_status(RUN).pending == ()
+
+
+def test_no_stall_is_signed_while_a_change_is_being_decided_here() -> None:
+    # Members that accepted a pending change may be gated at the very step: silent, not stalled.
+    net, peers = make_net(3)
+    _, others = roles(net, peers)
+    leaver, subject = others[0], next(p for p in peers if p != others[0])
+    report_all(net, peers, entered=5, completed=4)
+    net.call(leaver, lambda m, now: m.leave(now, RUN))
+    assert net.machines[leaver].run_status(RUN).state.name == "NEGOTIATING"
+    assert net.call(leaver, lambda m, now: m.stall(now, RUN, subject)) is False
+    assert all(op.kind is not OpKind.STALL for op in net.machines[leaver].run_status(RUN).pending)
+    net.deliver()
+    net.advance(2.0)
+    assert net.machines[leaver].run_status(RUN).state.name == "REMOVED"  # the leave went through

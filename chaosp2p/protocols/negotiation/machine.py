@@ -310,13 +310,18 @@ class NegotiationMachine(PaxosRoles, Learning):
         Like a FAIL it removes the subject only with FAIL_SIGNERS distinct signers, and the batch
         is urgent (the others redo the stuck step without it); unlike a FAIL it does not lapse when
         the subject is heard from. Returns False if nothing was raised: ``subject`` is not a
-        member (or is this peer), or this peer already holds a FAIL or STALL of it pending.
+        member (or is this peer), this peer already holds a FAIL or STALL of it pending, or a
+        change of the run is being decided here (NEGOTIATING or GATED): members that accepted it
+        may be gated at the very step, silent but not stalled; the next round judges again.
         """
         rec = self._member_run(run)
         config = rec.config
         assert config is not None
         held = config.incarnation_of(subject)
         if held is None or subject == self.local_peer:
+            return False
+        if rec.state is not RunState.STABLE or rec.accepted_value is not None:
+            self._count("stalls_deferred")
             return False
         if self.local_peer.raw in rec.pending_fails.get(subject.raw, {}):
             return False
