@@ -11,6 +11,7 @@ negotiation, status) that can also serve and load training state and train with 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from chaosp2p.clock import Clock
 from chaosp2p.protocols.transfer import SnapshotCatalog
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import Node, open_node
+from chaosp2p.runtime.status import StatusReport, WaitingInfo
 from chaosp2p.state.download import ProgressCallback
 from chaosp2p.state.service import LoadedState, StateService, load_into_torch
 from chaosp2p.state.snapshot import SnapshotStore
@@ -80,6 +82,27 @@ class AsyncPeer(Node):
         )
         await collaboration.start(found=found, timeout_s=timeout_s)
         return collaboration
+
+    def status_report(self) -> StatusReport:
+        """The node's report, with what each run's round in progress waits for (``waiting_for``)."""
+        report = super().status_report()
+        runs = []
+        for run in report.runs:
+            waiting = self.training.averager.waiting(run.run)
+            if waiting is not None and waiting.peers:
+                info = WaitingInfo(
+                    step=waiting.step,
+                    attempt=waiting.attempt,
+                    waited_s=max(0.0, self.clock.now() - waiting.since),
+                    what=waiting.what,
+                    peers=tuple(str(p) for p in waiting.peers),
+                    contributions_from=tuple(str(p) for p in waiting.contributions_from),
+                    results_from=tuple(str(p) for p in waiting.results_from),
+                    links=waiting.links(),
+                )
+                run = dataclasses.replace(run, waiting_for=info)
+            runs.append(run)
+        return dataclasses.replace(report, runs=tuple(runs))
 
     async def aclose(self) -> None:
         """Leave every training run and the swarm, then stop (also done when ``open_peer`` ends)."""

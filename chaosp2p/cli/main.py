@@ -192,6 +192,12 @@ def print_status(report: StatusReport, out: Console) -> None:
                 pending[index] if index < len(pending) else "",
             )
         out.print(table)
+        waiting = run.waiting_for
+        if waiting is not None:
+            out.print(
+                f"  step {waiting.step}: waiting {waiting.waited_s:.1f} s for {waiting.what} from "
+                f"{', '.join(p[-8:] for p in waiting.peers)} (links {', '.join(waiting.links)})"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- keys

@@ -161,6 +161,17 @@ class NegotiationService:
         except LocalProtocolError:  # no longer a member ourselves
             return False
 
+    def stall(self, run: str, peer: PeerID) -> bool:
+        """Sign a STALL of ``peer``: it contributed nothing to this peer's round of ``run`` for the
+        round's whole bounded wait. It takes effect only with a second member's FAIL or STALL of it.
+        False if nothing was signed (``peer`` is no member, or this peer already signed one)."""
+        if self.machine.configuration(run) is None or run in self._removed:
+            return False
+        try:
+            return self.driver.call(lambda now: self.machine.stall(now, run, peer))
+        except LocalProtocolError:  # no longer a member ourselves
+            return False
+
     def link_changed(self, a: PeerID, b: PeerID, up: bool) -> None:
         """Explicit connect-link / disconnect-link between two members (one of them is this peer)."""
         self.driver.call(lambda now: self.machine.link_changed(now, a, b, up=up))

@@ -79,6 +79,39 @@ class PendingInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WaitingInfo:
+    """What the reporting peer's round of a run waits for right now (``waiting_for`` in JSON)."""
+
+    step: int
+    attempt: int
+    waited_s: float
+    """Since the round started on the reporting peer."""
+    what: str
+    """``contributions``, ``results`` or ``contributions+results``."""
+    peers: tuple[str, ...]
+    """Everyone the round waits for."""
+    contributions_from: tuple[str, ...] = ()
+    """Members whose contribution to the reporting peer's shard is not in."""
+    results_from: tuple[str, ...] = ()
+    """Owners whose averaged shard the reporting peer has not received."""
+    links: tuple[str, ...] = ()
+    """The links those bytes come over, ``sender~receiver`` (short ids)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``waiting_for`` object of a run in ``chaosp2p status --json``."""
+        return {
+            "step": self.step,
+            "attempt": self.attempt,
+            "waited_s": round(self.waited_s, 3),
+            "what": self.what,
+            "peers": list(self.peers),
+            "contributions_from": list(self.contributions_from),
+            "results_from": list(self.results_from),
+            "links": list(self.links),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunStatusInfo:
     """One training run the reporting peer takes part in, as it sees it."""
 
@@ -89,6 +122,9 @@ class RunStatusInfo:
     members: tuple[str, ...]
     pending: tuple[PendingInfo, ...] = ()
     activation_step: int = 0
+    waiting_for: WaitingInfo | None = None
+    """What this peer's round of the run waits for (None: no round waits). Appended last: an
+    older peer ignores it, and a report from one decodes with None."""
 
 
 @STATUS_CODEC.register(StatusMessageType.REQUEST)
@@ -117,7 +153,12 @@ class StatusReport(Message):
             if len(getattr(self, name)) > MAX_STATUS_ENTRIES:
                 raise RemoteProtocolError(f"status report has more than {MAX_STATUS_ENTRIES} {name}")
         for run in self.runs:
-            if len(run.members) > MAX_STATUS_ENTRIES or len(run.pending) > MAX_STATUS_ENTRIES:
+            waiting = run.waiting_for
+            too_many = waiting is not None and any(
+                len(names) > MAX_STATUS_ENTRIES
+                for names in (waiting.peers, waiting.contributions_from, waiting.results_from, waiting.links)
+            )
+            if len(run.members) > MAX_STATUS_ENTRIES or len(run.pending) > MAX_STATUS_ENTRIES or too_many:
                 raise RemoteProtocolError(f"status report run {run.run[:64]!r} is too large")
 
     def to_json(self) -> dict[str, Any]:
@@ -159,6 +200,7 @@ class StatusReport(Message):
                     "config_digest": r.config_digest,
                     "members": list(r.members),
                     "pending": [{"kind": p.kind, "subject": p.subject, "origin": p.origin} for p in r.pending],
+                    "waiting_for": None if r.waiting_for is None else r.waiting_for.to_json(),
                 }
                 for r in self.runs
             ],

@@ -44,7 +44,7 @@ from chaosp2p.protocols.negotiation.events import (
 )
 from chaosp2p.protocols.negotiation.machine import NegotiationMachine
 from chaosp2p.protocols.negotiation.messages import codec
-from chaosp2p.protocols.negotiation.operations import PROTOCOL, OpKind, SignatureCache
+from chaosp2p.protocols.negotiation.operations import FAIL_KINDS, PROTOCOL, OpKind, SignatureCache
 from chaosp2p.protocols.negotiation.paxos import JoinRecord
 from chaosp2p.protocols.negotiation.run_configuration import (
     Configuration,
@@ -615,11 +615,11 @@ class NegotiationSwarm:
             status = self.peers[p].machine.run_status(self.run)
             fail_signers: dict[PeerID, set[PeerID]] = {}
             for op in status.pending:
-                if op.kind is OpKind.FAIL:
+                if op.kind in FAIL_KINDS:
                     fail_signers.setdefault(op.subject, set()).add(op.origin)
             # EVICTs short of a quorum and FAILs short of a second signer wait for corroboration.
             waiting = any(
-                op.kind is not OpKind.EVICT and (op.kind is not OpKind.FAIL or len(fail_signers[op.subject]) >= 2)
+                op.kind is not OpKind.EVICT and (op.kind not in FAIL_KINDS or len(fail_signers[op.subject]) >= 2)
                 for op in status.pending
             )
             if waiting or status.gate_step is not None or status.proposer is not ProposerPhase.IDLE:

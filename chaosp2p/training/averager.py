@@ -93,6 +93,7 @@ from chaosp2p.protocols.averaging.shard_reduce import all_finite, decode, storag
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
+from chaosp2p.training.waiting import Waiting, log_waits, silent_contributors, waiting_of
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
@@ -164,6 +165,7 @@ class Averager:
         self._pending: dict[RoundTag, dict[PeerID, Inbound]] = {}
         self._finished: OrderedDict[RoundTag, Result] = OrderedDict()
         self._scratch: dict[str, np.ndarray] = {}
+        self._silent: dict[str, tuple[RoundTag, frozenset[PeerID], float]] = {}
         self._completed = 0
         self._failed = 0
         self._excluded_here = 0
@@ -247,6 +249,20 @@ class Averager:
             raise LocalProtocolError(f"run {run!r} has a round in progress")
         self._scratch.pop(run, None)
         self._latest.pop(run, None)
+        self._silent.pop(run, None)
+
+    def waiting(self, run: str) -> Waiting | None:
+        """What the round of ``run`` in progress here waits for (None: no round in progress)."""
+        round_ = self._active.get(run)
+        return None if round_ is None else waiting_of(round_)
+
+    def silent_in(self, tag: RoundTag) -> tuple[frozenset[PeerID], float]:
+        """Of the aborted round ``tag`` here: the members that sent this peer no contribution at all
+        (first-hand: not a byte of a header reached our shard), and how long the round waited."""
+        last = self._silent.get(tag.run)
+        if last is None or last[0] != tag:
+            return frozenset(), 0.0
+        return last[1], last[2]
 
     def statistics(self) -> AveragerStatistics:
         """Counters: rounds, exclusions, early contributions."""
@@ -318,9 +334,12 @@ class Averager:
             clock=self.clock,
             window_bytes=self.config.window_bytes,
         )
-        with round_.scope:
+        # A chaosp2p error escaping a task below reaches all_reduce's caller as itself (inside the
+        # round's scope, so a cancellation beside it still goes to that scope alone).
+        with round_.scope, unwrap_single_error():
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watchdog, round_, timeout_s)
+                outer.start_soon(log_waits, round_, self.clock, self.config.waiting_log_interval_s)
                 # Phase 1: everyone contributes, every owner averages its shard and answers.
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(owner.run)
@@ -549,6 +568,8 @@ class Averager:
             if owner not in round_.finished_streams:
                 stream.reset()
         del self._active[round_.tag.run]
+        if round_.failure is not None and round_.failure[0] == "aborted":
+            self._silent[round_.tag.run] = (round_.tag, silent_contributors(round_), self.clock.now() - round_.started)
         self._finished[round_.tag] = notice
         while len(self._finished) > self.config.history_rounds:
             self._finished.popitem(last=False)

@@ -41,6 +41,9 @@ class AveragerConfig:
     """Largest contribution weight accepted (keeps weighted sums far from overflow)."""
     history_rounds: int = 64
     """Outcomes of this many finished rounds are remembered to answer late contributions."""
+    waiting_log_interval_s: float = 5.0
+    """While a round waits, what it waits for (whom, which link, how long) is logged this often --
+    every few seconds, not on every poll (see :mod:`chaosp2p.training.waiting`)."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -54,6 +57,7 @@ class AveragerConfig:
             "abort_grace_s",
             "max_weight",
             "history_rounds",
+            "waiting_log_interval_s",
         )
         require(self.chunk_bytes >= MIN_CHUNK_BYTES, f"chunk_bytes must be at least {MIN_CHUNK_BYTES}")
         require(self.chunk_bytes % MIN_CHUNK_BYTES == 0, f"chunk_bytes must be a multiple of {MIN_CHUNK_BYTES}")

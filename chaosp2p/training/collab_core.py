@@ -166,10 +166,17 @@ class CollaborationCore:
         config = self._governing()
         shares = {m.peer_id: int(m.batch_share) for m in config.members}
         start = 0
-        for peer in participants(config, self.step_index):
+        ring = participants(config, self.step_index)
+        for peer in ring:
             if peer == self.port.peer_id:
                 return start, start + shares[peer]
             start += shares[peer]
+        if self._started and not self._left and self.port.runs.removed_reason(self.run) is not None:
+            # Removed while it did not step (stalled, failed, lost): its next step() rejoins it. A
+            # script asks for its slice before that; it gets an equal share of a run one larger,
+            # and the share the admitting configuration gives it caps what its samples weigh.
+            share = max(1, config.params.global_batch // (len(ring) + 1))
+            return 0, share
         raise LocalProtocolError(f"this peer is not a member of run {self.run!r}")
 
     @property

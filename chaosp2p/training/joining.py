@@ -36,6 +36,7 @@ from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.state.service import load_into_torch
 from chaosp2p.training.catchup import UpdateReceiver
 from chaosp2p.training.collab_core import CollaborationCore, mean_throughput
+from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
@@ -93,15 +94,16 @@ class Joining(CollaborationCore):
             stream, run=self.run, layout=self.layout, numel=self.flat.numel, max_queued=self.config.max_catchup_updates
         )
         failures: list[BaseException] = []
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(receiver.run)
-            try:
-                await self._catch_up(sponsor, config, receiver)
-            except (ChaosError, TimeoutError) as exc:  # re-raised below, not as an exception group
-                failures.append(exc)
-            finally:
-                await receiver.aclose()
-                tg.cancel_scope.cancel()
+        with unwrap_single_error():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receiver.run)
+                try:
+                    await self._catch_up(sponsor, config, receiver)
+                except (ChaosError, TimeoutError) as exc:  # re-raised below, not as an exception group
+                    failures.append(exc)
+                finally:
+                    await receiver.aclose()
+                    tg.cancel_scope.cancel()
         if failures:
             raise failures[0]
 
@@ -138,43 +140,46 @@ class Joining(CollaborationCore):
         log.info("run %r: loaded step %d from %d members in %.2f s", self.run, snapshot_step, len(sources), load_s)
         applied = snapshot_step
         admission = None
-        async with anyio.create_task_group() as tg:
-            admitted: list[Configuration] = []
+        # The replay loop raises TransferError inside this group: it must leave as itself, not as an
+        # exception group that _join_once and _join's retry loop would not catch (issue 19).
+        with unwrap_single_error():
+            async with anyio.create_task_group() as tg:
+                admitted: list[Configuration] = []
 
-            async def ask_admission() -> None:
-                # Bounded by join_timeout_s around the whole join; never raises into this group.
-                admitted.append(
-                    await self.port.runs.join(
-                        self.run,
-                        sponsor,
-                        incarnation=self.port.own_incarnation(),
-                        # Unmeasured yet: the members' mean, so the newcomer starts with an average share.
-                        throughput=self._throughput or mean_throughput(config),
-                        timeout_s=math.inf,
+                async def ask_admission() -> None:
+                    # Bounded by join_timeout_s around the whole join; never raises into this group.
+                    admitted.append(
+                        await self.port.runs.join(
+                            self.run,
+                            sponsor,
+                            incarnation=self.port.own_incarnation(),
+                            # Unmeasured yet: the members' mean, so the newcomer starts with an average share.
+                            throughput=self._throughput or mean_throughput(config),
+                            timeout_s=math.inf,
+                        )
                     )
-                )
 
-            asked = False
-            while True:
-                if admitted:
-                    admission = admitted[0]
-                    me = admission.member(self.port.peer_id)
-                    since = admission.activation_step if me is None else me.since_step
-                    if applied >= since - 1:
-                        break
-                elif not asked and (receiver.latest or applied) - applied <= self.config.join_lag_steps:
-                    asked = True
-                    tg.start_soon(ask_admission)
-                header, update = await self._next_update(receiver, admitted)
-                if header is None:
-                    continue
-                if header.step <= applied:
-                    continue  # from before the snapshot
-                if header.step != applied + 1:
-                    raise TransferError(f"catch-up needs step {applied + 1}, the sponsor sent {header.step}")
-                await anyio.to_thread.run_sync(self._replay, update)
-                applied = header.step
-            tg.cancel_scope.cancel()
+                asked = False
+                while True:
+                    if admitted:
+                        admission = admitted[0]
+                        me = admission.member(self.port.peer_id)
+                        since = admission.activation_step if me is None else me.since_step
+                        if applied >= since - 1:
+                            break
+                    elif not asked and (receiver.latest or applied) - applied <= self.config.join_lag_steps:
+                        asked = True
+                        tg.start_soon(ask_admission)
+                    header, update = await self._next_update(receiver, admitted)
+                    if header is None:
+                        continue
+                    if header.step <= applied:
+                        continue  # from before the snapshot
+                    if header.step != applied + 1:
+                        raise TransferError(f"catch-up needs step {applied + 1}, the sponsor sent {header.step}")
+                    await anyio.to_thread.run_sync(self._replay, update)
+                    applied = header.step
+                tg.cancel_scope.cancel()
         assert admission is not None
         me = admission.member(self.port.peer_id)
         self.step_index = admission.activation_step if me is None else me.since_step
@@ -200,23 +205,24 @@ class Joining(CollaborationCore):
         """The next update, or (None, None) when admission arrived while waiting."""
         result: list[tuple[Any, np.ndarray]] = []
         errors: list[ChaosError] = []
-        async with anyio.create_task_group() as tg:
+        with unwrap_single_error():  # wait_changed may raise a chaosp2p error (a removed run)
+            async with anyio.create_task_group() as tg:
 
-            async def take() -> None:
-                try:
-                    result.append(await receiver.next())
-                except ChaosError as exc:  # raised below, outside the task group (no exception group)
-                    errors.append(exc)
-                tg.cancel_scope.cancel()
+                async def take() -> None:
+                    try:
+                        result.append(await receiver.next())
+                    except ChaosError as exc:  # raised below, outside the task group (no exception group)
+                        errors.append(exc)
+                    tg.cancel_scope.cancel()
 
-            async def admission() -> None:
-                while not admitted:
-                    await self.port.runs.wait_changed()
-                tg.cancel_scope.cancel()
+                async def admission() -> None:
+                    while not admitted:
+                        await self.port.runs.wait_changed()
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(take)
-            if not admitted:
-                tg.start_soon(admission)
+                tg.start_soon(take)
+                if not admitted:
+                    tg.start_soon(admission)
         if errors:
             raise errors[0]
         return result[0] if result else (None, None)
@@ -246,8 +252,9 @@ class Joining(CollaborationCore):
             elif isinstance(reply, (SnapshotReply, Refused)):
                 log.info("member %s will not snapshot step %d: %s", member, step, reply.reason)
 
-        async with anyio.create_task_group() as tg:
-            for member in config.members:
-                if member.peer_id != self.port.peer_id:
-                    tg.start_soon(ask, member.peer_id)
+        with unwrap_single_error():
+            async with anyio.create_task_group() as tg:
+                for member in config.members:
+                    if member.peer_id != self.port.peer_id:
+                        tg.start_soon(ask, member.peer_id)
         return ready

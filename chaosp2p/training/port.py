@@ -75,6 +75,10 @@ class RunGates(Protocol):
         """Sign an eviction of ``peer``; True if a signature was added."""
         ...
 
+    def stall(self, run: str, peer: PeerID) -> bool:
+        """Sign a STALL of ``peer`` (it contributed nothing to our round); True if one was added."""
+        ...
+
     def announce_leave(self, run: str) -> bool:
         """Tell the run this peer leaves; False if it is no member anyway."""
         ...

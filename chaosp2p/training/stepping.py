@@ -54,6 +54,7 @@ from chaosp2p.protocols.collab.messages import PROTOCOL, FetchUpdate, UpdateHead
 from chaosp2p.protocols.negotiation import Configuration, ring_order
 from chaosp2p.training.averager import RoundStats
 from chaosp2p.training.collab_core import CollaborationCore, StepStatistics, participants
+from chaosp2p.training.stalls import sign_stalls
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
@@ -156,6 +157,7 @@ class Stepping(CollaborationCore):
                 attempt=attempt,
             )
             allowances = weight_allowances(config, step, newest=runs.configuration(self.run))
+            timeout_s = self._round_timeout()
             try:
                 outcome = await self.service.averager.all_reduce(
                     tag,
@@ -168,7 +170,7 @@ class Stepping(CollaborationCore):
                     addrs=self.port.dial_addrs,
                     bandwidth=self._bandwidths(config),
                     wire_dtype=self.config.wire_dtype,
-                    timeout_s=self._round_timeout(),
+                    timeout_s=timeout_s,
                 )
             except ContributionRefused as exc:
                 # Most owners refused our contribution's header (length, dtype or weight): we are the odd one
@@ -176,6 +178,9 @@ class Stepping(CollaborationCore):
                 raise TrainingError(f"step {step}: the members refused this peer's contribution: {exc}") from exc
             except (RoundAborted, RoundMismatch) as exc:
                 log.info("run %r step %d: round under epoch %d failed: %s", self.run, step, config.epoch, exc)
+                if isinstance(exc, RoundAborted) and not self._left:  # issue 19: go on without idle members
+                    me = self.port.peer_id
+                    sign_stalls(runs, self.service.averager, me=me, tag=tag, config=config, timeout_s=timeout_s)
                 if attempts >= self.config.max_round_attempts:
                     raise TrainingError(f"step {step} of run {self.run!r} failed {attempts} times: {exc}") from exc
                 if await self._wait_for_new_configuration(step, config):

@@ -172,12 +172,18 @@ def test_page_shows_the_swarm_marks_a_killed_peer_failed_and_escapes_hostile_str
         const base = window.chaosp2pDashboard.model.snapshot;
         window.chaosp2pDashboard.apply('snapshot', Object.assign({}, base, {
           runs: [{run: hostile, epoch: 3, step: 120, loss: 0.25, members: [hostile, 'b'], pending: 1,
+                  waiting_for: {step: 120, attempt: 0, waited_s: 6.25, what: 'contributions+results',
+                                peers: [hostile, '12D3KooWresults1'], contributions_from: [hostile],
+                                results_from: ['12D3KooWresults1'], links: [hostile + '~me']},
                   config_digest: 'ab12', times: {}}],
           transfers: [{run: hostile, step: 120, fraction: 0.5, bytes_total: 1048576, rate_bytes_per_s: 2e6,
                        eta_s: 0.3, sources: [{peer: hostile, rate_bytes_per_s: 1e6, active: true}]}]}));
         const run = document.querySelector('#runs tbody tr');
         const transfer = document.querySelector('#transfers tbody tr');
+        const column = [...document.querySelectorAll('#runs thead th')]
+          .findIndex((th) => th.textContent === 'waiting_for');
         return {run: run.dataset.run, runCell: run.cells[0].textContent, transfer: transfer.dataset.run,
+                waiting: column < 0 ? null : run.cells[column].textContent,
                 transferCell: transfer.cells[0].textContent, images: document.querySelectorAll('img').length,
                 scripts: document.scripts.length, pwned: window.pwned === undefined ? null : window.pwned};
         """,
@@ -188,6 +194,8 @@ def test_page_shows_the_swarm_marks_a_killed_peer_failed_and_escapes_hostile_str
         "runCell": HOSTILE_AGENT,
         "transfer": HOSTILE_AGENT,
         "transferCell": HOSTILE_AGENT,
+        # Issue 19: whom the member's round waits for, per run (peer ids shortened, as text).
+        "waiting": f"6.3 s: contributions from …{HOSTILE_AGENT[-8:]}; results from …results1",
         "images": 0,
         "scripts": 1,
         "pwned": None,

@@ -98,6 +98,7 @@ class FakeGates:
         """("entered" | "completed", step) in call order."""
         self.throughputs: list[tuple[str, float]] = []
         self.evictions: list[tuple[str, PeerID]] = []
+        self.stalls: list[tuple[str, PeerID]] = []
         self.announced: list[str] = []
         self.leave_accepted = True
         """What ``announce_leave`` answers (False: this peer is no member anyway)."""
@@ -190,6 +191,11 @@ class FakeGates:
     def evict(self, run: str, peer: PeerID) -> bool:
         """Recorded in ``evictions``."""
         self.evictions.append((run, peer))
+        return True
+
+    def stall(self, run: str, peer: PeerID) -> bool:
+        """Recorded in ``stalls``."""
+        self.stalls.append((run, peer))
         return True
 
     def announce_leave(self, run: str) -> bool:
@@ -446,6 +452,12 @@ class FakeAverager:
     bytes_sent: int = 111
     bytes_received: int = 222
     seconds: float = 0.5
+    silent: dict[RoundTag, tuple[frozenset[PeerID], float]] = field(default_factory=dict)
+    """What ``silent_in`` answers per aborted round (members that sent nothing, seconds waited)."""
+
+    def silent_in(self, tag: RoundTag) -> tuple[frozenset[PeerID], float]:
+        """The scripted ``silent`` entry of ``tag`` (nobody silent by default)."""
+        return self.silent.get(tag, (frozenset(), 0.0))
 
     def then(self, *rounds: RoundScript) -> FakeAverager:
         """Append rounds to the script."""

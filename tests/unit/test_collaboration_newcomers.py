@@ -195,6 +195,63 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
     assert len(call.members) == 4
 
 
+# ---------------------------------------------------------------------------------- a failed catch-up
+def _stage_a_join_whose_catch_up_overflows(r: Rig) -> Any:
+    """A run whose sponsor streams more updates than the newcomer queues (max_catchup_updates=1)."""
+    m1, m2 = identities(2, base=160)
+    members = [m1.peer_id, m2.peer_id]
+    held = configuration(members, epoch=1, global_batch=12)
+    numel = r.collab.numel
+    member_model, member_optimizer = _model()
+    info = publish_torch(SnapshotStore(), RUN, SNAPSHOT_STEP, member_model, member_optimizer)
+    completed = Completed(
+        run=RUN, step=SNAPSHOT_STEP, digest=info.digest, manifest=info.manifest, elapsed_s=0.1, bytes_by_source=()
+    )
+    r.port.loadable[(RUN, SNAPSHOT_STEP)] = LoadedState(
+        run=RUN,
+        step=SNAPSHOT_STEP,
+        state=flatten_torch(member_model, member_optimizer),
+        completed=completed,
+        result=None,  # type: ignore[arg-type]  # the collaboration reads the state and the counts only
+    )
+    for i, member in enumerate(members):
+        r.port.addresses[member] = [Multiaddr.parse(f"/ip4/10.0.0.{i + 1}/tcp/4001")]
+    from chaosp2p.protocols.collab.ticket import issue_ticket
+
+    ticket = issue_ticket(m1, run=RUN, newcomer=r.port.peer_id, until_step=4 + 16)
+    observed: list[Any] = [collab.ObserveAccepted(completed=4, numel=numel, ticket=ticket)]
+    for step in range(5, 12):  # more than the queue holds, before the newcomer takes any
+        header = collab.UpdateHeader(step=step, epoch=1, config_digest=held.digest, numel=numel)
+        observed += [header, np.full(numel, step / 10, dtype=np.float32).tobytes()]
+    r.port.contacts = [m1.peer_id]
+    r.gates.run_infos[m1.peer_id] = RunInfo(run=RUN, configuration=held, step=5, from_peer=m1.peer_id)
+    r.port.answer(m1.peer_id, *observed, HOLD)
+    for identity in (m1, m2):
+        vouch = sign_vouch(identity, run=RUN, step=SNAPSHOT_STEP, state_digest=info.digest, config_digest=held.digest)
+        r.port.answer(identity.peer_id, vouched_reply(vouch, held, asker_config_digest=held.digest))
+    return m1.peer_id
+
+
+async def test_a_catch_up_that_falls_behind_fails_with_a_transfer_error_not_an_exception_group() -> None:
+    # Issue 19: the TransferError escaped _catch_up's task group wrapped in an ExceptionGroup that
+    # neither _join_once nor _join's retry loop caught, and the newcomer's process died.
+    r = _rig(snapshot_ahead_steps=2, join_lag_steps=2, max_catchup_updates=1)
+    _stage_a_join_whose_catch_up_overflows(r)
+    with anyio.fail_after(10), pytest.raises(TransferError, match="fell more than 1 updates behind"):
+        await r.collab._join_once()
+    observe = r.port.opened[0]
+    assert observe.was_reset
+
+
+async def test_a_join_whose_catch_up_falls_behind_is_retried() -> None:
+    r = _rig(snapshot_ahead_steps=2, join_lag_steps=2, max_catchup_updates=1)
+    sponsor = _stage_a_join_whose_catch_up_overflows(r)
+    with anyio.move_on_after(1.5):  # the first retry waits 0.4 s; then the sponsor is unreachable
+        await r.collab._join()
+    observes = [peer for peer, _ in r.port.dialled if peer == sponsor]
+    assert len(observes) >= 3  # the observe and snapshot streams of attempt 1, the observe of attempt 2
+
+
 # ---------------------------------------------------------------------------------- snapshot requests
 def _request(
     r: Rig, step: int, *, layout: bytes | None = None, config_digest: bytes | None = None

@@ -68,6 +68,11 @@ EVICT_C = tuple(
     sign_operation(signer, kind=OpKind.EVICT, run=RUN, epoch=4, subject=C, incarnation=1, detected_at=16.0)
     for signer in (IA, IB)
 )
+STALL_C = tuple(
+    sign_operation(signer, kind=OpKind.STALL, run=RUN, epoch=4, subject=C, incarnation=1, detected_at=17.0)
+    for signer in (IA, IB)
+)
+"""Issue 19: A and B each waited a whole round on C, which sent them nothing."""
 BALLOT = Ballot(round=3, proposer=A)
 VALUE = Value(ops=(FAIL_C, LEAVE_B), activation_step=120, proposed_at=13.25)
 ACCEPTANCE = statement(RUN, 5, BALLOT, bytes(range(32)))
@@ -85,6 +90,7 @@ EXPECTED: dict[str, Message] = {
     "ops-announce": OpsAnnounce(run=RUN, epoch=4, ops=(LEAVE_B,), entered=118, completed=117, step_time_s=0.25),
     "ops-announce-link": OpsAnnounce(run=RUN, epoch=4, ops=(LINK_AB,)),
     "ops-announce-evict": OpsAnnounce(run=RUN, epoch=4, ops=EVICT_C),
+    "ops-announce-stall": OpsAnnounce(run=RUN, epoch=4, ops=STALL_C),
     "prepare": Prepare(run=RUN, epoch=5, ballot=BALLOT),
     "promise": Promise(
         run=RUN,

@@ -95,9 +95,21 @@
   }
 
   // ----------------------------------------------------------------- runs and transfers
-  const RUN_COLUMNS = ["run", "epoch", "step", "activation_step", "loss", "members", "pending", "config_digest",
-    "reported_by"];
+  const RUN_COLUMNS = ["run", "epoch", "step", "activation_step", "loss", "members", "pending", "waiting_for",
+    "config_digest", "reported_by"];
+  // What a member's round waits for (issue 19): "6.1 s: contributions from ab12cd34, results from ..."
+  function waitingText(w) {
+    if (!w || typeof w !== "object") return "–";
+    const parts = [];
+    if (Array.isArray(w.contributions_from) && w.contributions_from.length)
+      parts.push("contributions from " + w.contributions_from.map(short).join(", "));
+    if (Array.isArray(w.results_from) && w.results_from.length)
+      parts.push("results from " + w.results_from.map(short).join(", "));
+    if (!parts.length && Array.isArray(w.peers)) parts.push(w.peers.map(short).join(", "));
+    return num(Number(w.waited_s) || 0, 1) + " s: " + parts.join("; ");
+  }
   function runCell(key, v) {
+    if (key === "waiting_for") return waitingText(v);
     if (Array.isArray(v)) return String(v.length); // members, pending: a count (the list in the tooltip)
     if (key === "reported_by") return short(v);
     if (key === "config_digest" && typeof v === "string" && v.length > 12) return v.slice(0, 12) + "…";
@@ -120,8 +132,9 @@
       if (typeof r.run === "string") row.dataset.run = r.run;
       for (const k of keys) {
         const v = r[k];
-        cell(row, runCell(k, v), typeof v === "number" || Array.isArray(v) ? "num" : "",
-          Array.isArray(v) ? v.map(scalar).join("\n") : typeof v === "string" ? v : "");
+        const tip = k === "waiting_for" && v && Array.isArray(v.links) ? "links " + v.links.join(", ")
+          : Array.isArray(v) ? v.map(scalar).join("\n") : typeof v === "string" ? v : "";
+        cell(row, runCell(k, v), typeof v === "number" || Array.isArray(v) ? "num" : "", tip);
       }
       body.appendChild(row);
     }

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from chaosp2p.protocols.negotiation.configuration_body import DELETE, INSERT, SET, MemberEdits
-from chaosp2p.protocols.negotiation.operations import MEMBER_KINDS, Operation, OpKind, apply_order
+from chaosp2p.protocols.negotiation.operations import FAIL_KINDS, MEMBER_KINDS, Operation, OpKind, apply_order
 from chaosp2p.protocols.negotiation.run_configuration import (
     EVIDENCE_MAX_AGE_EPOCHS,
     MAX_OP_AGE_EPOCHS,
@@ -50,8 +50,16 @@ def check_operation(op: Operation, config: Configuration) -> str | None:
     if op.epoch + MAX_OP_AGE_EPOCHS < config.epoch:
         return "too_old"
     kind = op.kind
-    if (kind is OpKind.FAIL or kind is OpKind.EVICT) and op.epoch + EVIDENCE_MAX_AGE_EPOCHS < config.epoch:
+    if kind in (OpKind.FAIL, OpKind.EVICT, OpKind.STALL) and op.epoch + EVIDENCE_MAX_AGE_EPOCHS < config.epoch:
         return "too_old"
+    if kind is OpKind.STALL:
+        # Like a FAIL, but only of a present member: it says "it contributed nothing to my round".
+        if op.origin == op.subject or not config.has_member(op.origin):
+            return "forged_origin"
+        held = config.incarnation_of(op.subject)
+        if held is None:
+            return "subject_not_member"
+        return "stale_incarnation" if op.incarnation < held else None
     if kind is OpKind.FAIL:
         if op.origin == op.subject or not config.has_member(op.origin):
             return "forged_origin"
@@ -139,7 +147,7 @@ def failures(config: Configuration, ops: Iterable[tuple[bytes, Operation]]) -> f
     subjects: dict[bytes, PeerID] = {}
     signers: dict[bytes, set[bytes]] = {}
     for _, op in ops:
-        if op.kind is OpKind.FAIL and check_operation(op, config) is None:
+        if op.kind in FAIL_KINDS and check_operation(op, config) is None:
             subjects[op.subject.raw] = op.subject
             signers.setdefault(op.subject.raw, set()).add(op.origin.raw)
     return frozenset(raw for raw, who in signers.items() if len(who) >= fail_signers_needed(config, subjects[raw]))
@@ -193,7 +201,7 @@ def _settle_failures(
     keep: list[tuple[bytes, Operation]] = []
     dropped: list[tuple[bytes, Operation]] = []
     for ident, op in ops:
-        (dropped if op.kind is OpKind.FAIL and op.subject.raw not in failed else keep).append((ident, op))
+        (dropped if op.kind in FAIL_KINDS and op.subject.raw not in failed else keep).append((ident, op))
     return keep, dropped
 
 
@@ -262,7 +270,7 @@ in ``draft.raws`` and whether it is there; returns whether it changed anything."
 
 
 def _remove(draft: _Draft, op: Operation, i: int, present: bool) -> bool:
-    """FAIL, LEAVE, EVICT: the subject leaves, unless it already rejoined at a higher incarnation.
+    """FAIL, STALL, LEAVE, EVICT: the subject leaves, unless it already rejoined at a higher incarnation.
     (An EVICT got here only with a quorum of signers, at exactly the subject's incarnation.)"""
     if not present or op.incarnation < draft.incs[i]:
         return False
@@ -362,6 +370,7 @@ APPLY_BY_KIND: dict[OpKind, ApplyOp] = {
     OpKind.LINK_DOWN: _link_down,
     OpKind.THROUGHPUT: _throughput,
     OpKind.EVICT: _remove,
+    OpKind.STALL: _remove,
 }
 """What each operation kind does to the draft of C_{e+1} (every kind has an entry)."""
 
@@ -379,7 +388,7 @@ def next_configuration(
     unsettled: list[tuple[bytes, Operation]] = []
     if any(op.kind is OpKind.EVICT for _, op in ops):
         ops, unsettled = _settle_evictions(prev, ops)
-    if any(op.kind is OpKind.FAIL for _, op in ops):
+    if any(op.kind in FAIL_KINDS for _, op in ops):
         ops, short = _settle_failures(prev, ops)
         unsettled.extend(short)
     ordered, dropped = apply_order(ops)

@@ -36,6 +36,7 @@ from chaosp2p.protocols.negotiation.messages import (
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import (
+    FAIL_KINDS,
     PROTOCOL,
     REMOVAL_KINDS,
     Operation,
@@ -220,7 +221,7 @@ class MachineCore:
         if reason is not None:
             raise LocalProtocolError(f"negotiation: cannot raise {kind.name}: {reason}")
         self._add_pending(rec, ident, op)
-        if kind is OpKind.FAIL and self._fail_in_flight(rec, subject):
+        if kind in FAIL_KINDS and self._fail_in_flight(rec, subject):
             # The value we accepted already fails this member: announcing our own FAIL would only
             # cost the proposer a signature check on its critical path (every survivor observes
             # the failure). It stays pending: it goes into our PROMISEs, our takeover (we accepted,
@@ -233,7 +234,7 @@ class MachineCore:
     def _fail_in_flight(self, rec: RunRecord, subject: PeerID) -> bool:
         """Does the value this member accepted in the open instance FAIL ``subject``?"""
         value = rec.accepted_value
-        return value is not None and any(op.kind is OpKind.FAIL and op.subject == subject for op in value.ops)
+        return value is not None and any(op.kind in FAIL_KINDS and op.subject == subject for op in value.ops)
 
     def _add_pending(self, rec: RunRecord, ident: bytes, op: Operation) -> None:
         if op.kind is OpKind.JOIN:
@@ -246,9 +247,9 @@ class MachineCore:
                     return
                 self._remove_pending(rec, older)
             rec.pending_joins[raw] = ident
-        elif op.kind is OpKind.EVICT or op.kind is OpKind.FAIL:
+        elif op.kind is OpKind.EVICT or op.kind in FAIL_KINDS:
             # One per signer and subject: only distinct signers count (an eviction needs a quorum
-            # of them, a failure FAIL_SIGNERS).
+            # of them, a failure FAIL_SIGNERS; a signer's FAIL or STALL of a subject counts once).
             table = rec.pending_evicts if op.kind is OpKind.EVICT else rec.pending_fails
             signers = table.setdefault(op.subject.raw, {})
             if op.origin.raw in signers:
@@ -263,7 +264,7 @@ class MachineCore:
         op = rec.pending.pop(ident, None)
         if op is not None and op.kind is OpKind.JOIN and rec.pending_joins.get(op.subject.raw) == ident:
             del rec.pending_joins[op.subject.raw]
-        if op is not None and (op.kind is OpKind.EVICT or op.kind is OpKind.FAIL):
+        if op is not None and (op.kind is OpKind.EVICT or op.kind in FAIL_KINDS):
             table = rec.pending_evicts if op.kind is OpKind.EVICT else rec.pending_fails
             signers = table.get(op.subject.raw)
             if signers is not None and signers.get(op.origin.raw) == ident:
@@ -299,7 +300,7 @@ class MachineCore:
         assert config is not None
         added = 0
         for op in ops:
-            if op.kind is OpKind.FAIL:
+            if op.kind in FAIL_KINDS:
                 signers = rec.pending_fails.get(op.subject.raw)
                 if signers and (op.origin.raw in signers or len(signers) >= FAIL_SIGNERS):
                     # Enough distinct signers (or this one's) already: skip the rest before the
@@ -322,10 +323,11 @@ class MachineCore:
             if self._sigs.check(op) is None:
                 self._reject(rec.run, "bad_signature", sender)
                 continue
-            if op.kind is OpKind.FAIL:
+            if op.kind in FAIL_KINDS:
                 if not self._fail_matters(rec, op):
                     continue  # about a member already gone for the steps we are at
-                if self._alive_inc.get(op.subject.raw, -1) > op.observed_incarnation:
+                # A STALL is no claim that the subject is down: news that it is alive refutes nothing.
+                if op.kind is OpKind.FAIL and self._alive_inc.get(op.subject.raw, -1) > op.observed_incarnation:
                     self._reject(rec.run, "stale_fail", sender)
                     continue
             if op.kind is OpKind.JOIN and op.subject.raw in self._failed:

@@ -68,7 +68,8 @@ class RemovedFromRun:
 
     ``reason``: ``"left"`` (our LEAVE committed), ``"failed"`` (a FAIL about us committed),
     ``"evicted"`` (a quorum of members signed EVICTs about us: our contributions kept failing their
-    checks), ``"excluded"`` (a later configuration without us, e.g. after a partition), ``"lost"`` (cut
+    checks), ``"stalled"`` (two members signed that we sent nothing to their rounds: we stopped
+    stepping), ``"excluded"`` (a later configuration without us, e.g. after a partition), ``"lost"`` (cut
     off while the run turned over: no member alive can prove its newer configuration to us). To train again the
     peer rejoins as a newcomer (``request_join``).
     """

@@ -36,6 +36,7 @@ from chaosp2p.protocols.negotiation.messages import (
     SyncRequest,
 )
 from chaosp2p.protocols.negotiation.operations import (
+    FAIL_KINDS,
     REMOVAL_KINDS,
     OpKind,
     op_id,
@@ -188,7 +189,8 @@ class Learning(Joins):
             self._remove_pending(rec, result.op_id)
             self._count("ops_committed")
             if result.applied and op.subject == me and (op.kind in REMOVAL_KINDS or op.kind is OpKind.EVICT):
-                own_fate = {OpKind.LEAVE: "left", OpKind.EVICT: "evicted"}.get(op.kind, "failed")
+                fates = {OpKind.LEAVE: "left", OpKind.EVICT: "evicted", OpKind.STALL: "stalled"}
+                own_fate = fates.get(op.kind, "failed")
             self._events.append(
                 OperationCommitted(
                     run=rec.run,
@@ -234,7 +236,7 @@ class Learning(Joins):
         for ident, op in list(rec.pending.items()):
             if ident in rec.applied or check_operation(op, config) is not None:
                 self._remove_pending(rec, ident)
-            elif op.kind is OpKind.FAIL and not self._fail_matters(rec, op):
+            elif op.kind in FAIL_KINDS and not self._fail_matters(rec, op):
                 self._remove_pending(rec, ident)  # its removal already took effect here
         self._check_stuck(now, rec)
         if rec.pending:

@@ -303,6 +303,31 @@ class NegotiationMachine(PaxosRoles, Learning):
         self._raise(now, rec, kind=OpKind.EVICT, subject=subject, incarnation=held)
         return True
 
+    def stall(self, now: float, run: str, subject: PeerID) -> bool:
+        """Sign a STALL of ``subject``: it contributed nothing to this member's round for the whole
+        bounded wait (the training layer's first-hand observation; see protocols/negotiation.md §3c).
+
+        Like a FAIL it removes the subject only with FAIL_SIGNERS distinct signers, and the batch
+        is urgent (the others redo the stuck step without it); unlike a FAIL it does not lapse when
+        the subject is heard from. Returns False if nothing was raised: ``subject`` is not a
+        member (or is this peer), this peer already holds a FAIL or STALL of it pending, or a
+        change of the run is being decided here (NEGOTIATING or GATED): members that accepted it
+        may be gated at the very step, silent but not stalled; the next round judges again.
+        """
+        rec = self._member_run(run)
+        config = rec.config
+        assert config is not None
+        held = config.incarnation_of(subject)
+        if held is None or subject == self.local_peer:
+            return False
+        if rec.state is not RunState.STABLE or rec.accepted_value is not None:
+            self._count("stalls_deferred")
+            return False
+        if self.local_peer.raw in rec.pending_fails.get(subject.raw, {}):
+            return False
+        self._raise(now, rec, kind=OpKind.STALL, subject=subject, incarnation=held)
+        return True
+
     def observe_member(self, now: float, peer: PeerID, state: MemberState, incarnation: int) -> None:
         """Membership's view of ``peer``: FAILED or LEFT members of a run become FAIL operations."""
         if peer == self.local_peer:

@@ -69,21 +69,30 @@ class OpKind(enum.IntEnum):
     """A member that kept sending invalid contributions: takes effect only when a quorum of distinct
     members of the configuration signed one for the same subject and incarnation (see
     ``configuration_change.evictions``)."""
+    STALL = 7
+    """A member that contributed nothing to the signer's round for the round's whole (bounded) wait:
+    counted with the subject's FAILs, it removes the subject only with FAIL_SIGNERS distinct
+    signers, and -- unlike a FAIL -- it does not lapse when the subject is heard from (an idle
+    member is alive). The subject rejoins as a newcomer when it steps again."""
 
 
-MEMBER_KINDS = frozenset((OpKind.JOIN, OpKind.LEAVE, OpKind.FAIL, OpKind.THROUGHPUT, OpKind.EVICT))
+MEMBER_KINDS = frozenset((OpKind.JOIN, OpKind.LEAVE, OpKind.FAIL, OpKind.THROUGHPUT, OpKind.EVICT, OpKind.STALL))
 """Kinds whose subject is one member (link kinds name two endpoints)."""
-REMOVAL_KINDS = frozenset((OpKind.LEAVE, OpKind.FAIL))
+REMOVAL_KINDS = frozenset((OpKind.LEAVE, OpKind.FAIL, OpKind.STALL))
+FAIL_KINDS = frozenset((OpKind.FAIL, OpKind.STALL))
+"""Kinds that say "this member does not take part": one per signer and subject is kept, and they
+remove their subject only with FAIL_SIGNERS distinct signers (of either kind) between them."""
 LINK_KINDS = frozenset((OpKind.LINK_UP, OpKind.LINK_DOWN))
 
 KIND_ORDER: dict[OpKind, int] = {
     OpKind.FAIL: 0,
-    OpKind.EVICT: 1,
-    OpKind.LEAVE: 2,
-    OpKind.LINK_DOWN: 3,
-    OpKind.LINK_UP: 4,
-    OpKind.JOIN: 5,
-    OpKind.THROUGHPUT: 6,
+    OpKind.STALL: 1,
+    OpKind.EVICT: 2,
+    OpKind.LEAVE: 3,
+    OpKind.LINK_DOWN: 4,
+    OpKind.LINK_UP: 5,
+    OpKind.JOIN: 6,
+    OpKind.THROUGHPUT: 7,
 }
 """Position of each kind in the deterministic apply order."""
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.negotiation.configuration_change import AppliedOp
 from chaosp2p.protocols.negotiation.messages import Ballot, Certificate, CommitRecord, Value
-from chaosp2p.protocols.negotiation.operations import Operation, OpKind
+from chaosp2p.protocols.negotiation.operations import FAIL_KINDS, Operation
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
 from chaosp2p.wire.identity import PeerID
@@ -193,7 +193,7 @@ def refuses(value: Value, acceptor: bytes, completed: int) -> bool:
     if the value fails the acceptor itself (it knows it is alive: a stale or false failure)."""
     if completed >= value.activation_step:
         return True
-    return any(op.kind is OpKind.FAIL and op.subject.raw == acceptor for op in value.ops)
+    return any(op.kind in FAIL_KINDS and op.subject.raw == acceptor for op in value.ops)
 
 
 def is_dead(value: Value, promises: dict[bytes, PromiseInfo], config: Configuration) -> bool:
@@ -222,8 +222,9 @@ def choose_value(promises: dict[bytes, PromiseInfo], config: Configuration) -> t
 
 
 def is_urgent(ops: Iterable[Operation]) -> bool:
-    """A batch that removes a member that cannot contribute (a FAIL): survivors redo the stuck step."""
-    return any(op.kind is OpKind.FAIL for op in ops)
+    """A batch that removes a member that cannot contribute (a FAIL or a STALL): survivors redo the
+    stuck step."""
+    return any(op.kind in FAIL_KINDS for op in ops)
 
 
 def activation_step(

@@ -35,6 +35,7 @@ from chaosp2p.protocols.negotiation.messages import (
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import (
+    FAIL_KINDS,
     MEMBER_KINDS,
     REMOVAL_KINDS,
     Operation,
@@ -181,7 +182,7 @@ class PaxosRoles(MachineCore):
             )
             others.extend(signed[: fail_signers_needed(config, signed[0][1].subject)])
         for ident, op in rec.pending.items():
-            if op.kind is OpKind.EVICT or op.kind is OpKind.FAIL:
+            if op.kind is OpKind.EVICT or op.kind in FAIL_KINDS:
                 continue  # handled above
             if op.kind is OpKind.LEAVE and op.subject.raw in failable:
                 continue  # the failure removes it (urgently)
@@ -325,7 +326,7 @@ class PaxosRoles(MachineCore):
         value = prop.value
         if prop.adopted or value is None or config is None:
             return 0
-        subjects = {op.subject.raw for op in value.ops if op.kind is OpKind.FAIL and config.has_member(op.subject)}
+        subjects = {op.subject.raw for op in value.ops if op.kind in FAIL_KINDS and config.has_member(op.subject)}
         return len(subjects - prop.accepted_by - prop.refused.keys())
 
     def _proposer_timeout(self, now: float, rec: RunRecord) -> None:
@@ -688,7 +689,7 @@ class PaxosRoles(MachineCore):
 def _fail_counts(config: Configuration, ops: Iterable[Operation]) -> dict[bytes, tuple[PeerID, set[bytes]]]:
     counts: dict[bytes, tuple[PeerID, set[bytes]]] = {}
     for op in ops:
-        if op.kind is OpKind.FAIL:
+        if op.kind in FAIL_KINDS:
             counts.setdefault(op.subject.raw, (op.subject, set()))[1].add(op.origin.raw)
     return counts
 
@@ -705,4 +706,4 @@ def _whole_failures(config: Configuration, entries: list[tuple[bytes, Operation]
     short = {raw for raw, (subject, who) in counts.items() if len(who) < fail_signers_needed(config, subject)}
     if not short:
         return entries
-    return [(i, op) for i, op in entries if not (op.kind is OpKind.FAIL and op.subject.raw in short)]
+    return [(i, op) for i, op in entries if not (op.kind in FAIL_KINDS and op.subject.raw in short)]
