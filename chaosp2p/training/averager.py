@@ -325,7 +325,9 @@ class Averager:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(owner.run)
                     for shard in round_.plan.shards:
-                        if shard.owner != round_.me:
+                        # Nothing goes to an owner of an empty shard (spec section 4.1): a member
+                        # the link plan left without a shard needs no link to the other non-owners.
+                        if shard.owner != round_.me and shard.size:
                             tg.start_soon(self._contribute, round_, shard, addrs)
                 # Phase 2 (only after an exclusion): the owners whose shard holds values of a peer
                 # that another owner excluded send that shard again without them.

@@ -115,7 +115,7 @@ class RoundState:
         """Owners that reported the round aborted, with whom they found missing."""
         self.answers: dict[PeerID, Result] = {}
         """First OK answer of every owner (ours included)."""
-        self.awaiting: set[PeerID] = {p for p in self.members if p != me}
+        self.awaiting: set[PeerID] = {s.owner for s in plan.shards if s.owner != me and s.size}
         """Owners we still expect an answer (or a revision) from."""
         self.owner_streams: dict[PeerID, Stream] = {}
         self.finished_streams: set[PeerID] = set()
@@ -205,7 +205,9 @@ class RoundState:
 
     def undelivered(self) -> frozenset[PeerID]:
         """Contributors whose contribution to our shard is not (completely) in."""
-        missing = set()
+        missing: set[PeerID] = set()
+        if not self.shard.size:  # an empty shard receives no contribution (spec section 4.1)
+            return frozenset()
         for peer in self.members:
             if peer == self.me:
                 continue

@@ -47,6 +47,7 @@ from chaosp2p.errors import (
     RunRemoved,
     TrainingError,
 )
+from chaosp2p.protocols.averaging.link_plan import link_bandwidths
 from chaosp2p.protocols.averaging.messages import RoundPhase, RoundTag
 from chaosp2p.protocols.averaging.shard_reduce import all_finite
 from chaosp2p.protocols.averaging.weights import weight_allowances
@@ -166,7 +167,7 @@ class Stepping(CollaborationCore):
                     max_weights=allowances,
                     members=participants(config, step),
                     addrs=self.port.dial_addrs,
-                    bandwidth=self._bandwidths(config),
+                    bandwidth=link_bandwidths(participants(config, step), config.links),
                     wire_dtype=self.config.wire_dtype,
                     timeout_s=self._round_timeout(),
                 )
@@ -334,23 +335,6 @@ class Stepping(CollaborationCore):
             return self.config.round_timeout_min_s
         median = stats_module.median(self._step_times)
         return max(self.config.round_timeout_min_s, self.config.round_timeout_step_mult * median)
-
-    @staticmethod
-    def _bandwidths(config: Configuration) -> dict[PeerID, float | None]:
-        """Each member's bandwidth from the configuration's link snapshot (identical everywhere).
-
-        The shard plan must be the same on every member, so it may only depend on the agreed
-        configuration, never on this peer's own estimates: a member's figure is the median of its
-        agreed links' bandwidths, or None (an equal share) if none is known.
-        """
-        known: dict[PeerID, list[float]] = {}
-        for link in config.links:
-            if link.up and link.bandwidth_bytes_per_s > 0:
-                known.setdefault(link.a, []).append(link.bandwidth_bytes_per_s)
-                known.setdefault(link.b, []).append(link.bandwidth_bytes_per_s)
-        return {
-            m.peer_id: stats_module.median(known[m.peer_id]) if m.peer_id in known else None for m in config.members
-        }
 
     def _note_throughput(self, samples: int, compute_s: float) -> None:
         if compute_s <= 0:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.negotiation.configuration_change import AppliedOp
+from chaosp2p.protocols.negotiation.link_graph import link_owners
 from chaosp2p.protocols.negotiation.messages import Ballot, Certificate, CommitRecord, Value
 from chaosp2p.protocols.negotiation.operations import Operation, OpKind
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
@@ -221,9 +222,31 @@ def choose_value(promises: dict[bytes, PromiseInfo], config: Configuration) -> t
     return best[1], best[2], False
 
 
-def is_urgent(ops: Iterable[Operation]) -> bool:
-    """A batch that removes a member that cannot contribute (a FAIL): survivors redo the stuck step."""
-    return any(op.kind is OpKind.FAIL for op in ops)
+def is_urgent(ops: Iterable[Operation], config: Configuration | None = None) -> bool:
+    """A batch the run is stuck without: survivors redo the stuck step under it.
+
+    A FAIL (a member that cannot contribute), or -- given ``config``, the configuration the batch
+    follows -- a LINK_DOWN between two members that own shards under ``config``'s link plan (the
+    members of maximal degree, :mod:`.link_graph`): every round of the step needs that link, so a
+    later activation step would leave the run stuck (``protocols/negotiation.md`` section 3b).
+    """
+    ops = list(ops)
+    if any(op.kind is OpKind.FAIL for op in ops):
+        return True
+    if config is None:
+        return False
+    downs = [op for op in ops if op.kind is OpKind.LINK_DOWN and op.other is not None]
+    if not downs:
+        return False
+    owners = link_owners(config.peers, config.links)
+    return any(op.subject in owners and op.other in owners and usable_in(config, op) for op in downs)
+
+
+def usable_in(config: Configuration, op: Operation) -> bool:
+    """Is the link ``op`` is about usable in ``config`` (up, or never reported)?"""
+    assert op.other is not None
+    entry = config.link(op.subject, op.other)
+    return entry is None or entry.up
 
 
 def activation_step(
@@ -247,7 +270,7 @@ def activation_step(
     """
     max_entered = max(entered, default=-1)
     max_completed = max(completed, default=-1)
-    if is_urgent(ops):
+    if is_urgent(ops, config):
         if max_completed < 0:
             # Nobody we heard from completed a step (only members admitted after the last step
             # anyone completed answered, or the run has not started): the earliest step any of

@@ -557,7 +557,7 @@ class PaxosRoles(MachineCore):
         config = rec.config
         assert config is not None
         step = value.activation_step
-        if step < config.activation_step and not is_urgent(value.ops):
+        if step < config.activation_step and not is_urgent(value.ops, config):
             return "step_in_past"
         reference = max(rec.completed, rec.entered, rec.peer_entered, config.activation_step, 0)
         if step > reference + self.config.max_step_ahead:
