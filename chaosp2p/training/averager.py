@@ -168,6 +168,7 @@ class Averager:
         self._failed = 0
         self._excluded_here = 0
         self._held_early = 0
+        self._unreachable: dict[str, tuple[RoundTag, frozenset[PeerID]]] = {}  # run -> its last round's
         host.set_stream_handler(PROTOCOL_ID, self._serve)
 
     # ------------------------------------------------------------------ public API
@@ -247,6 +248,17 @@ class Averager:
             raise LocalProtocolError(f"run {run!r} has a round in progress")
         self._scratch.pop(run, None)
         self._latest.pop(run, None)
+        self._unreachable.pop(run, None)
+
+    def unreachable(self, tag: RoundTag) -> frozenset[PeerID]:
+        """The peers round ``tag`` (the last of its run here) could not exchange with, first-hand.
+
+        Dialling it failed, its connection closed, or on timeout its exchange with this member alone
+        was missing while every other owner answered (``protocols/averaging.md`` section 4.5). Empty
+        for a round that is not the run's last here, or whose failure was nobody's pair in particular.
+        """
+        last = self._unreachable.get(tag.run)
+        return last[1] if last is not None and last[0] == tag else frozenset()
 
     def statistics(self) -> AveragerStatistics:
         """Counters: rounds, exclusions, early contributions."""
@@ -363,6 +375,7 @@ class Averager:
         reported = frozenset().union(*round_.reported.values()) if round_.reported else frozenset()
         silent = frozenset(p for p in round_.awaiting if p not in round_.reported)
         missing = (direct | reported) or silent
+        round_.unreachable.update(round_.pair_suspects(direct))
         round_.fail("aborted", missing, f"timed out after {timeout_s:g} s waiting for {_names(missing)}")
 
     def _staging(self, run: str, size: int) -> np.ndarray:
@@ -380,6 +393,8 @@ class Averager:
             connection = await self.host.connection_to(owner, list(addrs(owner)))
             stream = connection.open_stream(PROTOCOL)
         except (ChaosError, ProtocolNotSupported) as exc:
+            if not isinstance(exc, ProtocolNotSupported):
+                round_.unreachable.add(owner)
             round_.fail("aborted", frozenset({owner}), f"cannot reach {owner.short()}: {exc}")
             return
         round_.owner_streams[owner] = stream
@@ -390,6 +405,8 @@ class Averager:
         try:
             await work
         except (ConnectionClosed, StreamReset) as exc:
+            if isinstance(exc, ConnectionClosed):
+                round_.unreachable.add(owner)
             round_.fail("aborted", frozenset({owner}), f"{owner.short()}: {exc}")
         except ProtocolError as exc:
             log.warning("round %s: unusable answer from %s: %s", round_.tag, owner, exc)
@@ -552,6 +569,7 @@ class Averager:
                 stream.reset()
         del self._active[round_.tag.run]
         self._finished[round_.tag] = notice
+        self._unreachable[round_.tag.run] = (round_.tag, frozenset(round_.unreachable - {round_.me}))
         while len(self._finished) > self.config.history_rounds:
             self._finished.popitem(last=False)
         self._excluded_here += len(round_.excluded_here)

@@ -166,6 +166,7 @@ class OwnerRole:
             round_.progress.notify()
             log.debug("round %s: contribution of %s in", round_.tag, inbound.peer.short())
         except ConnectionClosed as exc:
+            round_.unreachable.add(inbound.peer)
             round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
         except (StreamReset, RemoteProtocolError) as exc:
             # A reset with the connection still up: the contributor gave up on the round (its own
@@ -230,6 +231,7 @@ class OwnerRole:
             inbound.ok_sent = True
             log.debug("round %s: answer to %s sent", round_.tag, inbound.peer.short())
         except ConnectionClosed as exc:
+            round_.unreachable.add(inbound.peer)
             round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
         except StreamReset:
             inbound.failed = True  # the contributor gave up on the round; nothing left to tell it

@@ -55,6 +55,7 @@ from chaosp2p.protocols.collab.messages import PROTOCOL, FetchUpdate, UpdateHead
 from chaosp2p.protocols.negotiation import Configuration, ring_order
 from chaosp2p.training.averager import RoundStats
 from chaosp2p.training.collab_core import CollaborationCore, StepStatistics, participants
+from chaosp2p.training.link_report import report_unreachable
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
@@ -177,6 +178,7 @@ class Stepping(CollaborationCore):
                 raise TrainingError(f"step {step}: the members refused this peer's contribution: {exc}") from exc
             except (RoundAborted, RoundMismatch) as exc:
                 log.info("run %r step %d: round under epoch %d failed: %s", self.run, step, config.epoch, exc)
+                report_unreachable(self.port.runs, self.service.averager, tag)  # first-hand LINK_DOWN
                 if attempts >= self.config.max_round_attempts:
                     raise TrainingError(f"step {step} of run {self.run!r} failed {attempts} times: {exc}") from exc
                 if await self._wait_for_new_configuration(step, config):

@@ -98,6 +98,7 @@ class FakeGates:
         """("entered" | "completed", step) in call order."""
         self.throughputs: list[tuple[str, float]] = []
         self.evictions: list[tuple[str, PeerID]] = []
+        self.link_failures: list[tuple[str, PeerID]] = []
         self.announced: list[str] = []
         self.leave_accepted = True
         """What ``announce_leave`` answers (False: this peer is no member anyway)."""
@@ -190,6 +191,11 @@ class FakeGates:
     def evict(self, run: str, peer: PeerID) -> bool:
         """Recorded in ``evictions``."""
         self.evictions.append((run, peer))
+        return True
+
+    def link_failed(self, run: str, peer: PeerID) -> bool:
+        """Recorded in ``link_failures``."""
+        self.link_failures.append((run, peer))
         return True
 
     def announce_leave(self, run: str) -> bool:
@@ -446,6 +452,12 @@ class FakeAverager:
     bytes_sent: int = 111
     bytes_received: int = 222
     seconds: float = 0.5
+    unreachable_peers: dict[RoundTag, frozenset[PeerID]] = field(default_factory=dict)
+    """What ``unreachable(tag)`` answers (a test sets it from a scripted round)."""
+
+    def unreachable(self, tag: RoundTag) -> frozenset[PeerID]:
+        """``unreachable_peers[tag]``, empty by default."""
+        return self.unreachable_peers.get(tag, frozenset())
 
     def then(self, *rounds: RoundScript) -> FakeAverager:
         """Append rounds to the script."""
