@@ -148,7 +148,7 @@ class NegotiationService:
 
         Nothing if membership holds ``peer`` failed or gone (a FAIL is the business of membership),
         or if this peer already declared the link down. True if a LINK_DOWN was raised. Signed by
-        this peer, an endpoint of the link; ``protocols/negotiation.md`` section 3b.
+        this peer, an endpoint of the link; ``protocols/negotiation.md`` section 3c.
         """
         if peer == self.machine.local_peer or peer in self._gone or self.machine.configuration(run) is None:
             return False

@@ -3,7 +3,7 @@
 Pure functions of a link snapshot (``Configuration.links``), shared by the averaging plan
 (:mod:`chaosp2p.protocols.averaging.link_plan`: the members of maximal degree own the shards) and by
 the negotiation (a LINK_DOWN between two such members breaks the plan of the step the run is in, so
-it is urgent, ``protocols/negotiation.md`` section 3b). A pair is **usable** if its entry is up or if
+it is urgent, ``protocols/negotiation.md`` section 3c). A pair is **usable** if its entry is up or if
 the snapshot has no entry for it (never reported down).
 """
 

@@ -6,7 +6,7 @@ A round that fails because this member could not exchange with one peer -- while
 holds that peer alive, and the other members reached it -- is first-hand evidence that the *link*
 is broken (``protocols/averaging.md`` section 4.5). :meth:`LinkWatch.failed` says whether to raise
 a LINK_DOWN about it at once (no settling delay: the run is stuck until the plan routes around the
-link, ``protocols/negotiation.md`` section 3b). From then on the link is **probed** (a
+link, ``protocols/negotiation.md`` section 3c). From then on the link is **probed** (a
 connection-level ping every ``probe_interval_s``); it is declared up again only after it answered
 every probe for ``required_up_s``, which doubles with each flap of that link (a LINK_DOWN less than
 ``forget_flaps_after_s`` after its last LINK_UP), from ``base_up_s`` up to ``max_up_s``:
@@ -19,7 +19,7 @@ the count. Everything is driven by the caller with ``now``; nothing here reads a
 
 A member can only declare links it is an endpoint of (the negotiation refuses any other,
 ``forged_origin``), and this watch is the honest member's own discipline: a member that ignores it
-and flaps on purpose is bounded by the negotiation instead (spec section 3b).
+and flaps on purpose is bounded by the negotiation instead (spec section 3c).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from chaosp2p.wire.identity import PeerID
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkWatchConfig:
-    """Hysteresis of first-hand link events (``protocols/negotiation.md`` section 3b)."""
+    """Hysteresis of first-hand link events (``protocols/negotiation.md`` section 3c)."""
 
     base_up_s: float = 2.0
     """A link declared down first-hand is declared up once it answered probes for this long..."""
