@@ -49,6 +49,7 @@ class LinkCuts:
             return
         self.cut.discard(pair)
         low, high = sorted(pair, key=lambda p: p.raw)
+
         def declare_up(now: float) -> None:
             if pair not in self.cut:
                 self._declare(low, high, up=True)
