@@ -111,12 +111,10 @@ class NegotiationService:
     def observe(self, event: Any) -> None:
         """Feed a membership event (called for every event the node publishes)."""
         if isinstance(event, PeerFailed):
-            self._gone.add(event.peer)
-            self.link_watch.forget(event.peer)
+            self._note_gone(event.peer)
             self.driver.call(self.machine.observe_member, event.peer, MemberState.FAILED, event.incarnation)
         elif isinstance(event, PeerLeft):
-            self._gone.add(event.peer)
-            self.link_watch.forget(event.peer)
+            self._note_gone(event.peer)
             self.driver.call(self.machine.observe_member, event.peer, MemberState.LEFT, event.incarnation)
         elif isinstance(event, PeerJoined):
             self._gone.discard(event.peer)
@@ -143,6 +141,12 @@ class NegotiationService:
                 )
 
     # ------------------------------------------------------------------ first-hand link events
+    def _note_gone(self, peer: PeerID) -> None:
+        if len(self._gone) >= self.config.max_tracked_senders:
+            self._gone.pop()  # bounded; forgetting one only allows a LINK_DOWN the machine drops anyway
+        self._gone.add(peer)
+        self.link_watch.forget(peer)
+
     def link_failed(self, run: str, peer: PeerID) -> bool:
         """A round of ``run`` could not exchange with ``peer`` (first-hand): LINK_DOWN at once.
 
