@@ -38,7 +38,9 @@ def run_scenario(checkout: Path, out: Path, scenario: Path) -> Path:
 def gaps(timeline: Path) -> list[dict[str, Any]]:
     """Per event window and peer: the longest gap between steps and the steps completed."""
     records = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
-    end = max(float(r["t"]) for r in records)
+    stopping = [float(r["t"]) for r in records if r.get("event") == "stopping"]  # the final leaves
+    end = stopping[0] if stopping else max(float(r["t"]) for r in records)
+    zero = next((float(r["zero_t"]) for r in records if r.get("event") == "schedule"), 0.0)
     events = [r for r in records if r.get("event") == "inject"]
     steps: dict[str, list[float]] = {}
     for r in records:
@@ -49,7 +51,8 @@ def gaps(timeline: Path) -> list[dict[str, Any]]:
     for i, event in enumerate(events):
         start = float(event["t"])
         stop = float(events[i + 1]["t"]) if i + 1 < len(events) else end
-        what = f"{event['action']} {'~'.join(event.get('link') or [event.get('peer') or ''])} @{start:.0f}s"
+        subject = "~".join(event.get("link") or [event.get("peer") or ""])
+        what = f"{event['action']} {subject} @{float(event.get('scheduled_t', start)) - zero:.0f}s"
         for peer, times in sorted(steps.items()):
             longest = 0.0
             for before, after in itertools.pairwise([*times, math.inf]):

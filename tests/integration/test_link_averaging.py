@@ -2,13 +2,14 @@
 
 The transport's link shaper (the cluster harness's network emulation) cuts the link between two of
 four averagers: records are held and new dials fail, as across a firewall. The full butterfly then
-fails, and each end of the cut -- and only they -- name the other as unreachable first-hand (the
-evidence behind a LINK_DOWN); the plan on the agreed link graph, where the cut is down, completes with
-bit-identical results on all four.
+fails -- early, once an unanswered ping shows the pair is cut -- and each end of the cut, and only
+they, name the other as unreachable first-hand (the evidence behind a LINK_DOWN); the plan on the
+agreed link graph, where the cut is down, completes with bit-identical results on all four.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,6 +25,7 @@ from chaosp2p.protocols.negotiation.run_configuration import LinkEntry
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.node import open_node
 from chaosp2p.training.averager import Averager
+from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.shaper import LINK_RULES_ENV, LinkRule, write_link_rules
 
 from ..conditions import eventually
@@ -46,7 +48,10 @@ async def shaped_swarm(count: int, folder: Path, monkeypatch: pytest.MonkeyPatch
             rules = folder / f"rules-{index}.json"
             _rewrite(rules, {}, 1)
             monkeypatch.setenv(LINK_RULES_ENV, str(rules))
-            node = await stack.enter_async_context(open_node(PeerConfig.local()))
+            # A cut connection is not closed as dead during the test (the transport would after
+            # dead_connection_timeout_s): what ends the round is the averager's own ping.
+            transport = dataclasses.replace(TransportConfig.local(), dead_connection_timeout_s=120.0)
+            node = await stack.enter_async_context(open_node(PeerConfig.local(transport=transport)))
             members.append(Member(node, Averager(node.host, node.clock, config=CONFIG)))
         monkeypatch.delenv(LINK_RULES_ENV)
         peers = frozenset(m.peer for m in members)
@@ -86,9 +91,11 @@ async def test_a_cut_link_is_named_by_its_two_ends_only_and_the_link_plan_goes_a
         await _cut(s, tmp_path, a, b)
         buffers = make_buffers(4, 50_000, seed=19)
 
-        # The full butterfly needs a~b: the round fails; a and b name each other, nobody else names anyone.
-        full = [reduce_call(s, m, buffers[i].copy(), round_tag=tag(1), timeout_s=1.5) for i, m in enumerate(members)]
-        outcomes = await run_all(full, bound_s=30)
+        # The full butterfly needs a~b: the round fails; a and b name each other, nobody else names
+        # anyone. Not at the round's timeout (60 s): once every other owner answered, a and b ping
+        # each other, and the unanswered ping ends the round (within the 20 s bound of run_all).
+        full = [reduce_call(s, m, buffers[i].copy(), round_tag=tag(1), timeout_s=60.0) for i, m in enumerate(members)]
+        outcomes = await run_all(full, bound_s=20)
         assert all(kind == "error" and isinstance(error, RoundAborted) for kind, error in outcomes), outcomes
         unreachable = {m.peer: m.averager.unreachable(tag(1)) for m in members}
         assert unreachable[a.peer] == frozenset({b.peer})
