@@ -154,12 +154,16 @@ class NegotiationService:
         or if this peer already declared the link down. True if a LINK_DOWN was raised. Signed by
         this peer, an endpoint of the link; ``protocols/negotiation.md`` section 3c.
         """
-        if peer == self.machine.local_peer or peer in self._gone or self.machine.configuration(run) is None:
-            return False
-        if not self.link_watch.failed(peer, self._clock.now()):
-            return False
-        self._link_changes.pop(peer, None)
+        config = self.machine.configuration(run)
         local = self.machine.local_peer
+        if peer == local or peer in self._gone or config is None or not config.has_member(peer):
+            return False
+        fresh = self.link_watch.failed(peer, self._clock.now())
+        agreed = config.link(local, peer)
+        if not fresh and agreed is not None and not agreed.up:
+            return False  # declared, and agreed: the plan already goes around it
+        # Fresh, or declared but not agreed yet (a LINK_DOWN lost or still pending): (re)raise it.
+        self._link_changes.pop(peer, None)
         log.warning("run %r: no exchange with %s in a round (alive to the others): declaring the link down", run, peer)
         self.driver.call(lambda now: self.machine.link_changed(now, local, peer, up=False))
         return True
