@@ -14,15 +14,29 @@ hysteresis, shortened), and rounds it held up are tried again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from chaosp2p.errors import LocalProtocolError
 from chaosp2p.protocols.negotiation.link_graph import link_owners
+from chaosp2p.protocols.negotiation.machine import NegotiationMachine
 from chaosp2p.protocols.negotiation.run_configuration import Configuration
+from chaosp2p.sim.network import SimNetwork
 from chaosp2p.wire.identity import PeerID
 
-if TYPE_CHECKING:
-    from chaosp2p.sim.negotiation import NegotiationSwarm
+
+class NegotiationSwarm(Protocol):
+    """What this module uses of :class:`chaosp2p.sim.negotiation.NegotiationSwarm` (no import cycle)."""
+
+    peers: dict[PeerID, Any]
+    net: SimNetwork
+    _oracle: Any
+    _oracle_id: PeerID
+
+    def call(self, peer: PeerID, action: Callable[[NegotiationMachine, float], Any]) -> Any:
+        """Run ``action(machine, now)`` on a peer."""
+        ...
+
+    def _maybe_complete(self, config: Configuration, k: int) -> None: ...
 
 
 class LinkCuts:
