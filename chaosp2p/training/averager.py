@@ -320,7 +320,7 @@ class Averager:
                     del self._pending[tag][inbound.peer]
                     inbound.reply = mismatch(f"this peer is at round {round_.tag}, not {tag}")
                     inbound.assigned.set()
-                elif inbound.peer in round_.member_set:
+                elif inbound.peer in round_.member_set and round_.shard.size:  # it owes us a contribution
                     round_.fail("mismatch", frozenset(), f"{inbound.peer.short()} is already at round {tag}")
             if not self._pending[tag]:
                 del self._pending[tag]
@@ -707,7 +707,10 @@ class Averager:
             return
         if active is not None and peer in active.member_set and not active.contributed(peer):
             if _ahead(tag, active.tag):
-                active.fail("mismatch", frozenset(), f"{peer.short()} is already at round {tag}")
+                # Proof of disagreement only if ``peer`` owes us a contribution: to an owner of an
+                # empty shard nobody contributes, and ``peer`` may have completed the round.
+                if active.shard.size:
+                    active.fail("mismatch", frozenset(), f"{peer.short()} is already at round {tag}")
             elif tag.run == active.tag.run and tag.order == active.tag.order:
                 active.fail("mismatch", frozenset(), f"{peer.short()} is in round {tag}, a different configuration")
         finished = self._finished.get(tag)

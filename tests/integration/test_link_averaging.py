@@ -118,3 +118,26 @@ async def test_a_cut_link_is_named_by_its_two_ends_only_and_the_link_plan_goes_a
         for buffer in out:
             np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-6)
             assert buffer.tobytes() == out[0].tobytes()
+
+
+async def test_a_member_ahead_does_not_fail_a_round_in_which_this_member_owns_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 64-element buffer is one block: the first member owns it, the others own empty shards and
+    # only wait for its answer. A contribution to the *next* round (a big buffer, where everyone
+    # owns a shard) from a member that has not contributed here is no proof of disagreement for an
+    # owner of an empty shard: nobody contributes to it, and the sender may have completed the round.
+    async with shaped_swarm(3, tmp_path, monkeypatch) as s:
+        owner, waiting, ahead = _ring(s)
+        small = np.ones(64, dtype=np.float32)
+        big = np.ones(30_000, dtype=np.float32)
+        outcomes = await run_all(
+            [
+                reduce_call(s, waiting, small, round_tag=tag(1), timeout_s=2.0),
+                reduce_call(s, ahead, big, round_tag=tag(2), timeout_s=2.0),
+            ],
+            bound_s=20,
+        )
+        # The owner never started round 1, so it times out -- but as an abort, not a mismatch.
+        kind, error = outcomes[0]
+        assert kind == "error" and isinstance(error, RoundAborted), outcomes
