@@ -128,7 +128,7 @@ async def test_a_member_ahead_does_not_fail_a_round_in_which_this_member_owns_no
     # owns a shard) from a member that has not contributed here is no proof of disagreement for an
     # owner of an empty shard: nobody contributes to it, and the sender may have completed the round.
     async with shaped_swarm(3, tmp_path, monkeypatch) as s:
-        owner, waiting, ahead = _ring(s)
+        _owner, waiting, ahead = _ring(s)
         small = np.ones(64, dtype=np.float32)
         big = np.ones(30_000, dtype=np.float32)
         outcomes = await run_all(
