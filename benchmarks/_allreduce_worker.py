@@ -88,6 +88,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
                 await anyio.sleep(0.02)
         members = sorted(order)
         averager.expect_run("bench", frozenset(members).__contains__)
+        bandwidth = _link_plan_bandwidth(members, args.down)
         allowances = dict.fromkeys(members, 1.0)
         buffer = np.empty(args.elements, dtype=np.float32)
         inputs = Inputs(args.elements, args.world, args.rank)
@@ -116,6 +117,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
                 max_weights=allowances,
                 members=members,
                 addrs=book.__getitem__,
+                bandwidth=bandwidth,
                 wire_dtype=args.wire,
                 timeout_s=300,
             )
@@ -146,6 +148,21 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
             while not (workdir / "exit").exists():  # noqa: ASYNC110 - the parent writes the file
                 await anyio.sleep(0.05)
         return {"seconds": seconds, "stats": stats, "records_in_place": in_place, "records_received": records}
+
+
+def _link_plan_bandwidth(members: list[Any], down: str) -> dict[Any, float] | None:
+    """--down "0-1,0-2": the plan on an agreed link graph where those pairs (indices into the sorted
+    members) are down (``protocols/averaging.md`` section 5.1); None (every member owns) without."""
+    if not down:
+        return None
+    from chaosp2p.protocols.averaging.link_plan import link_bandwidths
+    from chaosp2p.protocols.negotiation.run_configuration import LinkEntry
+
+    links = []
+    for pair in down.split(","):
+        i, j = sorted(int(x) for x in pair.split("-"))
+        links.append(LinkEntry(a=members[i], b=members[j], up=False))
+    return link_bandwidths(members, links)
 
 
 # ------------------------------------------------------------------------------------------ gloo
@@ -188,6 +205,7 @@ def main() -> None:
     parser.add_argument("--backend", default="trio", choices=["trio", "asyncio"])
     parser.add_argument("--wire", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--check", action="store_true", help="verify every average")
+    parser.add_argument("--down", default="", help="agreed-down links for the plan, e.g. 0-1,0-2 (chaosp2p only)")
     parser.add_argument("--record-mib", type=int, default=0, help="transport record size (default: the profile's)")
     parser.add_argument("--trace", action="store_true", help="log the averager's steps with timestamps")
     parser.add_argument("--profile", default=None, help="write a cProfile dump here (chaosp2p only)")

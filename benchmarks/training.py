@@ -134,6 +134,8 @@ def run_chaosp2p(world: int, elements: int, rounds: int, args: argparse.Namespac
             *("--rounds", str(rounds), "--workdir", str(workdir), "--wire", args.wire, "--check"),
             *("--backend", args.backend),
         ]
+        if args.down:
+            command += ["--down", args.down]
         if args.trace:
             command.append("--trace")
         if args.record_mib:
@@ -322,6 +324,9 @@ def main() -> None:
     parser.add_argument("--profile-dir", default=None, help="cProfile rank 0 of each chaosp2p run into this directory")
     parser.add_argument("--record-mib", type=int, default=0, help="chaosp2p transport record size in MiB (experiment)")
     parser.add_argument("--trace", action="store_true", help="chaosp2p workers log each step (see --keep)")
+    parser.add_argument(
+        "--down", default="", help="chaosp2p: plan on a link graph with these pairs down, e.g. 0-1,0-2 (issue 19)"
+    )
     parser.add_argument("--keep", default=None, help="keep worker logs under this directory")
     parser.add_argument(
         "--pin",

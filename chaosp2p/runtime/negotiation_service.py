@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 
 from chaosp2p.clock import Clock
-from chaosp2p.errors import LocalProtocolError, RunRemoved
+from chaosp2p.errors import ChaosError, LocalProtocolError, RunRemoved
 from chaosp2p.protocols.membership import LinkDown, LinkUp, MemberState, PeerFailed, PeerJoined, PeerLeft
 from chaosp2p.protocols.negotiation import (
     Admitted,
@@ -38,6 +38,7 @@ from chaosp2p.protocols.negotiation import (
     RunStatus,
 )
 from chaosp2p.protocols.negotiation import codec as NEGOTIATION_CODEC
+from chaosp2p.protocols.negotiation.link_watch import LinkWatch, LinkWatchConfig
 from chaosp2p.runtime.driver import MachineDriver
 from chaosp2p.transport.host import Host
 from chaosp2p.wire.identity import PeerID
@@ -67,6 +68,7 @@ class NegotiationService:
         resolve: Callable[[PeerID], list[Multiaddr]],
         link_settle_s: float,
         trusted: Iterable[PeerID] = (),
+        link_watch: LinkWatchConfig | None = None,
     ) -> None:
         self._clock = clock
         self._publish = publish
@@ -93,20 +95,29 @@ class NegotiationService:
         self._task_group = task_group
         self._link_settle_s = link_settle_s
         self._link_changes: dict[PeerID, tuple[bool, float, float]] = {}  # peer -> (up, since, rtt)
+        self._host = host
+        self._resolve = resolve
+        self.link_watch = LinkWatch(link_watch)
+        """The links this peer declared down first-hand (from failed rounds), probed until they are up."""
+        self._gone: set[PeerID] = set()  # peers membership reported failed or left (until they rejoin)
 
     def start(self) -> None:
         """Start the machine's timers and the link-change settling loop."""
         self.driver.start()
         self._task_group.start_soon(self._settle_links, name="chaosp2p negotiation links")
+        self._task_group.start_soon(self._probe_links, name="chaosp2p negotiation link probes")
 
     # ------------------------------------------------------------------ membership feed
     def observe(self, event: Any) -> None:
         """Feed a membership event (called for every event the node publishes)."""
         if isinstance(event, PeerFailed):
+            self._note_gone(event.peer)
             self.driver.call(self.machine.observe_member, event.peer, MemberState.FAILED, event.incarnation)
         elif isinstance(event, PeerLeft):
+            self._note_gone(event.peer)
             self.driver.call(self.machine.observe_member, event.peer, MemberState.LEFT, event.incarnation)
         elif isinstance(event, PeerJoined):
+            self._gone.discard(event.peer)
             self.driver.call(self.machine.observe_member, event.peer, MemberState.ALIVE, event.incarnation)
         elif isinstance(event, LinkUp):
             self._link_changes[event.peer] = (True, self._clock.now(), event.rtt_s)
@@ -123,9 +134,64 @@ class NegotiationService:
                 if now - since < self._link_settle_s:
                     continue
                 del self._link_changes[peer]
+                if up and self.link_watch.is_down(peer):
+                    continue  # declared down first-hand: only the probes declare it up (hysteresis)
                 self.driver.call(
                     lambda now, p=peer, u=up, r=rtt: self.machine.link_changed(now, local, p, up=u, rtt_s=r)
                 )
+
+    # ------------------------------------------------------------------ first-hand link events
+    def _note_gone(self, peer: PeerID) -> None:
+        if len(self._gone) >= self.config.max_tracked_senders:
+            self._gone.pop()  # bounded; forgetting one only allows a LINK_DOWN the machine drops anyway
+        self._gone.add(peer)
+        self.link_watch.forget(peer)
+
+    def link_failed(self, run: str, peer: PeerID) -> bool:
+        """A round of ``run`` could not exchange with ``peer`` (first-hand): LINK_DOWN at once.
+
+        Nothing if membership holds ``peer`` failed or gone (a FAIL is the business of membership),
+        or if this peer already declared the link down. True if a LINK_DOWN was raised. Signed by
+        this peer, an endpoint of the link; ``protocols/negotiation.md`` section 3d.
+        """
+        config = self.machine.configuration(run)
+        local = self.machine.local_peer
+        if peer == local or peer in self._gone or config is None or not config.has_member(peer):
+            return False
+        fresh = self.link_watch.failed(peer, self._clock.now())
+        agreed = config.link(local, peer)
+        if not fresh and agreed is not None and not agreed.up:
+            return False  # declared, and agreed: the plan already goes around it
+        # Fresh, or declared but not agreed yet (a LINK_DOWN lost or still pending): (re)raise it.
+        self._link_changes.pop(peer, None)
+        log.warning("run %r: no exchange with %s in a round (alive to the others): declaring the link down", run, peer)
+        self.driver.call(lambda now: self.machine.link_changed(now, local, peer, up=False))
+        return True
+
+    async def _probe_links(self) -> None:
+        """Probe the links declared down first-hand; LINK_UP once one held for its required time."""
+        config = self.link_watch.config
+        local = self.machine.local_peer
+        while True:
+            await anyio.sleep(config.probe_interval_s)
+            for peer in self.link_watch.to_probe(self._clock.now()):
+                ok = await self._probe(peer, config.probe_timeout_s)
+                if self.link_watch.probed(peer, self._clock.now(), ok=ok):
+                    log.info(
+                        "link to %s answered for %.1f s: declaring it up", peer, self.link_watch.required_up_s(peer)
+                    )
+                    self.driver.call(lambda now, p=peer: self.machine.link_changed(now, local, p, up=True))
+
+    async def _probe(self, peer: PeerID, timeout_s: float) -> bool:
+        """One round trip to ``peer`` at the connection level (dialling first if needed)."""
+        with anyio.move_on_after(timeout_s):
+            try:
+                connection = await self._host.connection_to(peer, self._resolve(peer))
+                await connection.ping()
+            except ChaosError:
+                return False
+            return True
+        return False
 
     # ------------------------------------------------------------------ runs
     def create_run(self, run: str, params: RunParams) -> Configuration:

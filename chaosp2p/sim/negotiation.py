@@ -54,6 +54,7 @@ from chaosp2p.protocols.negotiation.run_configuration import (
     make_configuration,
 )
 from chaosp2p.protocols.negotiation.transitions import MEMBER_STATES, ProposerPhase, RunState
+from chaosp2p.sim.negotiation_links import LinkCuts
 from chaosp2p.sim.network import LinkProfile, SimNetwork
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
@@ -241,6 +242,8 @@ class NegotiationSwarm:
         self.removals: list[tuple[float, PeerID, RemovedFromRun]] = []
         self.op_events: list[tuple[float, PeerID, OperationCommitted]] = []
         self.problems: list[str] = []
+        self.links = LinkCuts(self)
+        """Cut links: rounds that need one fail, and their ends declare it down (issue 19)."""
 
     # ------------------------------------------------------------------ building
     def _make(self) -> SwarmPeer:
@@ -545,6 +548,8 @@ class NegotiationSwarm:
             record = self.peers.get(p)
             if record is None or not record.running or record.trainer.in_step != key:
                 return
+        if self.links.blocks(config, k):
+            return
         self._pending_groups.add(key)
         self._oracle.at(self.net.now + self.step_time_s, lambda now: self._complete(config, k))
         self.net.poke(self._oracle_id)

@@ -101,6 +101,8 @@ from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.training")
+PAIR_POLL_S = 0.1
+"""How often a round looks for peers missing here alone (cheap: set arithmetic on the round state)."""
 
 AddressBook = Callable[[PeerID], Sequence[Multiaddr]]
 
@@ -170,6 +172,7 @@ class Averager:
         self._failed = 0
         self._excluded_here = 0
         self._held_early = 0
+        self._unreachable: dict[str, tuple[RoundTag, frozenset[PeerID]]] = {}  # run -> its last round's
         host.set_stream_handler(PROTOCOL_ID, self._serve)
 
     # ------------------------------------------------------------------ public API
@@ -250,6 +253,7 @@ class Averager:
         self._scratch.pop(run, None)
         self._latest.pop(run, None)
         self._silent.pop(run, None)
+        self._unreachable.pop(run, None)
 
     def waiting(self, run: str) -> Waiting | None:
         """What the round of ``run`` in progress here waits for (None: no round in progress)."""
@@ -263,6 +267,16 @@ class Averager:
         if last is None or last[0] != tag:
             return frozenset(), 0.0
         return last[1], last[2]
+
+    def unreachable(self, tag: RoundTag) -> frozenset[PeerID]:
+        """The peers round ``tag`` (the last of its run here) could not exchange with, first-hand.
+
+        Dialling it failed, its connection closed, or on timeout its exchange with this member alone
+        was missing while every other owner answered (``protocols/averaging.md`` section 4.5). Empty
+        for a round that is not the run's last here, or whose failure was nobody's pair in particular.
+        """
+        last = self._unreachable.get(tag.run)
+        return last[1] if last is not None and last[0] == tag else frozenset()
 
     def statistics(self) -> AveragerStatistics:
         """Counters: rounds, exclusions, early contributions."""
@@ -322,7 +336,7 @@ class Averager:
                     del self._pending[tag][inbound.peer]
                     inbound.reply = mismatch(f"this peer is at round {round_.tag}, not {tag}")
                     inbound.assigned.set()
-                elif inbound.peer in round_.member_set:
+                elif inbound.peer in round_.member_set and round_.shard.size:  # it owes us a contribution
                     round_.fail("mismatch", frozenset(), f"{inbound.peer.short()} is already at round {tag}")
             if not self._pending[tag]:
                 del self._pending[tag]
@@ -340,11 +354,14 @@ class Averager:
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watchdog, round_, timeout_s)
                 outer.start_soon(log_waits, round_, self.clock, self.config.waiting_log_interval_s)
+                outer.start_soon(self._pair_watch, round_)
                 # Phase 1: everyone contributes, every owner averages its shard and answers.
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(owner.run)
                     for shard in round_.plan.shards:
-                        if shard.owner != round_.me:
+                        # Nothing goes to an owner of an empty shard (spec section 4.1): a member
+                        # the link plan left without a shard needs no link to the other non-owners.
+                        if shard.owner != round_.me and shard.size:
                             tg.start_soon(self._contribute, round_, shard, addrs)
                 # Phase 2 (only after an exclusion): the owners whose shard holds values of a peer
                 # that another owner excluded send that shard again without them.
@@ -380,7 +397,41 @@ class Averager:
         reported = frozenset().union(*round_.reported.values()) if round_.reported else frozenset()
         silent = frozenset(p for p in round_.awaiting if p not in round_.reported)
         missing = (direct | reported) or silent
+        round_.unreachable.update(round_.pair_suspects(direct))
         round_.fail("aborted", missing, f"timed out after {timeout_s:g} s waiting for {_names(missing)}")
+
+    async def _pair_watch(self, round_: RoundState) -> None:
+        """Fail the round early on a broken link (spec section 4.5): once every other owner answered
+        and only peers missing here alone are left, ping them; one that does not answer is cut off
+        from us while alive to the others."""
+        while True:
+            with anyio.move_on_after(PAIR_POLL_S):
+                await round_.news.wait()
+            suspects = round_.pair_suspects(round_.undelivered())
+            if not suspects:
+                continue
+            silent = [peer for peer in sorted(suspects) if not await self._answers_ping(peer)]
+            if not silent or not set(silent) <= round_.pair_suspects(round_.undelivered()):
+                await anyio.sleep(self.config.pair_probe_timeout_s)  # alive, just slow: look again later
+                continue
+            missing = frozenset(silent)
+            round_.unreachable.update(missing)
+            notice = Result(status=ResultStatus.ABORTED, detail="no link", missing=tuple(sorted(round_.undelivered())))
+            await self._answer_all(round_, notice)
+            round_.fail("aborted", missing, f"no exchange with {_names(missing)}, alive to the others (link down?)")
+            return
+
+    async def _answers_ping(self, peer: PeerID) -> bool:
+        connection = self.host.connection(peer)
+        if connection is None:
+            return False
+        with anyio.move_on_after(self.config.pair_probe_timeout_s):
+            try:
+                await connection.ping()
+            except ChaosError:
+                return False
+            return True
+        return False
 
     def _staging(self, run: str, size: int) -> np.ndarray:
         # One reusable scratch area per run (rounds of a run are sequential): a fresh 100 MB array
@@ -397,6 +448,8 @@ class Averager:
             connection = await self.host.connection_to(owner, list(addrs(owner)))
             stream = connection.open_stream(PROTOCOL)
         except (ChaosError, ProtocolNotSupported) as exc:
+            if not isinstance(exc, ProtocolNotSupported):
+                round_.unreachable.add(owner)
             round_.fail("aborted", frozenset({owner}), f"cannot reach {owner.short()}: {exc}")
             return
         round_.owner_streams[owner] = stream
@@ -407,6 +460,8 @@ class Averager:
         try:
             await work
         except (ConnectionClosed, StreamReset) as exc:
+            if isinstance(exc, ConnectionClosed):
+                round_.unreachable.add(owner)
             round_.fail("aborted", frozenset({owner}), f"{owner.short()}: {exc}")
         except ProtocolError as exc:
             log.warning("round %s: unusable answer from %s: %s", round_.tag, owner, exc)
@@ -571,6 +626,7 @@ class Averager:
         if round_.failure is not None and round_.failure[0] == "aborted":
             self._silent[round_.tag.run] = (round_.tag, silent_contributors(round_), self.clock.now() - round_.started)
         self._finished[round_.tag] = notice
+        self._unreachable[round_.tag.run] = (round_.tag, frozenset(round_.unreachable - {round_.me}))
         while len(self._finished) > self.config.history_rounds:
             self._finished.popitem(last=False)
         self._excluded_here += len(round_.excluded_here)
@@ -672,7 +728,10 @@ class Averager:
             return
         if active is not None and peer in active.member_set and not active.contributed(peer):
             if _ahead(tag, active.tag):
-                active.fail("mismatch", frozenset(), f"{peer.short()} is already at round {tag}")
+                # Proof of disagreement only if ``peer`` owes us a contribution: to an owner of an
+                # empty shard nobody contributes, and ``peer`` may have completed the round.
+                if active.shard.size:
+                    active.fail("mismatch", frozenset(), f"{peer.short()} is already at round {tag}")
             elif tag.run == active.tag.run and tag.order == active.tag.order:
                 active.fail("mismatch", frozenset(), f"{peer.short()} is in round {tag}, a different configuration")
         finished = self._finished.get(tag)

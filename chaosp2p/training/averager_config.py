@@ -37,6 +37,10 @@ class AveragerConfig:
     abort_grace_s: float = 1.0
     """After a round's timeout, wait at most this long for the owners' own reports of who is missing,
     so every member names the same culprit rather than whoever it happened to wait on."""
+    pair_probe_timeout_s: float = 1.0
+    """Once every other owner answered and only peers missing here alone hold the round up, each is
+    pinged at the connection level; one that does not answer within this is a broken link: the
+    round fails at once, naming it (``protocols/averaging.md`` section 4.5), instead of at its timeout."""
     max_weight: float = 1e30
     """Largest contribution weight accepted (keeps weighted sums far from overflow)."""
     history_rounds: int = 64
@@ -55,6 +59,7 @@ class AveragerConfig:
             "max_pending_streams",
             "abort_notice_timeout_s",
             "abort_grace_s",
+            "pair_probe_timeout_s",
             "max_weight",
             "history_rounds",
             "waiting_log_interval_s",
@@ -66,7 +71,7 @@ class AveragerConfig:
     @classmethod
     def local(cls) -> AveragerConfig:
         """One machine (loopback): failures show up fast."""
-        return cls(header_timeout_s=5.0, pending_wait_s=15.0, abort_grace_s=0.5)
+        return cls(header_timeout_s=5.0, pending_wait_s=15.0, abort_grace_s=0.5, pair_probe_timeout_s=0.5)
 
     @classmethod
     def lan(cls) -> AveragerConfig:
@@ -83,4 +88,5 @@ class AveragerConfig:
             pending_wait_s=120.0,
             abort_notice_timeout_s=5.0,
             abort_grace_s=3.0,
+            pair_probe_timeout_s=5.0,
         )

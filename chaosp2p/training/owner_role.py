@@ -60,7 +60,8 @@ class OwnerRole:
         self._clock = clock
         self._window_bytes = window_bytes
         shard = round_.shard
-        self._others = [p for p in round_.members if p != round_.me]
+        # An owner of an empty shard receives nothing: contributors skip it (spec section 4.1).
+        self._others = [p for p in round_.members if p != round_.me] if shard.size else []
         slot_bytes = shard.size * round_.wire.itemsize
         if len(staging) < len(self._others) * slot_bytes + shard.size * 4:
             raise ValueError("staging area too small")
@@ -108,7 +109,7 @@ class OwnerRole:
                     if inbound.reply is None and inbound.header.weight > 0 and shard.size:
                         inbound.values = self._slots[peer]
                         tg.start_soon(self._receive, inbound)
-                if len(started) == len(self._others):
+                if started.issuperset(self._others):
                     break
                 await round_.arrived.wait()
             parts = []
@@ -165,6 +166,7 @@ class OwnerRole:
             round_.progress.notify()
             log.debug("round %s: contribution of %s in", round_.tag, inbound.peer.short())
         except ConnectionClosed as exc:
+            round_.unreachable.add(inbound.peer)
             round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
         except (StreamReset, RemoteProtocolError) as exc:
             # A reset with the connection still up: the contributor gave up on the round (its own
@@ -229,6 +231,7 @@ class OwnerRole:
             inbound.ok_sent = True
             log.debug("round %s: answer to %s sent", round_.tag, inbound.peer.short())
         except ConnectionClosed as exc:
+            round_.unreachable.add(inbound.peer)
             round_.fail("aborted", frozenset({inbound.peer}), f"{inbound.peer.short()}: {exc}")
         except StreamReset:
             inbound.failed = True  # the contributor gave up on the round; nothing left to tell it

@@ -109,6 +109,10 @@ class RunGates(Protocol):
         """Have ``sponsor`` get this peer admitted; the configuration that admits it."""
         ...
 
+    def link_failed(self, run: str, peer: PeerID) -> bool:
+        """A round of ``run`` could not exchange with ``peer`` first-hand: declare the link down (True if raised)."""
+        ...
+
     async def wait_changed(self) -> None:
         """Return at the next negotiation event."""
         ...

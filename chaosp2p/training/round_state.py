@@ -115,7 +115,7 @@ class RoundState:
         """Owners that reported the round aborted, with whom they found missing."""
         self.answers: dict[PeerID, Result] = {}
         """First OK answer of every owner (ours included)."""
-        self.awaiting: set[PeerID] = {p for p in self.members if p != me}
+        self.awaiting: set[PeerID] = {s.owner for s in plan.shards if s.owner != me and s.size}
         """Owners we still expect an answer (or a revision) from."""
         self.owner_streams: dict[PeerID, Stream] = {}
         self.finished_streams: set[PeerID] = set()
@@ -130,6 +130,9 @@ class RoundState:
         self.invalid_here: set[PeerID] = set()
         """Of those, the ones that failed a check here (header refused, or NaN/Inf values): what this
         member saw itself, as opposed to a contributor that gave up or an exclusion heard of."""
+        self.unreachable: set[PeerID] = set()
+        """Peers this member could not exchange with, first-hand (dial failed, connection closed, or
+        on timeout: missing here only): the evidence behind a LINK_DOWN (spec section 4.5)."""
         self.bytes_sent = 0
         self.bytes_received = 0
         self.shard_done_at: float | None = None
@@ -205,7 +208,9 @@ class RoundState:
 
     def undelivered(self) -> frozenset[PeerID]:
         """Contributors whose contribution to our shard is not (completely) in."""
-        missing = set()
+        missing: set[PeerID] = set()
+        if not self.shard.size:  # an empty shard receives no contribution (spec section 4.1)
+            return frozenset()
         for peer in self.members:
             if peer == self.me:
                 continue
@@ -214,6 +219,24 @@ class RoundState:
             if inbound is None or (incomplete and not inbound.failed):
                 missing.add(peer)
         return frozenset(missing)
+
+    def pair_suspects(self, missing_here: frozenset[PeerID]) -> frozenset[PeerID]:
+        """On timeout: the peers whose exchange with this member alone failed.
+
+        ``p`` is named if its contribution to our shard is not in (or we own nothing) and it has not
+        answered us as an owner (or owns nothing), while every *other* owner of a non-empty shard
+        answered us ``OK``: those owners hold ``p``'s contribution, so ``p`` is alive and linked to
+        them, and so are we. A member that stalls is missing everywhere and is never named.
+        """
+        owners = {s.owner for s in self.plan.shards if s.size and s.owner != self.me}
+        heard = set(self.answers) | set(self.reported) | set(self.refused_by) | set(self.unusable)
+        candidates = set(missing_here) | (owners - heard)
+        suspects = set()
+        for peer in candidates:
+            others = owners - {peer}
+            if others and others <= set(self.answers):
+                suspects.add(peer)
+        return frozenset(suspects)
 
     # ------------------------------------------------------------------ exclusions across owners
     def round_exclusions(self) -> dict[PeerID, str]:

@@ -58,6 +58,9 @@ def sign_stalls(
     """After the aborted round ``tag`` under ``config``: sign a STALL of every member that sent this
     member nothing for (most of) the round's bounded wait. Returns whom it signed against."""
     silent, waited_s = averager.silent_in(tag)
+    # A peer this member could not exchange with at all is a cut link (a LINK_DOWN, link_report.py),
+    # not a stall: the two ends of a cut would otherwise sign against each other.
+    silent -= averager.unreachable(tag)
     if not silent or waited_s < STALL_MIN_WAIT_FRACTION * timeout_s:
         return []
     signed = []

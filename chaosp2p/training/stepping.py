@@ -47,6 +47,7 @@ from chaosp2p.errors import (
     RunRemoved,
     TrainingError,
 )
+from chaosp2p.protocols.averaging.link_plan import link_bandwidths
 from chaosp2p.protocols.averaging.messages import RoundPhase, RoundTag
 from chaosp2p.protocols.averaging.shard_reduce import all_finite
 from chaosp2p.protocols.averaging.weights import weight_allowances
@@ -54,6 +55,7 @@ from chaosp2p.protocols.collab.messages import PROTOCOL, FetchUpdate, UpdateHead
 from chaosp2p.protocols.negotiation import Configuration, ring_order
 from chaosp2p.training.averager import RoundStats
 from chaosp2p.training.collab_core import CollaborationCore, StepStatistics, participants
+from chaosp2p.training.link_report import report_unreachable
 from chaosp2p.training.stalls import sign_stalls
 from chaosp2p.wire.identity import PeerID
 
@@ -168,7 +170,7 @@ class Stepping(CollaborationCore):
                     max_weights=allowances,
                     members=participants(config, step),
                     addrs=self.port.dial_addrs,
-                    bandwidth=self._bandwidths(config),
+                    bandwidth=link_bandwidths(participants(config, step), config.links),
                     wire_dtype=self.config.wire_dtype,
                     timeout_s=timeout_s,
                 )
@@ -178,6 +180,7 @@ class Stepping(CollaborationCore):
                 raise TrainingError(f"step {step}: the members refused this peer's contribution: {exc}") from exc
             except (RoundAborted, RoundMismatch) as exc:
                 log.info("run %r step %d: round under epoch %d failed: %s", self.run, step, config.epoch, exc)
+                report_unreachable(self.port.runs, self.service.averager, tag)  # first-hand LINK_DOWN
                 if isinstance(exc, RoundAborted) and not self._left:  # issue 19: go on without idle members
                     me = self.port.peer_id
                     sign_stalls(runs, self.service.averager, me=me, tag=tag, config=config, timeout_s=timeout_s)
@@ -339,23 +342,6 @@ class Stepping(CollaborationCore):
             return self.config.round_timeout_min_s
         median = stats_module.median(self._step_times)
         return max(self.config.round_timeout_min_s, self.config.round_timeout_step_mult * median)
-
-    @staticmethod
-    def _bandwidths(config: Configuration) -> dict[PeerID, float | None]:
-        """Each member's bandwidth from the configuration's link snapshot (identical everywhere).
-
-        The shard plan must be the same on every member, so it may only depend on the agreed
-        configuration, never on this peer's own estimates: a member's figure is the median of its
-        agreed links' bandwidths, or None (an equal share) if none is known.
-        """
-        known: dict[PeerID, list[float]] = {}
-        for link in config.links:
-            if link.up and link.bandwidth_bytes_per_s > 0:
-                known.setdefault(link.a, []).append(link.bandwidth_bytes_per_s)
-                known.setdefault(link.b, []).append(link.bandwidth_bytes_per_s)
-        return {
-            m.peer_id: stats_module.median(known[m.peer_id]) if m.peer_id in known else None for m in config.members
-        }
 
     def _note_throughput(self, samples: int, compute_s: float) -> None:
         if compute_s <= 0:

@@ -99,6 +99,7 @@ class FakeGates:
         self.throughputs: list[tuple[str, float]] = []
         self.evictions: list[tuple[str, PeerID]] = []
         self.stalls: list[tuple[str, PeerID]] = []
+        self.link_failures: list[tuple[str, PeerID]] = []
         self.announced: list[str] = []
         self.leave_accepted = True
         """What ``announce_leave`` answers (False: this peer is no member anyway)."""
@@ -196,6 +197,9 @@ class FakeGates:
     def stall(self, run: str, peer: PeerID) -> bool:
         """Recorded in ``stalls``."""
         self.stalls.append((run, peer))
+    def link_failed(self, run: str, peer: PeerID) -> bool:
+        """Recorded in ``link_failures``."""
+        self.link_failures.append((run, peer))
         return True
 
     def announce_leave(self, run: str) -> bool:
@@ -458,6 +462,12 @@ class FakeAverager:
     def silent_in(self, tag: RoundTag) -> tuple[frozenset[PeerID], float]:
         """The scripted ``silent`` entry of ``tag`` (nobody silent by default)."""
         return self.silent.get(tag, (frozenset(), 0.0))
+    unreachable_peers: dict[RoundTag, frozenset[PeerID]] = field(default_factory=dict)
+    """What ``unreachable(tag)`` answers (a test sets it from a scripted round)."""
+
+    def unreachable(self, tag: RoundTag) -> frozenset[PeerID]:
+        """``unreachable_peers[tag]``, empty by default."""
+        return self.unreachable_peers.get(tag, frozenset())
 
     def then(self, *rounds: RoundScript) -> FakeAverager:
         """Append rounds to the script."""

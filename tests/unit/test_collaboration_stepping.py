@@ -618,3 +618,24 @@ async def test_the_collaboration_tells_the_averager_who_may_contribute_before_it
     assert admits(p2) and not admits(stranger)
     await r.collab.leave(timeout_s=0.1)
     assert RUN not in r.averager.expected
+
+
+# ---------------------------------------------------------------------------------- first-hand link events
+async def test_a_round_that_could_not_reach_one_peer_declares_that_link_down_at_once() -> None:
+    r = await _founded(max_round_attempts=5)
+    other = identities(1, base=70)[0].peer_id
+
+    def cut(_buffer: np.ndarray, call: AverageCall) -> None:
+        r.averager.unreachable_peers[call.tag] = frozenset({other})
+        raise RoundAborted("timed out", missing=frozenset({other}), tag=call.tag)
+
+    r.averager.then(cut, _fill(2.0))
+    await r.collab.step(4)
+    assert r.gates.link_failures == [(RUN, other)]  # before any retry: no settling delay
+
+
+async def test_a_round_that_failed_for_nobody_in_particular_declares_nothing() -> None:
+    r = await _founded(max_round_attempts=5)
+    r.averager.then(RoundAborted("timeout"), _fill(2.0))
+    await r.collab.step(4)
+    assert r.gates.link_failures == []

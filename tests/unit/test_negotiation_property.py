@@ -1,4 +1,5 @@
-"""Property test: random interleavings of joins, leaves, crashes, link changes, throughput changes,
+"""Property test: random interleavings of joins, leaves, crashes, link changes (announced, and links cut
+under the training rounds, whose ends then declare them down first-hand), throughput changes,
 evictions (signed by a random number of members), message loss, duplication and reordering, and
 partitions, over 8+ simulated peers that train with the all-reduce oracle
 (``chaosp2p.sim.negotiation``). After every rule the safety invariants must hold; once faults stop
@@ -102,6 +103,23 @@ class NegotiationProperties(RuleBasedStateMachine):
         b = data.draw(st.sampled_from([p for p in members if p != a]))
         swarm.call(a, lambda m, now: m.link_changed(now, a, b, up=up, bandwidth_bytes_per_s=bandwidth, rtt_s=0.001))
 
+    @rule(data=st.data())
+    def cut_link(self, data: st.DataObject) -> None:
+        # A link cut between two members: the rounds that need it fail, and its ends declare it
+        # down first-hand (LINK_DOWN at once; one that breaks the plan redoes the stuck step).
+        members = self.swarm.members()
+        if len(members) < 2:
+            return
+        a = data.draw(st.sampled_from(members))
+        b = data.draw(st.sampled_from([p for p in members if p != a]))
+        self.swarm.links.cut_link(a, b)
+
+    @precondition(lambda self: bool(self.swarm.links.cut))
+    @rule(data=st.data())
+    def restore_link(self, data: st.DataObject) -> None:
+        pair = data.draw(st.sampled_from(sorted(self.swarm.links.cut, key=lambda p: sorted(x.raw for x in p))))
+        self.swarm.links.restore(*pair)
+
     @rule(data=st.data(), rate=st.sampled_from([0.5, 1.0, 4.0]))
     def throughput(self, data: st.DataObject, rate: float) -> None:
         swarm = self.swarm
@@ -157,6 +175,7 @@ class NegotiationProperties(RuleBasedStateMachine):
         if swarm is None:
             return
         swarm.heal()
+        swarm.links.restore_all()
         swarm.set_loss(0.0)
         swarm.duplicate = 0.0
         took = swarm.run_until(swarm.converged, timeout_s=60.0, step_s=0.1)

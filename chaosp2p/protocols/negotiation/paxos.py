@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.negotiation.configuration_change import AppliedOp
+from chaosp2p.protocols.negotiation.link_graph import link_owners
 from chaosp2p.protocols.negotiation.messages import Ballot, Certificate, CommitRecord, Value
-from chaosp2p.protocols.negotiation.operations import FAIL_KINDS, Operation
+from chaosp2p.protocols.negotiation.operations import FAIL_KINDS, Operation, OpKind
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
 from chaosp2p.wire.identity import PeerID
@@ -227,6 +228,50 @@ def is_urgent(ops: Iterable[Operation]) -> bool:
     return any(op.kind in FAIL_KINDS for op in ops)
 
 
+def breaks_plan(ops: Iterable[Operation], config: Configuration) -> bool:
+    """Does the batch take down a link that every round under ``config`` needs?
+
+    A LINK_DOWN of a usable link between two members that own shards under ``config``'s link plan
+    (the members of maximal degree, :mod:`.link_graph`): no round of the step the run is in can
+    complete without it, so the run redoes that step under the batch (``protocols/negotiation.md``
+    section 3d) instead of waiting ``margin`` steps it cannot take.
+    """
+    downs = [op for op in ops if op.kind is OpKind.LINK_DOWN and op.other is not None]
+    if not downs:
+        return False
+    owners = link_owners(config.peers, config.links)
+    return any(op.subject in owners and op.other in owners and _usable(config, op) for op in downs)
+
+
+def link_down_supersedes(ops: Iterable[Operation], config: Configuration, previous: Configuration | None) -> bool:
+    """May a plan-breaking LINK_DOWN batch activate before ``config`` does (supersede it)?
+
+    Only if ``config`` brought no link up that ``previous`` (the configuration before it) had
+    down: then the steps before ``config`` activates run under a plan that needs the broken link
+    too, and waiting for ``config`` would leave the run stuck. After a LINK_UP, the batch
+    activates no earlier than ``config``, so a member that flaps its links on purpose gets at most
+    one round redone per LINK_UP/LINK_DOWN cycle, and at least one step completes in between
+    (``protocols/negotiation.md`` section 3d).
+    """
+    ops = list(ops)
+    if not breaks_plan(ops, config):
+        return False
+    if previous is None:
+        return True
+    for link in previous.links:
+        if not link.up and config.has_member(link.a) and config.has_member(link.b):
+            now = config.link(link.a, link.b)
+            if now is None or now.up:
+                return False  # ``config`` brought this link up again
+    return True
+
+
+def _usable(config: Configuration, op: Operation) -> bool:
+    assert op.other is not None
+    entry = config.link(op.subject, op.other)
+    return entry is None or entry.up
+
+
 def activation_step(
     *,
     config: Configuration,
@@ -235,6 +280,7 @@ def activation_step(
     entered: Iterable[int],
     completed: Iterable[int],
     step_times: Iterable[float],
+    previous: Configuration | None = None,
 ) -> int:
     """S for a fresh value.
 
@@ -244,10 +290,16 @@ def activation_step(
     median reported; ``default_margin_steps`` if no step time is known. An urgent batch (a FAIL)
     uses S = max(completed) + 1 and no lower bound from C_e, so the survivors redo the step the
     failed member left stuck. (Not max(entered): a newcomer enters its admission step at once,
-    before the old members finished the steps before it.)
+    before the old members finished the steps before it.) A batch that :func:`breaks_plan` (a
+    LINK_DOWN every round needs) uses S = max(completed) + 1 too, with C_e's activation step as a
+    lower bound unless :func:`link_down_supersedes` (``previous`` is C_{e-1}).
     """
+    ops = list(ops)
     max_entered = max(entered, default=-1)
     max_completed = max(completed, default=-1)
+    if not is_urgent(ops) and breaks_plan(ops, config):
+        floor = 0 if link_down_supersedes(ops, config, previous) else config.activation_step
+        return max(max_completed + 1, floor, 0)
     if is_urgent(ops):
         if max_completed < 0:
             # Nobody we heard from completed a step (only members admitted after the last step

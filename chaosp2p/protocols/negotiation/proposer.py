@@ -49,6 +49,7 @@ from chaosp2p.protocols.negotiation.paxos import (
     choose_value,
     coordinator,
     is_urgent,
+    link_down_supersedes,
     refuses,
 )
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
@@ -238,6 +239,7 @@ class PaxosRoles(MachineCore):
             entered=[rec.entered, rec.peer_entered, *(p.entered for p in infos)],
             completed=[rec.completed, rec.peer_completed, *(p.completed for p in infos)],
             step_times=[rec.step_time_s, *(p.step_time_s for p in infos)],
+            previous=self._previous_config(rec),
         )
         value = Value(ops=tuple(ops), activation_step=step, proposed_at=now)
         return value, tuple(i for i, _ in entries)
@@ -553,12 +555,22 @@ class PaxosRoles(MachineCore):
             return prop.outcome
         return next_configuration(config, zip(ids, value.ops, strict=True), value.activation_step)
 
+    @staticmethod
+    def _previous_config(rec: RunRecord) -> Configuration | None:
+        """C_{e-1}, if still kept (it decides whether a LINK_DOWN may supersede C_e)."""
+        config = rec.config
+        if config is None:
+            return None
+        return next((c for c in reversed(rec.configs) if c.epoch == config.epoch - 1), None)
+
     def _step_problem(self, rec: RunRecord, value: Value) -> str | None:
         """Why the value's activation step is unacceptable as input (not merely late), or None."""
         config = rec.config
         assert config is not None
         step = value.activation_step
-        if step < config.activation_step and not is_urgent(value.ops):
+        if step < config.activation_step and not (
+            is_urgent(value.ops) or link_down_supersedes(value.ops, config, self._previous_config(rec))
+        ):
             return "step_in_past"
         reference = max(rec.completed, rec.entered, rec.peer_entered, config.activation_step, 0)
         if step > reference + self.config.max_step_ahead:

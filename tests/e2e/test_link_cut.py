@@ -1,0 +1,100 @@
+"""A link cut for good between two of four training processes (issue 19), through the cluster harness.
+
+Four ``digits`` peers (real processes, the transport's link shaper on 127.0.0.1) train; the harness
+cuts w1~w2 and never restores it. On ``main`` every member completed one more step and then none.
+Here the two ends declare the link down first-hand, the run commits the LINK_DOWN and re-plans the
+averaging around it: all four keep training to the end, with equal parameter digests at every step
+two of them completed.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosp2p.cluster.timeline import read_timeline
+
+HARNESS_TIMEOUT_S = 300.0
+
+SCENARIO = """\
+[cluster]
+duration_s = 45
+profile = "local"
+startup_timeout_s = 120
+stop_timeout_s = 20
+
+[links]
+delay_ms = 1
+
+[[peer]]
+name = "a"
+run = "digits"
+args = ["--steps", "1000000", "--pace", "0.05"]
+
+[[peer]]
+name = "w"
+count = 3
+run = "digits"
+args = ["--steps", "1000000", "--pace", "0.05"]
+
+[[event]]
+at_s = 12
+action = "cut"
+link = ["w1", "w2"]
+"""
+
+
+def _steps(records: list[dict[str, Any]]) -> dict[str, list[tuple[float, dict[str, Any]]]]:
+    steps: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    for r in records:
+        record = r.get("record")
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and "param_digest" in record:
+            steps.setdefault(str(r["source"]), []).append((float(r.get("seen_t", r["t"])), record))
+    return steps
+
+
+@pytest.mark.timeout(400)
+def test_four_processes_train_on_with_equal_digests_after_a_permanent_cut(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    scenario = tmp_path / "cut.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "run"
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "chaosp2p", "cluster", str(scenario), "--out", str(out), "--no-report"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        output, _ = harness.communicate(timeout=HARNESS_TIMEOUT_S)
+    finally:
+        if harness.poll() is None:
+            harness.send_signal(signal.SIGINT)  # the harness stops its peers on Ctrl-C
+            harness.wait(timeout=60)
+    assert harness.returncode == 0, output
+
+    records = read_timeline(out / "timeline.jsonl")
+    (cut,) = [r for r in records if r.get("source") == "harness" and r.get("event") == "inject"]
+    assert cut["action"] == "cut" and cut["applied"]
+    stopping = next(float(r["t"]) for r in records if r.get("event") == "stopping")
+    steps = _steps(records)
+    assert set(steps) == {"a", "w1", "w2", "w3"}
+    cut_t = float(cut["t"])
+    for peer, seen in steps.items():
+        late = [record for t, record in seen if t > cut_t + (stopping - cut_t) / 2]
+        # Still training in the second half of the time after the cut, all four together.
+        assert len(late) >= 10, f"{peer} stopped training after the cut"
+        assert late[-1]["members"] == 4, f"{peer}: {late[-1]}"
+    by_step: dict[int, set[str]] = {}
+    for seen in steps.values():
+        for _, record in seen:
+            by_step.setdefault(record["step"], set()).add(record["param_digest"])
+    assert all(len(digests) == 1 for digests in by_step.values()), "members disagree on a step's parameters"
+    operations = [r["record"] for r in records if isinstance(r.get("record"), dict)]
+    assert any(o.get("event") == "operation" and o.get("kind") == "link_down" for o in operations)
