@@ -92,6 +92,7 @@ from chaosp2p.protocols.averaging.plan import Shard, plan_shards
 from chaosp2p.protocols.averaging.shard_reduce import all_finite, decode, storage_dtype
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
+from chaosp2p.training.pair_watch import watch_pairs
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
 from chaosp2p.training.waiting import Waiting, log_waits, silent_contributors, waiting_of
 from chaosp2p.transport.groups import unwrap_single_error
@@ -101,9 +102,6 @@ from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.training")
-PAIR_POLL_S = 0.1
-"""How often a round looks for peers missing here alone (cheap: set arithmetic on the round state)."""
-
 AddressBook = Callable[[PeerID], Sequence[Multiaddr]]
 
 __all__ = ["Averager", "AveragerConfig", "Exclusion", "RoundStats", "RoundTag"]
@@ -354,7 +352,7 @@ class Averager:
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watchdog, round_, timeout_s)
                 outer.start_soon(log_waits, round_, self.clock, self.config.waiting_log_interval_s)
-                outer.start_soon(self._pair_watch, round_)
+                outer.start_soon(watch_pairs, round_, self.host, self.config.pair_probe_timeout_s, self._answer_all)
                 # Phase 1: everyone contributes, every owner averages its shard and answers.
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(owner.run)
@@ -399,39 +397,6 @@ class Averager:
         missing = (direct | reported) or silent
         round_.unreachable.update(round_.pair_suspects(direct))
         round_.fail("aborted", missing, f"timed out after {timeout_s:g} s waiting for {_names(missing)}")
-
-    async def _pair_watch(self, round_: RoundState) -> None:
-        """Fail the round early on a broken link (spec section 4.5): once every other owner answered
-        and only peers missing here alone are left, ping them; one that does not answer is cut off
-        from us while alive to the others."""
-        while True:
-            with anyio.move_on_after(PAIR_POLL_S):
-                await round_.news.wait()
-            suspects = round_.pair_suspects(round_.undelivered())
-            if not suspects:
-                continue
-            silent = [peer for peer in sorted(suspects) if not await self._answers_ping(peer)]
-            if not silent or not set(silent) <= round_.pair_suspects(round_.undelivered()):
-                await anyio.sleep(self.config.pair_probe_timeout_s)  # alive, just slow: look again later
-                continue
-            missing = frozenset(silent)
-            round_.unreachable.update(missing)
-            notice = Result(status=ResultStatus.ABORTED, detail="no link", missing=tuple(sorted(round_.undelivered())))
-            await self._answer_all(round_, notice)
-            round_.fail("aborted", missing, f"no exchange with {_names(missing)}, alive to the others (link down?)")
-            return
-
-    async def _answers_ping(self, peer: PeerID) -> bool:
-        connection = self.host.connection(peer)
-        if connection is None:
-            return False
-        with anyio.move_on_after(self.config.pair_probe_timeout_s):
-            try:
-                await connection.ping()
-            except ChaosError:
-                return False
-            return True
-        return False
 
     def _staging(self, run: str, size: int) -> np.ndarray:
         # One reusable scratch area per run (rounds of a run are sequential): a fresh 100 MB array
