@@ -121,6 +121,12 @@ class MembershipService:
         with anyio.move_on_after(LEAVE_FLUSH_S):
             await self.driver.wait_sent()
 
+    def connection_lost(self, peer: PeerID) -> None:
+        """``peer``'s host closed our last connection to it (EOF or reset, no goodbye): check it now."""
+        if self.machine.has_left:
+            return
+        self.driver.call(self.machine.connection_lost, peer)
+
     # ------------------------------------------------------------------ reading the view
     def members(self) -> tuple[Member, ...]:
         """Every member this peer knows, itself included."""

@@ -19,6 +19,20 @@ hints waiting for the next probe tick -- and if our own check then fails, the su
 the hint. When the driver reports a member unreachable, the check starts at once, beside one direct
 PING in case the member restarted on the same address.
 
+*Connection loss.* When the member's host closed our last connection to it (the driver saw EOF or a
+reset, not a goodbye -- what a kernel does for a killed process), the same check starts at once:
+the direct PING makes the driver dial again and ``indirect_probes`` relays get a PING_REQ in the
+same instant, without waiting for a probe timeout. Any ACK, direct or relayed, ends the check with
+the member alive, as always: a live process whose connection closed for another reason (an idle
+cleanup, a dial race, a middlebox) answers the new dial or the relays. The check ends early when it
+is *conclusive*: the driver could not reach the member since (a dial refused, a send failed) and
+every relay (at least one) answered NACK. Then the member is FAILED at once, without a suspicion:
+a suspicion gives a member time to hear it and refute, and this one can be reached neither by us
+nor by any relay; should it be alive after all, it refutes later with a higher incarnation, as
+after any failure. Short of that (no relays, a relay silent, or a relay's ACK) the check runs as any
+other. One check per member per probe interval starts this way; a member whose connections close
+more often is checked at the usual pace.
+
 A SWIM probe carries our view digests and, until the target has acknowledged our current
 incarnation, our own signed ALIVE record: a member that missed it (gossip has a tail) catches up
 from us directly, and the 66 bytes of a signature are not paid again on every probe.
@@ -110,6 +124,8 @@ class Probing(MembershipCore):
         if probe is not None and sender in probe.relays:
             probe.nacks += 1
             self._counters.nacks_received += 1
+            if probe.lost:
+                self._conclude(now, probe)
 
     def _on_ping_req(self, now: float, sender: PeerID, msg: PingReq) -> None:
         self._apply_piggyback(now, sender, msg.updates, msg.infos)
@@ -273,6 +289,11 @@ class Probing(MembershipCore):
             link.missed = max(link.missed, self.config.link_down_after_missed)
             if link.up:
                 self._link_down(now, link, "unreachable")
+        check = self._checks.get(peer)
+        probe = self._probes.get(check) if check is not None else None
+        if probe is not None and probe.lost:
+            probe.unreachable = True
+            self._conclude(now, probe)
         member = self._members.get(peer)
         if member is None or relayed:
             # (A relay's failure is the requester's check; starting our own would cascade.)
@@ -285,3 +306,49 @@ class Probing(MembershipCore):
             updates, infos = self._piggyback(peer)
             self._send(peer, Ping(seq=seq, updates=updates, infos=infos))
             self._start_check(now, probe)
+
+    def _on_connection_lost(self, now: float, peer: PeerID) -> None:
+        # The member's host closed our last connection to it: check it now, directly and through
+        # relays at once (see the module docstring, "Connection loss").
+        member = self._members.get(peer)
+        if member is None or member.state not in _LIVE:
+            return
+        self._counters.connection_losses += 1
+        check = self._checks.get(peer)
+        probe = self._probes.get(check) if check is not None else None
+        if probe is not None:
+            # A check already runs (a missed heartbeat, an earlier loss): it now ends early once
+            # conclusive. Ask directly again, under its seq, so that the driver dials anew.
+            if not probe.lost:
+                probe.lost = True
+                updates, infos = self._piggyback(peer)
+                self._send(peer, Ping(seq=probe.seq, updates=updates, infos=infos))
+            return
+        if now - member.loss_checked_at < self.config.probe_interval_s:
+            return  # a member closing connections faster is checked at the usual pace
+        member.loss_checked_at = now
+        seq = self._next_seq()
+        probe = ProbeRecord(seq=seq, target=peer, sent_at=now, purpose=PingPurpose.CHECK, lost=True)
+        self._probes[seq] = probe
+        updates, infos = self._piggyback(peer)
+        self._send(peer, Ping(seq=seq, updates=updates, infos=infos))
+        self._start_check(now, probe)
+
+    def _conclude(self, now: float, probe: ProbeRecord) -> None:
+        """End a check after a connection loss early if it is conclusive: the driver could not
+        reach the member and every relay (at least one) answered NACK. The member is FAILED."""
+        if not (probe.unreachable and probe.relays and probe.nacks >= len(probe.relays)):
+            return
+        target = probe.target
+        self._probes.pop(probe.seq, None)
+        if self._checks.get(target) == probe.seq:
+            del self._checks[target]
+        self._counters.probes_failed += 1
+        member = self._members.get(target)
+        if member is None or member.state not in _LIVE:
+            return
+        self._counters.failures_on_loss += 1
+        if member.state is _ALIVE:
+            self._counters.suspicions_raised += 1
+            member.suspected_at = now
+        self._fail(now, member, member.incarnation, self.local_peer)
