@@ -9,14 +9,16 @@ dial fails and every relay answers NACK). This soak shows that the hint alone fa
 member. ``--peers`` digits peers (``python -m chaosp2p.trainers.digits``, 127.0.0.1, ``local``
 with ``lan`` failure detection unless ``--profile lan``) train as one run; meanwhile:
 
-* every ``--kill-every-s`` (jittered, seeded) the TCP connections between two random members are
-  destroyed with ``ss -K`` (needs root), from one side: that side sees ECONNABORTED, the other a
-  reset -- to both, the connection closed without a goodbye while the remote process lives;
+* every ``--kill-every-s`` (jittered, seeded) all TCP connections between two random members are
+  destroyed with ``ss -K`` (needs root) in one of the two processes: that side sees ECONNABORTED,
+  the other a reset -- to both, the connection closed without a goodbye while the remote process
+  lives, so both check the other at once;
 * every ``--restart-every-s`` a random member other than the founder leaves gracefully (SIGTERM:
   LEAVE, GOAWAY) and a new process joins in its place.
 
-Counted: sockets destroyed, FAIL operations committed (founder's metrics), "member failed" lines in
-every process's log (membership's own verdicts), LEAVE operations, and the steps the founder made.
+Counted: sockets destroyed, connection-loss hints acted on ("closed by its host" in the processes'
+logs: membership logs at INFO here), FAIL operations committed (founder's metrics), "member failed"
+lines in every process's log (membership's own verdicts), LEAVE operations, and the founder's steps.
 A FAIL or a membership failure here is a false one: no process died. Needs ``ss`` (iproute2).
 """
 
@@ -36,29 +38,42 @@ from typing import Any
 from failover import ROOT, records, start, wait_for
 
 
-def destroy(port_a: int, port_b: int, rng: random.Random) -> int:
-    """Destroy the sockets of connections between the peers listening on ``port_a`` and ``port_b``,
-    on one side only (chosen at random); the number destroyed."""
-    # A connection between a and b has a's listening port at one end (b dialled a) or b's.
-    if rng.random() < 0.5:
-        port_a, port_b = port_b, port_a
-    # The dialer's socket towards port_a: its source is an ephemeral port of b, so filter on the
-    # destination; or the listener's socket at port_a: source port_a. One of the two, at random.
-    expression = ["dport", "=", f":{port_a}"] if rng.random() < 0.5 else ["sport", "=", f":{port_a}"]
-    result = subprocess.run(
-        ["ss", "-K", "-t", "-n", "state", "established", *expression],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    rows = [line for line in result.stdout.splitlines()[1:] if line.strip()]
-    return len(rows)
+def sockets_of(pid: int) -> list[tuple[int, int]]:
+    """(local port, remote port) of every established loopback TCP socket of process ``pid``."""
+    out = subprocess.run(["ss", "-t", "-n", "-p", "-H", "state", "established"], capture_output=True, text=True)
+    found = []
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or f"pid={pid}," not in line:
+            continue
+        local, remote = fields[2], fields[3]
+        if local.startswith("127.0.0.1:") and remote.startswith("127.0.0.1:"):
+            found.append((int(local.rsplit(":", 1)[1]), int(remote.rsplit(":", 1)[1])))
+    return found
 
 
-def port_of(info: dict[str, Any]) -> int:
-    """The TCP port of a peer's first listen address."""
-    parts = info["addrs"][0].split("/")
-    return int(parts[parts.index("tcp") + 1])
+def destroy(a: int, b: int) -> int:
+    """Destroy, in process ``a`` only, every TCP socket it holds to process ``b`` (``ss -K``): ``a``
+    sees ECONNABORTED, ``b`` a reset -- to both, the connection closed without a goodbye while the
+    other process lives. Returns the number destroyed."""
+    theirs = {local for local, _ in sockets_of(b)}
+    destroyed = 0
+    for local, remote in sockets_of(a):
+        if remote not in theirs:
+            continue
+        filter_ = ["sport", "=", f":{local}", "and", "dport", "=", f":{remote}"]
+        result = subprocess.run(["ss", "-K", "-t", "-n", "-H", *filter_], capture_output=True, text=True)
+        destroyed += sum(1 for line in result.stdout.splitlines() if line.strip())
+    return destroyed
+
+
+# Digits peers with membership's log at INFO (the hints it acts on: "closed by its host").
+LAUNCHER = (
+    "-c",
+    "import logging, runpy; logging.basicConfig(format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
+    "logging.getLogger('chaosp2p.membership').setLevel(logging.INFO); "
+    "runpy.run_module('chaosp2p.trainers.digits', run_name='__main__', alter_sys=True)",
+)
 
 
 def main() -> None:
@@ -79,12 +94,14 @@ def main() -> None:
         processes: list[subprocess.Popen[bytes]] = []
         live: list[tuple[subprocess.Popen[bytes], dict[str, Any]]] = []
         try:
-            first, founder_metrics, founder = start("p0", workdir, [], args.pace, False, ROOT, args.profile)
+            first, founder_metrics, founder = start("p0", workdir, [], args.pace, False, ROOT, args.profile, LAUNCHER)
             processes.append(first)
             live.append((first, founder))
             bootstrap = founder["addrs"][0]
             for index in range(1, args.peers):
-                process, _, info = start(f"p{index}", workdir, [bootstrap], args.pace, False, ROOT, args.profile)
+                process, _, info = start(
+                    f"p{index}", workdir, [bootstrap], args.pace, False, ROOT, args.profile, LAUNCHER
+                )
                 processes.append(process)
                 live.append((process, info))
 
@@ -99,8 +116,8 @@ def main() -> None:
             spawned = args.peers
             while time.monotonic() - began < args.duration_s:
                 time.sleep(rng.uniform(0.5, 1.5) * args.kill_every_s)
-                (_, a), (_, b) = rng.sample(live, 2)
-                destroyed += destroy(port_of(a), port_of(b), rng)
+                (a, _), (b, _) = rng.sample(live, 2)
+                destroyed += destroy(a.pid, b.pid)
                 attempts += 1
                 if time.monotonic() >= next_restart and len(live) > 2:
                     next_restart += args.restart_every_s
@@ -110,7 +127,9 @@ def main() -> None:
                     process.wait(timeout=60)
                     name = f"p{spawned}"
                     spawned += 1
-                    process, _, info = start(name, workdir, [bootstrap], args.pace, False, ROOT, args.profile)
+                    process, _, info = start(
+                        name, workdir, [bootstrap], args.pace, False, ROOT, args.profile, LAUNCHER
+                    )
                     processes.append(process)
                     live.append((process, info))
                     restarts += 1
@@ -119,9 +138,11 @@ def main() -> None:
             kinds: dict[str, int] = {}
             for op in operations:
                 kinds[op["kind"]] = kinds.get(op["kind"], 0) + 1
-            failed_lines = 0
+            failed_lines = hints = 0
             for log in workdir.glob("*.log"):
-                failed_lines += sum("member failed" in line for line in log.read_text(errors="replace").splitlines())
+                lines = log.read_text(errors="replace").splitlines()
+                failed_lines += sum("member failed" in line for line in lines)
+                hints += sum("closed by its host" in line for line in lines)
             crashed = [p for p in processes if p.poll() not in (None, 0)]
             result = {
                 "duration_s": args.duration_s,
@@ -133,6 +154,7 @@ def main() -> None:
                 "operations": kinds,
                 "fail_operations": kinds.get("fail", 0),
                 "member_failed_log_lines": failed_lines,
+                "connection_loss_hints": hints,
                 "founder_steps": steps()[-1]["step"] - first_step,
                 "members_at_end": steps()[-1]["members"],
                 "processes_exited_early": len(crashed),

@@ -44,11 +44,18 @@ def lan_on_loopback(workdir: Path, code: Path) -> Path:
 
 
 def start(
-    name: str, workdir: Path, join: list[str], pace: float, fast: bool, code: Path, profile: str
+    name: str,
+    workdir: Path,
+    join: list[str],
+    pace: float,
+    fast: bool,
+    code: Path,
+    profile: str,
+    launcher: tuple[str, ...] = ("-m", "chaosp2p.trainers.digits"),
 ) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any]]:
     ready = workdir / f"{name}.ready"
     metrics = workdir / f"{name}.jsonl"
-    command = [sys.executable, "-m", "chaosp2p.trainers.digits", "--steps", "1000000", "--batch", "64"]
+    command = [sys.executable, *launcher, "--steps", "1000000", "--batch", "64"]
     command += ["--pace", str(pace), "--ready-file", str(ready), "--metrics-file", str(metrics)]
     if profile != "local":
         command += ["--profile", str(lan_on_loopback(workdir, code)) if profile == "lan" else profile]
