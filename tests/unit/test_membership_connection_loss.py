@@ -173,3 +173,37 @@ def test_losses_between_live_members_fail_no_one() -> None:
         r.advance(0.37)
     assert all(r.state(o, p) is MemberState.ALIVE for o in range(4) for p in range(4))
     assert not [e for at, _, e in r.events if at >= start and isinstance(e, (PeerSuspected, PeerFailed))]
+
+
+def test_two_killed_at_once_are_both_failed_at_once() -> None:
+    # Each dead member may be picked as a relay for the other's check: a relay we cannot reach
+    # never NACKs, so it is replaced by a live one instead of holding the check to its deadline.
+    r = Router(6, LAN)
+    r.run_until(lambda: all(r.state(o, p) is MemberState.ALIVE for o in range(6) for p in range(6)), timeout_s=30)
+    r.advance(3.0)
+    r.crash(4)
+    r.crash(5)
+    for observer in range(4):
+        for victim in (4, 5):
+            r.call(observer, lambda m, now, v=victim: m.connection_lost(now, peer(v)))
+    assert all(r.state(o, v) is MemberState.FAILED for o in range(4) for v in (4, 5))
+    dead = (peer(4), peer(5))
+    assert not [e for _, o, e in r.events if isinstance(e, (PeerSuspected, PeerFailed)) and e.peer not in dead]
+
+
+def test_a_relay_that_is_dead_too_stops_counting() -> None:
+    s = Scripted(LAN, puppets=4)  # indirect_probes = 3: the relays are puppets 1-3
+    s.advance(3.0)
+    x, dead_relay = s.puppets[3], s.puppets[2]
+    s.silent.update(s.puppets)
+    seq, requests = lost(s, 3)
+    relays = [to for to, _ in relays_of(s, 3)]
+    assert dead_relay in relays
+    s.machine.peer_unreachable(s.now, x)
+    for relay in relays:
+        if relay != dead_relay:
+            s.inject(relay, Nack(seq=seq))
+    assert s.machine.state_of(x) is MemberState.ALIVE  # the dead relay owes its NACK
+    s.machine.peer_unreachable(s.now, dead_relay)  # our PING_REQ to it could not be delivered
+    s.pump()
+    assert s.machine.state_of(x) is MemberState.FAILED

@@ -108,6 +108,8 @@ class ProbeRecord:
     during this check: the check may end early, on negatives alone (see probing.py)."""
     unreachable: bool = False
     """Since ``lost``, the driver failed to reach the member directly (a dial refused, a send failed)."""
+    nacked_by: set[PeerID] | None = None
+    """Relays that answered NACK (a ``lost`` check ends when every current relay is among them)."""
 
 
 @dataclass(slots=True)

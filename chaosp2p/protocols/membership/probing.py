@@ -30,8 +30,10 @@ every relay (at least one) answered NACK. Then the member is FAILED at once, wit
 a suspicion gives a member time to hear it and refute, and this one can be reached neither by us
 nor by any relay; should it be alive after all, it refutes later with a higher incarnation, as
 after any failure. Short of that (no relays, a relay silent, or a relay's ACK) the check runs as any
-other. One check per member per probe interval starts this way; a member whose connections close
-more often is checked at the usual pace.
+other. A relay that turns out unreachable itself (several processes killed at once) never answers:
+it stops counting and a spare relay, if there is one, is asked in its place. One check per member
+per probe interval starts this way; a member whose connections close more often is checked at the
+usual pace.
 
 A SWIM probe carries our view digests and, until the target has acknowledged our current
 incarnation, our own signed ALIVE record: a member that missed it (gossip has a tail) catches up
@@ -124,6 +126,9 @@ class Probing(MembershipCore):
         if probe is not None and sender in probe.relays:
             probe.nacks += 1
             self._counters.nacks_received += 1
+            if probe.nacked_by is None:
+                probe.nacked_by = set()
+            probe.nacked_by.add(sender)  # (a check may turn into a lost one after its NACKs came)
             if probe.lost:
                 self._conclude(now, probe)
 
@@ -294,6 +299,9 @@ class Probing(MembershipCore):
         if probe is not None and probe.lost:
             probe.unreachable = True
             self._conclude(now, probe)
+        for other in [self._probes.get(seq) for seq in self._checks.values()]:
+            if other is not None and other.lost and peer in other.relays:
+                self._replace_relay(now, other, peer)
         member = self._members.get(peer)
         if member is None or relayed:
             # (A relay's failure is the requester's check; starting our own would cascade.)
@@ -334,10 +342,32 @@ class Probing(MembershipCore):
         self._send(peer, Ping(seq=seq, updates=updates, infos=infos))
         self._start_check(now, probe)
 
+    def _replace_relay(self, now: float, probe: ProbeRecord, gone: PeerID) -> None:
+        """A relay of a lost check cannot be reached itself (several processes killed at once): it
+        will never answer, so it stops counting and a spare relay, if any, is asked instead."""
+        relays = [r for r in probe.relays if r != gone]
+        members = self._members
+        spare = [
+            p
+            for p in self._sample_alive(2 * self.config.indirect_probes + 1 + len(probe.relays))
+            if p not in (probe.target, gone)
+            and p not in probe.relays
+            and members[p].introducer is None
+            and members[p].hinted_at is None
+        ]
+        if spare:
+            relays.append(spare[0])
+            updates, infos = self._piggyback(None)
+            self._send(spare[0], PingReq(seq=probe.seq, target=probe.target, updates=updates, infos=infos))
+            self._counters.indirect_probes_sent += 1
+        probe.relays = tuple(relays)
+        self._conclude(now, probe)
+
     def _conclude(self, now: float, probe: ProbeRecord) -> None:
         """End a check after a connection loss early if it is conclusive: the driver could not
         reach the member and every relay (at least one) answered NACK. The member is FAILED."""
-        if not (probe.unreachable and probe.relays and probe.nacks >= len(probe.relays)):
+        nacked = probe.nacked_by or set()
+        if not (probe.unreachable and probe.relays and all(r in nacked for r in probe.relays)):
             return
         target = probe.target
         self._probes.pop(probe.seq, None)
