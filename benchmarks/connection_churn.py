@@ -86,11 +86,13 @@ def main() -> None:
     parser.add_argument("--profile", choices=("local", "lan"), default="local")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--workdir", type=Path, help="keep the logs and metrics here (default: a temporary folder)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="chaosp2p-churn-") as tmp:
-        workdir = Path(tmp)
+        workdir = Path(tmp) if args.workdir is None else args.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         processes: list[subprocess.Popen[bytes]] = []
         live: list[tuple[subprocess.Popen[bytes], dict[str, Any]]] = []
         try:
@@ -144,6 +146,11 @@ def main() -> None:
                 failed_lines += sum("member failed" in line for line in lines)
                 hints += sum("closed by its host" in line for line in lines)
             crashed = [p for p in processes if p.poll() not in (None, 0)]
+            fails = [
+                {"subject": op["subject"], "origin": op["origin"], "epoch": op["epoch"]}
+                for op in operations
+                if op["kind"] == "fail"
+            ]
             result = {
                 "duration_s": args.duration_s,
                 "peers": args.peers,
@@ -158,6 +165,8 @@ def main() -> None:
                 "founder_steps": steps()[-1]["step"] - first_step,
                 "members_at_end": steps()[-1]["members"],
                 "processes_exited_early": len(crashed),
+                "exit_codes_of_those": [p.returncode for p in crashed],
+                "fails": fails,
                 "load_before": load_before,
                 "load_after": os.getloadavg(),
             }
