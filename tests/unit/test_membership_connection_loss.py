@@ -196,7 +196,7 @@ def test_a_relay_that_is_dead_too_stops_counting() -> None:
     s.advance(3.0)
     x, dead_relay = s.puppets[3], s.puppets[2]
     s.silent.update(s.puppets)
-    seq, requests = lost(s, 3)
+    seq, _ = lost(s, 3)
     relays = [to for to, _ in relays_of(s, 3)]
     assert dead_relay in relays
     s.machine.peer_unreachable(s.now, x)
