@@ -11,6 +11,11 @@ the survivors' metrics files:
 Run: ``python benchmarks/failover.py [--peers 4] [--repeats 3] [--json PATH]``. Times are wall-clock
 on a shared 2-core machine (every peer is a process competing for the same cores): report the
 conditions with the figures.
+
+``--against DIR`` runs the same trials, alternating, with the chaosp2p package of another checkout
+(e.g. ``git archive main | tar -x -C /tmp/base``): both figures then come from one run, under the
+same load. ``--profile lan`` runs the peers on the whole ``lan`` profile (``peers/lan.toml``,
+listening on loopback) instead of ``local`` with ``lan`` failure-detection timers.
 """
 
 from __future__ import annotations
@@ -27,20 +32,42 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lan_on_loopback(workdir: Path, code: Path) -> Path:
+    """``peers/lan.toml`` of the checkout ``code``, listening on 127.0.0.1 on a free port."""
+    text = (code / "peers" / "lan.toml").read_text()
+    path = workdir / "lan-loopback.toml"
+    path.write_text(text.replace('listen = ["/ip4/0.0.0.0/tcp/4001"]', 'listen = ["/ip4/127.0.0.1/tcp/0"]'))
+    return path
+
 
 def start(
-    name: str, workdir: Path, join: list[str], pace: float, fast: bool
+    name: str,
+    workdir: Path,
+    join: list[str],
+    pace: float,
+    fast: bool,
+    code: Path,
+    profile: str,
+    launcher: tuple[str, ...] = ("-m", "chaosp2p.trainers.digits"),
 ) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any]]:
     ready = workdir / f"{name}.ready"
     metrics = workdir / f"{name}.jsonl"
-    command = [sys.executable, "-m", "chaosp2p.trainers.digits", "--steps", "1000000", "--batch", "64"]
+    command = [sys.executable, *launcher, "--steps", "1000000", "--batch", "64"]
     command += ["--pace", str(pace), "--ready-file", str(ready), "--metrics-file", str(metrics)]
+    if profile != "local":
+        command += ["--profile", str(lan_on_loopback(workdir, code)) if profile == "lan" else profile]
     for addr in join:
         command += ["--join", addr]
     if fast:
         command.append("--fast-failure-detection")
+    env = {**os.environ, "PYTHONPATH": str(code)}
     with (workdir / f"{name}.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=code
+        )
     deadline = time.monotonic() + 120
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -68,17 +95,17 @@ def wait_for(condition: Any, what: str, timeout_s: float = 180) -> None:
         time.sleep(0.05)
 
 
-def one_trial(peers: int, pace: float, fast: bool) -> dict[str, float]:
+def one_trial(peers: int, pace: float, fast: bool, code: Path = ROOT, profile: str = "local") -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="chaosp2p-failover-") as tmp:
         workdir = Path(tmp)
         processes: list[subprocess.Popen[bytes]] = []
         try:
-            first, first_metrics, info = start("p0", workdir, [], pace, fast)
+            first, first_metrics, info = start("p0", workdir, [], pace, fast, code, profile)
             processes.append(first)
             files = [first_metrics]
             victim_id = ""
             for index in range(1, peers):
-                process, metrics, ready = start(f"p{index}", workdir, [info["addrs"][0]], pace, fast)
+                process, metrics, ready = start(f"p{index}", workdir, [info["addrs"][0]], pace, fast, code, profile)
                 processes.append(process)
                 files.append(metrics)
                 victim_id = ready["peer_id"]
@@ -140,6 +167,26 @@ def one_trial(peers: int, pace: float, fast: bool) -> dict[str, float]:
                 process.wait()
 
 
+STAGES = (
+    ("detect_s", "kill -> failure detected (s)"),
+    ("decide_ms", "failure proposed -> committed (ms)"),
+    ("commit_s", "kill -> committed (s)"),
+    ("resume_s", "kill -> survivors complete a step without it (s)"),
+    ("step_interval_s", "step interval before the kill (s)"),
+    ("load_1m", "load average (1 min) after the trial"),
+)
+
+
+def table(trials: list[dict[str, float]]) -> None:
+    """Median, min and max of each stage, and every resume time."""
+    print("| stage | median | min | max |")
+    print("|---|---|---|---|")
+    for key, label in STAGES:
+        values = [t[key] for t in trials]
+        print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
+    print("resume (s), each trial:", ", ".join(f"{t['resume_s']:.3f}" for t in trials))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=4)
@@ -150,33 +197,36 @@ def main() -> None:
         action="store_true",
         help="the local profile's own failure detector (digits peers otherwise use lan timers on local)",
     )
+    parser.add_argument("--profile", choices=("local", "lan"), default="local")
+    parser.add_argument("--against", type=Path, help="another checkout to run the same trials with, alternating")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     load_before = os.getloadavg()
-    trials = [one_trial(args.peers, args.pace, args.fast_failure_detection) for _ in range(args.repeats)]
-    detector = "local" if args.fast_failure_detection else "lan"
-    print(f"kill -9 of 1 of {args.peers} digits peers (local profile, {detector} failure detector), medians:")
-    print("| stage | median | min | max |")
-    print("|---|---|---|---|")
-    for key, label in (
-        ("detect_s", "kill -> failure detected (s)"),
-        ("decide_ms", "failure proposed -> committed (ms)"),
-        ("commit_s", "kill -> committed (s)"),
-        ("resume_s", "kill -> survivors complete a step without it (s)"),
-        ("step_interval_s", "step interval before the kill (s)"),
-        ("load_1m", "load average (1 min) after the trial"),
-    ):
-        values = [t[key] for t in trials]
-        print(f"| {label} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
+    codes = {"this": ROOT} if args.against is None else {"this": ROOT, "against": args.against.resolve()}
+    trials: dict[str, list[dict[str, float]]] = {label: [] for label in codes}
+    for _ in range(args.repeats):
+        for label, code in codes.items():
+            trials[label].append(one_trial(args.peers, args.pace, args.fast_failure_detection, code, args.profile))
+    detector = args.profile if args.profile == "lan" else ("local" if args.fast_failure_detection else "lan")
+    for label, code in codes.items():
+        print(
+            f"kill -9 of 1 of {args.peers} digits peers ({args.profile} profile, {detector} failure detector), "
+            f"code {code}, medians of {args.repeats}:"
+        )
+        table(trials[label])
     if args.json:
-        payload = {
+        payload: dict[str, Any] = {
             "peers": args.peers,
             "pace_s": args.pace,
+            "profile": args.profile,
             "failure_detector": detector,
             "load_before": load_before,
             "load_after": os.getloadavg(),
-            "trials": trials,
+            "trials": trials["this"],
         }
+        if args.against is not None:
+            payload["against"] = str(args.against)
+            payload["trials_against"] = trials["against"]
         args.json.write_text(json.dumps(payload, indent=2))
 
 

@@ -69,6 +69,7 @@ class MembershipService:
         self._task_group = task_group
         self._publish = publish
         self._dht_contacts = dht_contacts
+        self._failures_on_loss = 0
         self.machine = MembershipMachine(
             identity=host.identity,
             addrs=tuple(str(a) for a in host.listen_addrs),
@@ -120,6 +121,13 @@ class MembershipService:
         self.driver.call(self.machine.leave)
         with anyio.move_on_after(LEAVE_FLUSH_S):
             await self.driver.wait_sent()
+
+    def connection_lost(self, peer: PeerID) -> None:
+        """``peer``'s host closed our last connection to it (EOF or reset, no goodbye): check it now."""
+        if self.machine.has_left:
+            return
+        log.info("connection to %s closed by its host: checking it now", peer)
+        self.driver.call(self.machine.connection_lost, peer)
 
     # ------------------------------------------------------------------ reading the view
     def members(self) -> tuple[Member, ...]:
@@ -178,7 +186,12 @@ class MembershipService:
         if isinstance(event, PeerJoined):
             log.info("member joined: %s", event.peer)
         elif isinstance(event, PeerFailed):
-            log.warning("member failed: %s", event.peer)
+            on_loss = self.machine.statistics().failures_on_loss
+            if on_loss > self._failures_on_loss:  # this verdict came from a connection loss check
+                self._failures_on_loss = on_loss
+                log.warning("member failed: %s (its host closed our connection; no relay could reach it)", event.peer)
+            else:
+                log.warning("member failed: %s", event.peer)
         elif isinstance(event, PeerLeft):
             log.info("member left: %s", event.peer)
         elif isinstance(event, LinkUp):

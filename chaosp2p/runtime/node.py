@@ -336,6 +336,10 @@ class Node:
         elif self.host.connection(peer) is None:
             log.info("peer %s disconnected: %s", peer, connection.close_reason)
             self.publish(PeerDisconnected(peer_id=peer, reason=connection.close_reason, at=now))
+            if connection.closed_by_remote_host:
+                # Its host closed our last connection without a goodbye (a killed process's kernel
+                # does): membership checks the peer at once instead of at its next probe.
+                self.membership.connection_lost(peer)
 
     async def aclose(self) -> None:
         """Leave the swarm, say goodbye to every peer and stop (also done when ``open_node`` ends)."""

@@ -250,11 +250,24 @@ class MembershipSwarm:
         return added
 
     # ------------------------------------------------------------------ faults
-    def crash(self, peer: PeerID) -> None:
-        """kill -9: the process vanishes (its connections are refused from now on)."""
+    def crash(self, peer: PeerID, *, closes: Iterable[PeerID] = ()) -> None:
+        """kill -9: the process vanishes (its connections are refused from now on).
+
+        ``closes``: running peers that held a connection to it. Its kernel closes those at once
+        (FIN or RST), so each of them learns ``connection_lost`` -- one link latency later in the
+        real world, at once here. Without them nobody is told (a host that lost power, a cable cut).
+        """
         self.net.crash(peer)
         self.peers[peer].faults.append(_Fault(self.net.now))
         self._down.add(peer)
+        for observer in closes:
+            if observer != peer and observer not in self._down:
+                self.lose_connection(observer, peer)
+
+    def lose_connection(self, observer: PeerID, peer: PeerID) -> None:
+        """``observer``'s last connection to ``peer`` closes without a goodbye (as the runtime reports
+        an EOF or reset): whether ``peer``'s process died or only that connection did."""
+        self.call(observer, lambda now: self.peers[observer].machine.connection_lost(now, peer))
 
     def stall(self, peer: PeerID) -> None:
         """SIGSTOP: the process stops running but its connections stay open."""

@@ -253,3 +253,45 @@ def test_one_hostile_member_forging_gossip_removes_no_one_and_fills_no_table() -
     stats = [swarm.peers[p].machine.statistics() for p in honest]
     assert sum(s.bad_signatures for s in stats) > 100  # forged self-claims were checked and refused
     assert sum(s.hints_checked for s in stats) > 0  # verdicts made members look, nothing more
+
+
+# ----------------------------------------------------------------- connection loss (issue 19)
+def test_lan_kill_whose_connections_close_is_failed_by_their_holders_within_milliseconds() -> None:
+    # lan timers (probe 1 s, suspicion 4 s): without the hint a kill -9 takes 5 s or more. The
+    # killed peer's kernel closes its connections; each holder checks at once, directly and through
+    # relays, and fails it on their NACKs -- a few link latencies, no timer.
+    swarm = formed(16, LAN, seed=21, link=LinkProfile(latency_s=0.001, jitter_s=0.001))
+    swarm.net.run_for(5.0)
+    victim = swarm.running()[3]
+    holders = [p for p in swarm.running() if p != victim][:6]  # peers that held a connection to it
+    t0 = swarm.net.now
+    swarm.crash(victim, closes=holders)
+    swarm.net.run_for(0.05)
+    assert all(swarm.peers[h].machine.state_of(victim) is MemberState.FAILED for h in holders)
+    assert sorted(swarm.detection_times(victim, t0))[len(holders) - 1] < 0.05
+    took = swarm.run_until(lambda: swarm.all_see(victim, GONE), timeout_s=30, step_s=0.1)
+    assert took is not None
+    assert swarm.false_suspicions(since=t0) == 0
+    assert sum(swarm.peers[h].machine.statistics().failures_on_loss for h in holders) == len(holders)
+
+
+def test_connections_lost_between_live_peers_fail_no_one() -> None:
+    # Five virtual minutes of connections closing between live members (idle cleanups, dial races,
+    # resets), over jittery, lossy links: every hint starts a check, none may fail anyone.
+    link = LinkProfile(latency_s=0.002, jitter_s=0.010, loss=0.02)
+    swarm = formed(32, LAN, seed=23, link=link)
+    rng = random.Random(29)
+    start = swarm.net.now
+    losses = 0
+    while swarm.net.now - start < 300.0:
+        observer, peer = rng.sample(swarm.running(), 2)
+        swarm.lose_connection(observer, peer)
+        losses += 1
+        swarm.net.run_for(rng.uniform(0.01, 0.2))
+    stats = [swarm.peers[p].machine.statistics() for p in swarm.running()]
+    assert sum(s.connection_losses for s in stats) >= losses * 0.9  # (a few within a probe interval)
+    assert sum(s.failures_on_loss for s in stats) == 0
+    assert not [
+        e for at, _, e in swarm.net.events if at >= start and isinstance(e, PeerFailed) and swarm.healthy_at(e.peer, at)
+    ]
+    assert swarm.converged()

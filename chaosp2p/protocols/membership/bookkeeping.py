@@ -35,7 +35,8 @@ class PingPurpose(enum.IntEnum):
     HEARTBEAT = 1
     """An overlay link's heartbeat: missing it counts against the link as well."""
     CHECK = 2
-    """The direct PING sent beside a check started at once (the driver could not reach the member)."""
+    """The direct PING sent beside a check started at once (the driver could not reach the member,
+    or the member's host closed our last connection to it)."""
     LOOK = 3
     """Our own look at a member after another peer's hint: like a probe, but it leaves awareness
     alone (in a mass failure most looks fail, and that says nothing about our own health)."""
@@ -59,6 +60,8 @@ class MemberRecord:
     """When another peer's SUSPECT/DEAD hint about it first arrived (cleared when it answers us)."""
     hint_checked_at: float = -1e300
     """When a hint last made us look at it ourselves (one look per probe interval)."""
+    loss_checked_at: float = -1e300
+    """When its host closing our connection last started a check (one per probe interval)."""
     hinters: set[PeerID] | None = None
     """Members whose own SUSPECT/DEAD verdict on it (at its current incarnation) reached us from
     them while we held it alive: confirmations, should our own check fail (cleared when it answers)."""
@@ -100,6 +103,13 @@ class ProbeRecord:
     relays: tuple[PeerID, ...] = ()
     nacks: int = 0
     carried_self: int = -1  # the incarnation of our own record the PING carried (-1: none)
+    lost: bool = False
+    """The member's host closed our last connection to it (EOF or reset, no goodbye) before or
+    during this check: the check may end early, on negatives alone (see probing.py)."""
+    unreachable: bool = False
+    """Since ``lost``, the driver failed to reach the member directly (a dial refused, a send failed)."""
+    nacked_by: set[PeerID] | None = None
+    """Relays that answered NACK (a ``lost`` check ends when every current relay is among them)."""
 
 
 @dataclass(slots=True)
@@ -156,6 +166,8 @@ class Counters:
     signatures_verified: int = 0
     verify_limited: int = 0
     hints_checked: int = 0
+    connection_losses: int = 0
+    failures_on_loss: int = 0
     ignored_from_strangers: int = 0
     evicted_unvouched: int = 0
 

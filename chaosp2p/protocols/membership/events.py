@@ -191,6 +191,10 @@ class MembershipStatistics:
     """Claims dropped unchecked because their sender spent its signature-check budget."""
     hints_checked: int = 0
     """Times another peer's SUSPECT/DEAD hint made this peer probe the member itself."""
+    connection_losses: int = 0
+    """Times a member's host closed this peer's last connection to it (EOF or reset, no goodbye)."""
+    failures_on_loss: int = 0
+    """Members failed at once after a connection loss: neither this peer nor any relay could reach them."""
     ignored_from_strangers: int = 0
     """Claims about third parties (or hints) from senders that are not members: ignored."""
     evicted_unvouched: int = 0

@@ -19,7 +19,9 @@ member itself may raise. Three loops drive it, all from ``handle_timeout``:
   stalled peer whose TCP connection stays open -- and an ACK brings it up again (LinkUp). A missed
   heartbeat also starts the same check as a failed SWIM probe, so neighbours detect failures
   first. ``peer_unreachable`` from the driver (connection refused or lost) takes the link down and
-  starts the check at once.
+  starts the check at once; so does ``connection_lost`` (the member's host closed our last
+  connection to it), and that check fails the member as soon as it is conclusive -- the driver
+  cannot reach it and every relay answered NACK -- instead of after a suspicion.
 * **Dissemination.** Membership updates and info records (resources + link summaries, versioned
   by their owner) wait in transmit-limited queues and ride piggyback on every PING/ACK/PING_REQ,
   plus a GOSSIP message to a few random members when there is news. Every
@@ -222,6 +224,20 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             return
         self._note_time(now)
         self._on_unreachable(now, peer)
+
+    def connection_lost(self, now: float, peer: PeerID) -> None:
+        """``peer``'s host closed our last connection to it (EOF or reset, without a goodbye).
+
+        A first-hand hint, never a verdict: it starts a check at once -- a direct PING (the driver
+        dials again) and PING_REQs to ``indirect_probes`` relays -- that ends early, with the
+        member FAILED, only when the driver could not reach it and every relay answered NACK
+        (``probing.py``). Any ACK ends it with the member alive. Call it only when no connection
+        to ``peer`` remains open: another open one shows the process alive.
+        """
+        if self._left or peer == self.local_peer:
+            return
+        self._note_time(now)
+        self._on_connection_lost(now, peer)
 
     # ================================================================== driver API
     def add_contact(self, now: float, peer: PeerID, addrs: Sequence[str]) -> None:
@@ -455,6 +471,8 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             signatures_verified=c.signatures_verified,
             verify_limited=c.verify_limited,
             hints_checked=c.hints_checked,
+            connection_losses=c.connection_losses,
+            failures_on_loss=c.failures_on_loss,
             ignored_from_strangers=c.ignored_from_strangers,
             evicted_unvouched=c.evicted_unvouched,
         )

@@ -19,6 +19,22 @@ hints waiting for the next probe tick -- and if our own check then fails, the su
 the hint. When the driver reports a member unreachable, the check starts at once, beside one direct
 PING in case the member restarted on the same address.
 
+*Connection loss.* When the member's host closed our last connection to it (the driver saw EOF or a
+reset, not a goodbye -- what a kernel does for a killed process), the same check starts at once:
+the direct PING makes the driver dial again and ``indirect_probes`` relays get a PING_REQ in the
+same instant, without waiting for a probe timeout. Any ACK, direct or relayed, ends the check with
+the member alive, as always: a live process whose connection closed for another reason (an idle
+cleanup, a dial race, a middlebox) answers the new dial or the relays. The check ends early when it
+is *conclusive*: the driver could not reach the member since (a dial refused, a send failed) and
+every relay (at least one) answered NACK. Then the member is FAILED at once, without a suspicion:
+a suspicion gives a member time to hear it and refute, and this one can be reached neither by us
+nor by any relay; should it be alive after all, it refutes later with a higher incarnation, as
+after any failure. Short of that (no relays, a relay silent, or a relay's ACK) the check runs as any
+other. A relay that turns out unreachable itself (several processes killed at once) never answers:
+it stops counting and a spare relay, if there is one, is asked in its place. One check per member
+per probe interval starts this way; a member whose connections close more often is checked at the
+usual pace.
+
 A SWIM probe carries our view digests and, until the target has acknowledged our current
 incarnation, our own signed ALIVE record: a member that missed it (gossip has a tail) catches up
 from us directly, and the 66 bytes of a signature are not paid again on every probe.
@@ -110,6 +126,11 @@ class Probing(MembershipCore):
         if probe is not None and sender in probe.relays:
             probe.nacks += 1
             self._counters.nacks_received += 1
+            if probe.nacked_by is None:
+                probe.nacked_by = set()
+            probe.nacked_by.add(sender)  # (a check may turn into a lost one after its NACKs came)
+            if probe.lost:
+                self._conclude(now, probe)
 
     def _on_ping_req(self, now: float, sender: PeerID, msg: PingReq) -> None:
         self._apply_piggyback(now, sender, msg.updates, msg.infos)
@@ -273,6 +294,14 @@ class Probing(MembershipCore):
             link.missed = max(link.missed, self.config.link_down_after_missed)
             if link.up:
                 self._link_down(now, link, "unreachable")
+        check = self._checks.get(peer)
+        probe = self._probes.get(check) if check is not None else None
+        if probe is not None and probe.lost:
+            probe.unreachable = True
+            self._conclude(now, probe)
+        for other in [self._probes.get(seq) for seq in self._checks.values()]:
+            if other is not None and other.lost and peer in other.relays:
+                self._replace_relay(now, other, peer)
         member = self._members.get(peer)
         if member is None or relayed:
             # (A relay's failure is the requester's check; starting our own would cascade.)
@@ -285,3 +314,71 @@ class Probing(MembershipCore):
             updates, infos = self._piggyback(peer)
             self._send(peer, Ping(seq=seq, updates=updates, infos=infos))
             self._start_check(now, probe)
+
+    def _on_connection_lost(self, now: float, peer: PeerID) -> None:
+        # The member's host closed our last connection to it: check it now, directly and through
+        # relays at once (see the module docstring, "Connection loss").
+        member = self._members.get(peer)
+        if member is None or member.state not in _LIVE:
+            return
+        self._counters.connection_losses += 1
+        check = self._checks.get(peer)
+        probe = self._probes.get(check) if check is not None else None
+        if probe is not None:
+            # A check already runs (a missed heartbeat, an earlier loss): it now ends early once
+            # conclusive. Ask directly again, under its seq, so that the driver dials anew.
+            if not probe.lost:
+                probe.lost = True
+                updates, infos = self._piggyback(peer)
+                self._send(peer, Ping(seq=probe.seq, updates=updates, infos=infos))
+            return
+        if now - member.loss_checked_at < self.config.probe_interval_s:
+            return  # a member closing connections faster is checked at the usual pace
+        member.loss_checked_at = now
+        seq = self._next_seq()
+        probe = ProbeRecord(seq=seq, target=peer, sent_at=now, purpose=PingPurpose.CHECK, lost=True)
+        self._probes[seq] = probe
+        updates, infos = self._piggyback(peer)
+        self._send(peer, Ping(seq=seq, updates=updates, infos=infos))
+        self._start_check(now, probe)
+
+    def _replace_relay(self, now: float, probe: ProbeRecord, gone: PeerID) -> None:
+        """A relay of a lost check cannot be reached itself (several processes killed at once): it
+        will never answer, so it stops counting and a spare relay, if any, is asked instead."""
+        relays = [r for r in probe.relays if r != gone]
+        members = self._members
+        spare = [
+            p
+            for p in self._sample_alive(2 * self.config.indirect_probes + 1 + len(probe.relays))
+            if p not in (probe.target, gone)
+            and p not in probe.relays
+            and members[p].introducer is None
+            and members[p].hinted_at is None
+        ]
+        if spare:
+            relays.append(spare[0])
+            updates, infos = self._piggyback(None)
+            self._send(spare[0], PingReq(seq=probe.seq, target=probe.target, updates=updates, infos=infos))
+            self._counters.indirect_probes_sent += 1
+        probe.relays = tuple(relays)
+        self._conclude(now, probe)
+
+    def _conclude(self, now: float, probe: ProbeRecord) -> None:
+        """End a check after a connection loss early if it is conclusive: the driver could not
+        reach the member and every relay (at least one) answered NACK. The member is FAILED."""
+        nacked = probe.nacked_by or set()
+        if not (probe.unreachable and probe.relays and all(r in nacked for r in probe.relays)):
+            return
+        target = probe.target
+        self._probes.pop(probe.seq, None)
+        if self._checks.get(target) == probe.seq:
+            del self._checks[target]
+        self._counters.probes_failed += 1
+        member = self._members.get(target)
+        if member is None or member.state not in _LIVE:
+            return
+        self._counters.failures_on_loss += 1
+        if member.state is _ALIVE:
+            self._counters.suspicions_raised += 1
+            member.suspected_at = now
+        self._fail(now, member, member.incarnation, self.local_peer)

@@ -128,6 +128,7 @@ class ConnectionCore:
         self._ready = anyio.Event()
         self._closed = anyio.Event()
         self._close_reason = ""
+        self._lost = False
         self._control_event = anyio.Event()
         self._pending_windows: dict[int, int] = {}
         self._pending_resets: set[int] = set()
@@ -164,6 +165,13 @@ class ConnectionCore:
         return self._close_reason
 
     @property
+    def closed_by_remote_host(self) -> bool:
+        """True if it closed because the socket reported EOF or a reset while it was open: the
+        remote host closed it (as a killed process's kernel does), without a GOAWAY, and not on
+        our side. The membership service takes that as a reason to check the peer at once."""
+        return self._lost
+
+    @property
     def remote_protocols(self) -> tuple[ProtocolId, ...]:
         """Protocols the remote advertised in its Hello."""
         return self._remote_protocols
@@ -184,6 +192,12 @@ class ConnectionCore:
             self._drop_stream(stream_id)
         if self._task_group is not None:
             self._task_group.cancel_scope.cancel()
+
+    def _mark_lost(self, reason: str) -> None:
+        """Close because the socket reported EOF or a reset (see :attr:`closed_by_remote_host`)."""
+        if not self._closed.is_set():
+            self._lost = True
+        self._mark_closed(reason)
 
     def _drop_stream(self, stream_id: int) -> Stream | None:
         """Forget a stream and give back what it reserved from the receive budget."""

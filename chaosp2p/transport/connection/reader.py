@@ -92,7 +92,11 @@ class RecordReader(Keepalive):
             del self._initial[:count]
             view = view[count:]
         if view:
-            await receive_into(self._sock, view)
+            try:
+                await receive_into(self._sock, view)
+            except ConnectionClosed as exc:  # EOF or a reset: the remote host closed it
+                self._mark_lost(str(exc))
+                raise
 
     async def _read_growing(self, total: int) -> memoryview:
         """Read a record body larger than the receive buffer, doubling the buffer as bytes arrive.

@@ -77,7 +77,7 @@ class RecordWriter(ConnectionCore):
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._mark_closed(f"connection lost: {exc}")
+            self._mark_lost(f"connection lost: {exc}")
             return False
         if sent < len(header) + len(sealed):
             self._unsent = (header + bytes(sealed))[sent:]
@@ -163,8 +163,8 @@ class RecordWriter(ConnectionCore):
             try:
                 with anyio.move_on_after(self.config.dead_connection_timeout_s) as stalled:
                     await send_all(self._sock, buffers)
-            except ConnectionClosed as exc:
-                self._mark_closed(str(exc))
+            except ConnectionClosed as exc:  # a reset or a broken pipe: the remote host closed it
+                self._mark_lost(str(exc))
                 raise
             except anyio.ClosedResourceError:
                 raise ConnectionClosed(f"connection to {self.remote_peer.short()} closed") from None
