@@ -73,9 +73,11 @@ def train_one_process(steps: int, batch: int) -> float:
 def profile_config(name: str, *, fast_failure_detection: bool = False) -> PeerConfig:
     """A built-in profile by name, or a profile file.
 
-    With ``local``, failures are detected with lan timings (seconds, not half a second) unless
-    ``fast_failure_detection``: several training processes on one machine's shared cores miss
-    ``local``'s 50 ms probe deadlines, and every false failure costs the run a removal and a rejoin.
+    With ``local``, failures are detected with lan timings unless ``fast_failure_detection``:
+    several training processes on one machine's shared cores miss ``local``'s 50 ms probe deadlines,
+    and every false failure costs the run a removal and a rejoin. A killed process is failed in
+    about 0.2 s either way (its kernel closes its connections: ``protocols/membership.md`` §4); the
+    fast timers matter only when nothing closes (power loss, SIGSTOP, a partition).
     """
     if name in ("local", "lan", "wan"):
         config = PeerConfig.profile_named(name)
