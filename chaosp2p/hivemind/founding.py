@@ -83,6 +83,10 @@ async def _ask(peer: AsyncPeer, run: str, candidate: PeerID, addrs: list[Multiad
             continue
         except ChaosError:
             return False
+        if info.configuration is None and info.withheld:
+            # A member answered, but this newcomer does not believe it yet (it waits for its trusted
+            # initial peers, e.g. a DHT-only monitor, to decline first): ask again, never found.
+            continue
         return info.configuration is not None
     return None
 

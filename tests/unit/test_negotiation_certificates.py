@@ -304,6 +304,9 @@ def test_a_newcomer_whose_trusted_peers_are_no_members_falls_back_to_the_first_m
         net.deliver()
         infos = [e for e in net.take(newcomer) if type(e).__name__ == "RunInfo" and e.from_peer == a]
         assert infos and (infos[-1].configuration is not None) is expect_config
+        # The refused answer says so: a caller (the hivemind drop-in's founding) must ask again,
+        # not take it for "no such run" and found a second run under the same name.
+        assert infos[-1].withheld == ("" if expect_config else "untrusted")
 
 
 def _turned_over(current: Configuration, signers: list[Identity], *, epochs_ahead: int) -> SyncReply:

@@ -115,6 +115,10 @@ class RunInfo:
     configuration: Configuration | None
     step: int
     from_peer: PeerID
+    withheld: str = ""
+    """Why a configuration ``from_peer`` sent was not believed (e.g. ``"untrusted"``: this newcomer
+    waits for its trusted peers first); empty if it sent none or it was believed. A withheld answer
+    is no "not a member": ask again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

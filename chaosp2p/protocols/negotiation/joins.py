@@ -161,6 +161,7 @@ class Joins(MachineCore):
             self._reject(msg.run, "unsolicited", sender)
             return
         config: Configuration | None = None
+        withheld = ""
         if msg.configuration:
             try:
                 config = decode_configuration(
@@ -180,12 +181,15 @@ class Joins(MachineCore):
             elif (reason := self._believe(msg.run, sender, config, msg.certificate, previous)) is not None:
                 self._reject(msg.run, reason, sender)
                 config = None
+                withheld = reason
         if config is None and not msg.configuration and sender.raw in self._trusted:
             declined = self._declined.setdefault(msg.run, set())
             if len(self._declined) > _MAX_ANCHORS:
                 del self._declined[next(iter(self._declined))]
             declined.add(sender.raw)
-        self._events.append(RunInfo(run=msg.run, configuration=config, step=msg.step, from_peer=sender))
+        self._events.append(
+            RunInfo(run=msg.run, configuration=config, step=msg.step, from_peer=sender, withheld=withheld)
+        )
         rec = self._runs.get(msg.run)
         join = None if rec is None else rec.join
         if rec is None or join is None or rec.state is not RunState.JOINING or msg.request_id != join.request_id:
