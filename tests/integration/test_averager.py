@@ -64,13 +64,19 @@ class Swarm:
 
 
 @asynccontextmanager
-async def swarm(count: int, *, configs: Sequence[AveragerConfig] = ()) -> AsyncIterator[Swarm]:
+async def swarm(
+    count: int,
+    *,
+    configs: Sequence[AveragerConfig] = (),
+    peer_config: Callable[[int], PeerConfig] = lambda _index: PeerConfig.local(),
+) -> AsyncIterator[Swarm]:
     """``count`` connected peers, each with an averager (``configs[i]`` for the i-th, by default
-    ``CONFIG``) that expects contributions to run ``run`` from all of them."""
+    ``CONFIG``) that expects contributions to run ``run`` from all of them; ``peer_config(i)`` is
+    called right before the i-th node opens."""
     async with AsyncExitStack() as stack:
         members = []
         for index in range(count):
-            node = await stack.enter_async_context(open_node(PeerConfig.local()))
+            node = await stack.enter_async_context(open_node(peer_config(index)))
             config = configs[index] if index < len(configs) else CONFIG
             members.append(Member(node, Averager(node.host, node.clock, config=config)))
         peers = frozenset(m.peer for m in members)

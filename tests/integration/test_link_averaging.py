@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-import anyio
 import numpy as np
 import pytest
 
@@ -23,13 +22,11 @@ from chaosp2p.errors import RoundAborted
 from chaosp2p.protocols.averaging.link_plan import link_bandwidths
 from chaosp2p.protocols.negotiation.run_configuration import LinkEntry
 from chaosp2p.runtime.config import PeerConfig
-from chaosp2p.runtime.node import open_node
-from chaosp2p.training.averager import Averager
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.shaper import LINK_RULES_ENV, LinkRule, write_link_rules
 
 from ..conditions import eventually
-from .test_averager import CONFIG, Member, Swarm, make_buffers, reduce_call, run_all, tag, weighted_mean
+from .test_averager import CONFIG, Member, Swarm, make_buffers, reduce_call, run_all, swarm, tag, weighted_mean
 
 pytestmark = pytest.mark.anyio
 
@@ -42,28 +39,19 @@ def _rewrite(path: Path, rules: dict[str, LinkRule], generation: int) -> None:
 @asynccontextmanager
 async def shaped_swarm(count: int, folder: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Swarm]:
     """``count`` connected averagers, each host reading its own (empty) link rules file."""
-    async with AsyncExitStack() as stack:
-        members = []
-        for index in range(count):
-            rules = folder / f"rules-{index}.json"
-            _rewrite(rules, {}, 1)
-            monkeypatch.setenv(LINK_RULES_ENV, str(rules))
-            # A cut connection is not closed as dead during the test (the transport would after
-            # dead_connection_timeout_s): what ends the round is the averager's own ping.
-            transport = dataclasses.replace(TransportConfig.local(), dead_connection_timeout_s=120.0)
-            node = await stack.enter_async_context(open_node(PeerConfig.local(transport=transport)))
-            members.append(Member(node, Averager(node.host, node.clock, config=CONFIG)))
+
+    def shaped(index: int) -> PeerConfig:
+        rules = folder / f"rules-{index}.json"
+        _rewrite(rules, {}, 1)
+        monkeypatch.setenv(LINK_RULES_ENV, str(rules))  # read by the host as it opens
+        # A cut connection is not closed as dead during the test (the transport would after
+        # dead_connection_timeout_s): what ends the round is the averager's own ping.
+        transport = dataclasses.replace(TransportConfig.local(), dead_connection_timeout_s=120.0)
+        return PeerConfig.local(transport=transport)
+
+    async with swarm(count, configs=[CONFIG] * count, peer_config=shaped) as s:
         monkeypatch.delenv(LINK_RULES_ENV)
-        peers = frozenset(m.peer for m in members)
-        for member in members:
-            member.averager.expect_run("run", peers.__contains__)
-        for i, a in enumerate(members):
-            for b in members[i + 1 :]:
-                await a.node.connect(b.node.addrs[0])
-        with anyio.fail_after(10):
-            for member in members:
-                await member.node.wait_connected(count - 1)
-        yield Swarm(members, stack)
+        yield s
 
 
 async def _cut(s: Swarm, folder: Path, a: Member, b: Member) -> None:

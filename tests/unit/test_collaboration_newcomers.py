@@ -31,6 +31,7 @@ from chaosp2p.state.snapshot import SnapshotStore  # noqa: E402
 from chaosp2p.state.torch_adapter import flatten_torch, publish_torch  # noqa: E402
 from chaosp2p.training.flat import FlatParameters, parameter_digest  # noqa: E402
 from chaosp2p.training.joining import QUERY_RUN_TIMEOUT_S  # noqa: E402
+from chaosp2p.wire.identity import PeerID  # noqa: E402
 from chaosp2p.wire.multiaddr import Multiaddr  # noqa: E402
 from tests.conditions import eventually  # noqa: E402
 from tests.unit.fake_port import HOLD, RUN, FakePort, FakeStream, Rig, configuration, identities, rig  # noqa: E402
@@ -100,6 +101,32 @@ SNAPSHOT_STEP = 6  # the sponsor completed step 4; a newcomer asks for snapshot_
 ADMITTED_AT = 9
 
 
+def _offer_snapshot(
+    r: Rig, model: Any, optimizer: Any, members: list[PeerID], *, bytes_by_source: tuple[tuple[PeerID, int], ...]
+) -> Any:
+    """The members' state at SNAPSHOT_STEP, loadable through the fake port as a store publishes it,
+    and an address for each member; the published snapshot's info."""
+    info = publish_torch(SnapshotStore(), RUN, SNAPSHOT_STEP, model, optimizer)
+    completed = Completed(
+        run=RUN,
+        step=SNAPSHOT_STEP,
+        digest=info.digest,
+        manifest=info.manifest,
+        elapsed_s=0.1,
+        bytes_by_source=bytes_by_source,
+    )
+    r.port.loadable[(RUN, SNAPSHOT_STEP)] = LoadedState(
+        run=RUN,
+        step=SNAPSHOT_STEP,
+        state=flatten_torch(model, optimizer),
+        completed=completed,
+        result=None,  # type: ignore[arg-type]  # the collaboration reads the state and the counts only
+    )
+    for i, member in enumerate(members):
+        r.port.addresses[member] = [Multiaddr.parse(f"/ip4/10.0.0.{i + 1}/tcp/4001")]
+    return info
+
+
 async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_and_is_admitted() -> None:
     r = _rig(snapshot_ahead_steps=2, join_lag_steps=2)
     m1, m2, liar = identities(3, base=140)
@@ -112,24 +139,9 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
     with torch.no_grad():
         for p in member_model.parameters():
             p.add_(0.5)
-    info = publish_torch(SnapshotStore(), RUN, SNAPSHOT_STEP, member_model, member_optimizer)
-    completed = Completed(
-        run=RUN,
-        step=SNAPSHOT_STEP,
-        digest=info.digest,
-        manifest=info.manifest,
-        elapsed_s=0.1,
-        bytes_by_source=((m1.peer_id, 100), (m2.peer_id, 60)),
+    info = _offer_snapshot(
+        r, member_model, member_optimizer, members, bytes_by_source=((m1.peer_id, 100), (m2.peer_id, 60))
     )
-    r.port.loadable[(RUN, SNAPSHOT_STEP)] = LoadedState(
-        run=RUN,
-        step=SNAPSHOT_STEP,
-        state=flatten_torch(member_model, member_optimizer),
-        completed=completed,
-        result=None,  # type: ignore[arg-type]  # the collaboration reads the state and the counts only
-    )
-    for i, member in enumerate(members):
-        r.port.addresses[member] = [Multiaddr.parse(f"/ip4/10.0.0.{i + 1}/tcp/4001")]
 
     # The sponsor streams the updates of steps 5..8 (5 and 6 precede the snapshot), then stays open.
     updates = {step: np.full(numel, step / 10, dtype=np.float32) for step in range(5, 9)}
@@ -203,19 +215,7 @@ def _stage_a_join_whose_catch_up_overflows(r: Rig) -> Any:
     held = configuration(members, epoch=1, global_batch=12)
     numel = r.collab.numel
     member_model, member_optimizer = _model()
-    info = publish_torch(SnapshotStore(), RUN, SNAPSHOT_STEP, member_model, member_optimizer)
-    completed = Completed(
-        run=RUN, step=SNAPSHOT_STEP, digest=info.digest, manifest=info.manifest, elapsed_s=0.1, bytes_by_source=()
-    )
-    r.port.loadable[(RUN, SNAPSHOT_STEP)] = LoadedState(
-        run=RUN,
-        step=SNAPSHOT_STEP,
-        state=flatten_torch(member_model, member_optimizer),
-        completed=completed,
-        result=None,  # type: ignore[arg-type]  # the collaboration reads the state and the counts only
-    )
-    for i, member in enumerate(members):
-        r.port.addresses[member] = [Multiaddr.parse(f"/ip4/10.0.0.{i + 1}/tcp/4001")]
+    info = _offer_snapshot(r, member_model, member_optimizer, members, bytes_by_source=())
     from chaosp2p.protocols.collab.ticket import issue_ticket
 
     ticket = issue_ticket(m1, run=RUN, newcomer=r.port.peer_id, until_step=4 + 16)
@@ -437,6 +437,7 @@ def test_the_refusal_is_the_protocols() -> None:
     from chaosp2p.protocols.collab.ticket import NOT_A_MEMBER as SPEC_REASON
 
     assert SPEC_REASON == NOT_A_MEMBER
+
 
 async def test_a_snapshot_request_from_outside_the_run_is_refused_before_anything_is_waited_for() -> None:
     """Issue 20, finding 11: a SnapshotRequest from anyone made a member snapshot its state and serve it."""
