@@ -158,15 +158,14 @@ class NegotiationService:
         local = self.machine.local_peer
         if peer == local or peer in self._gone or config is None or not config.has_member(peer):
             return False
-        fresh = self.link_watch.failed(peer, self._clock.now())
-        agreed = config.link(local, peer)
-        if not fresh and agreed is not None and not agreed.up:
-            return False  # declared, and agreed: the plan already goes around it
-        # Fresh, or declared but not agreed yet (a LINK_DOWN lost or still pending): (re)raise it.
+        self.link_watch.failed(peer, self._clock.now())  # counts the flap, starts the probes
         self._link_changes.pop(peer, None)
-        log.warning("run %r: no exchange with %s in a round (alive to the others): declaring the link down", run, peer)
-        self.driver.call(lambda now: self.machine.link_changed(now, local, peer, up=False))
-        return True
+        # The machine raises it unless the run already agrees the link is down (a LINK_DOWN lost or
+        # still pending is raised again).
+        raised = self.driver.call(lambda now: self.machine.link_changed(now, local, peer, up=False))
+        if raised:
+            log.warning("run %r: no exchange with %s in a round (alive to the others): link declared down", run, peer)
+        return bool(raised)
 
     async def _probe_links(self) -> None:
         """Probe the links declared down first-hand; LINK_UP once one held for its required time."""

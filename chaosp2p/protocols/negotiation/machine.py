@@ -375,12 +375,16 @@ class NegotiationMachine(PaxosRoles, Learning):
 
     def link_changed(
         self, now: float, a: PeerID, b: PeerID, *, up: bool, bandwidth_bytes_per_s: float = 0.0, rtt_s: float = 0.0
-    ) -> None:
-        """A link between ``a`` and ``b`` (one of them us) went up/down or changed its figures."""
+    ) -> int:
+        """A link between ``a`` and ``b`` (one of them us) went up/down or changed its figures.
+
+        Returns how many runs got a LINK_UP/LINK_DOWN raised (0: every run already agrees, or the
+        link is no pair of members of any)."""
         if a == b or self.local_peer not in (a, b):
-            return
+            return 0
         if a.raw > b.raw:
             a, b = b, a
+        raised = 0
         for rec in list(self._runs.values()):
             config = rec.config
             if rec.state not in MEMBER_STATES or config is None:
@@ -409,6 +413,8 @@ class NegotiationMachine(PaxosRoles, Learning):
                 bandwidth_bytes_per_s=bandwidth_bytes_per_s if up else 0.0,
                 rtt_s=rtt_s if up else 0.0,
             )
+            raised += 1
+        return raised
 
     def set_throughput(self, now: float, run: str, samples_per_s: float) -> None:
         """This peer's training rate; a change beyond ``rebalance_threshold`` is negotiated."""
