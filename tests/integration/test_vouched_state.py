@@ -11,6 +11,7 @@ from a member that vouched for it, and hold parameters bit-identical to the memb
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -53,12 +54,12 @@ class LyingCollaboration(AsyncCollaboration):
     lied_about: list[int]
 
     async def handle_snapshot_request(self, request: SnapshotRequest) -> SnapshotReply:
-        weight = next(iter(self.model.parameters()))
-        saved = weight.detach().clone()
-        with torch.no_grad():  # a different state; the live model is restored exactly, no await between
-            weight.add_(0.25)
-            info = publish_torch(self.service.store, self.run, request.step, self.model, self.optimizer)
-            weight.copy_(saved)
+        # The lie is built on a copy: the live model may be mid-step in a worker thread (the optimizer
+        # steps off the event loop), so touching it here would make the liar's own training diverge.
+        model, optimizer = copy.deepcopy((self.model, self.optimizer))
+        with torch.no_grad():
+            next(iter(model.parameters())).add_(0.25)
+        info = publish_torch(self.service.store, self.run, request.step, model, optimizer)
         if not self._serving:
             await self.port.serve_state(self.service.store, runs=[self.run])
             self._serving = True

@@ -8,6 +8,9 @@
   first step (handing it only the newest left it with none for the steps before that
   configuration's activation step, which the members count on it for: the run stalled).
 * A delayed or duplicated COMMIT of an earlier admission does not admit a peer that rejoins.
+* Two newcomers asking a run of one at once are both admitted at once: the second is handed a
+  configuration two epochs past its anchor and catches up from its sponsor (it used to wait for its
+  retry: in the real-process test the members had STALLed it by then).
 """
 
 from __future__ import annotations
@@ -217,3 +220,13 @@ def test_a_stale_commit_of_an_earlier_admission_does_not_admit_a_rejoining_peer(
     assert state(net, newcomer) is RunState.STABLE
     final = conf(net, members[0])
     assert conf(net, newcomer).digest == final.digest and final.incarnation_of(newcomer) == 2
+
+
+def test_two_newcomers_asking_a_run_of_one_at_once_are_both_admitted_without_a_retry() -> None:
+    net, (founder,), newcomers = make_net(1, extra=2)
+    for newcomer in newcomers:
+        net.call(newcomer, lambda m, now: m.request_join(now, RUN, founder, incarnation=1, throughput=1.0))
+    net.deliver()  # no time passes: the retry timer (join_retry_s) cannot be what admits either
+    assert [state(net, p) for p in newcomers] == [RunState.STABLE, RunState.STABLE]
+    assert conf(net, founder).epoch == 2 and len(conf(net, founder).peers) == 3
+    assert conf(net, newcomers[0]).digest == conf(net, newcomers[1]).digest == conf(net, founder).digest

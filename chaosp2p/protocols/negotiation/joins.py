@@ -36,7 +36,7 @@ from chaosp2p.protocols.negotiation.messages import (
 )
 from chaosp2p.protocols.negotiation.messages import JoinRefused as JoinRefusedMessage
 from chaosp2p.protocols.negotiation.operations import OpKind, op_id, sign_operation
-from chaosp2p.protocols.negotiation.paxos import RunRecord, coordinator
+from chaosp2p.protocols.negotiation.paxos import REPLY_EXPECTED, RunRecord, coordinator
 from chaosp2p.protocols.negotiation.run_configuration import Configuration
 from chaosp2p.protocols.negotiation.transitions import MEMBER_STATES, RunEvent, RunState, transition
 from chaosp2p.wire.identity import PeerID
@@ -229,7 +229,7 @@ class Joins(MachineCore):
         self._send(sender, request)
         # A member that already admitted us answers with a snapshot (SYNC_REPLY): expect one.
         rec.sync_asked.pop(sender.raw, None)
-        rec.sync_asked[sender.raw] = config.epoch + 1
+        rec.sync_asked[sender.raw] = REPLY_EXPECTED
         # The epoch's coordinator proposes at once, without phase 1, when it holds the JOIN: a copy
         # to it saves the sponsor's announcement hop (the sponsor still announces it, in case the
         # coordinator is down; the duplicate is recognised by its op id).

@@ -41,9 +41,7 @@ from chaosp2p.protocols.negotiation.operations import (
     OpKind,
     op_id,
 )
-from chaosp2p.protocols.negotiation.paxos import (
-    RunRecord,
-)
+from chaosp2p.protocols.negotiation.paxos import REPLY_EXPECTED, RunRecord
 from chaosp2p.protocols.negotiation.run_configuration import MAX_OP_AGE_EPOCHS, Configuration
 from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
@@ -483,8 +481,11 @@ class Learning(Joins):
             reason = certified_forward(self._sigs, known, config, certificate, before, me=self.local_peer)
             if reason is not None:
                 self._reject(rec.run, reason, sender)
-                if config.epoch > known.epoch + 1 and sender.raw not in rec.sync_asked:
-                    self._request_sync(rec, sender)  # the commits between our anchor and it prove it
+                # The commits between our anchor and it prove it. Asked once per sender: the entry
+                # our JOIN left for the sponsor is no request (a second newcomer admitted together
+                # with another is handed a configuration two epochs past its anchor, by the sponsor).
+                if config.epoch > known.epoch + 1 and rec.sync_asked.get(sender.raw, REPLY_EXPECTED) == REPLY_EXPECTED:
+                    self._request_sync(rec, sender)
                 return
             self._admit(now, rec, config, (sender, certificate))
             return

@@ -100,6 +100,12 @@ class JoinRecord:
     """The current attempt's sponsor answered (RUN_INFO or a refusal)."""
 
 
+REPLY_EXPECTED = 0
+"""``RunRecord.sync_asked`` value of a sponsor we sent a JOIN: a member that already admitted us
+answers it with a SYNC_REPLY, which we read, but we have asked it for no commits (real requests
+start at epoch 1 or later, so a catch-up is still asked of it when its COMMIT needs one)."""
+
+
 @dataclass(slots=True)
 class RunRecord:
     """Everything this peer knows about one run."""
@@ -136,7 +142,8 @@ class RunRecord:
     accepted_signature: bytes = b""
     """Our signature over the acceptance statement of (accepted_ballot, C_{e+1}'s digest)."""
     sync_asked: dict[bytes, int] = field(default_factory=dict)
-    """Peers we sent a SYNC_REQUEST (raw id -> from epoch): only their SYNC_REPLY is read."""
+    """Peers we sent a SYNC_REQUEST (raw id -> from epoch): only their SYNC_REPLY is read. A
+    newcomer's sponsor is entered as ``REPLY_EXPECTED`` (no catch-up asked of it yet)."""
     unverifiable_from: set[bytes] = field(default_factory=set)
     """Members of ``config`` whose newer snapshot we could not tie to it (learning._lost)."""
     proposer: ProposerRecord = field(default_factory=ProposerRecord)
