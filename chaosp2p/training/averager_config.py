@@ -28,8 +28,12 @@ class AveragerConfig:
     max_pending_streams: int = 64
     """Early contributions held at once. Each holds at most the transport's initial stream window
     (256 KiB by default) of bytes, because its window is raised only once its round starts."""
-    max_epochs_ahead: int = 1
-    """Only contributions for rounds at most this many epochs ahead of ours are held."""
+    max_epochs_ahead: int = 8
+    """Only contributions for rounds at most this many epochs ahead of ours are held. Several
+    changes may be decided within one step and govern the next one (two LINK_UPs a few ms apart
+    were seen): a member one step ahead can then be two or more epochs ahead, and refusing its
+    contribution made it retry as the next attempt while the others waited for it in this one.
+    What is held stays bounded by ``max_pending_streams`` and ``max_steps_ahead``."""
     max_steps_ahead: int = 2
     """... and at most this many steps ahead."""
     abort_notice_timeout_s: float = 1.0

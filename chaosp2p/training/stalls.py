@@ -11,7 +11,9 @@ round waits for it for the round timeout -- the bounded wait derived from the me
 then aborts. A member whose aborted round waited at least ``STALL_MIN_WAIT_FRACTION`` of that wait
 without receiving *anything* from a member (not even a contribution header: see
 :func:`chaosp2p.training.waiting.silent_contributors`; a slow link delivers part of one and is
-never taken for a stall) signs a STALL of it (``protocols/negotiation.md`` §3c). Like a FAIL, a
+never taken for a stall) signs a STALL of it (``protocols/negotiation.md`` §3c). Only an owner of a
+non-empty shard has such evidence: nobody contributes to an empty shard, and the results its owner
+waits for are late whenever anyone is (the ends of a cut link own nothing). Like a FAIL, a
 STALL removes its subject only once FAIL_SIGNERS (2) distinct members signed a FAIL or STALL of it,
 so no member alone removes a live, contributing one; the batch is urgent, so the others redo the
 stuck step without it, and every member averages each step over the same participants (the

@@ -90,7 +90,13 @@ def waiting_of(round_: RoundState) -> Waiting:
 
 def silent_contributors(round_: RoundState) -> frozenset[PeerID]:
     """Members from which not even a contribution header reached this member's shard: they did
-    not take part in the round at all (as opposed to a slow link, which delivers part of one)."""
+    not take part in the round at all (as opposed to a slow link, which delivers part of one).
+
+    Nobody, if this member owns an empty shard: nobody contributes to it, and the owners' results
+    it waits for are late whenever any contributor is, so its silence proves nothing about anyone
+    (the two ends of a cut link own nothing and had signed STALLs of the owners: issue 19)."""
+    if not round_.shard.size:
+        return frozenset()
     return frozenset(peer for peer in round_.members if peer != round_.me and peer not in round_.inbound)
 
 

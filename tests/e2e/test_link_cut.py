@@ -100,9 +100,9 @@ def test_four_processes_train_on_with_equal_digests_after_a_permanent_cut(tmp_pa
         assert len(late) >= 10, f"{peer} stopped training after the cut"
         if late[-1]["members"] != 4:
             short.append(f"{peer}: {late[-1]}")
-    if short and any(o.get("event") == "operation" and o.get("kind") == "stall" for o in operations):
-        # Known, not fixed (issue 19 note): in about one run in two under load, two members sign a
-        # STALL of an end of the cut some rounds after the LINK_DOWN, and it is still rejoining at
-        # the end. Training and digests are checked above; only "all four at the end" is open.
-        pytest.xfail(f"an end of the cut was removed by STALL after the LINK_DOWN: {short}")
+    # Nobody is removed: in about one run in two, two members used to STALL an end of the cut (or
+    # an owner) some rounds after the LINK_DOWN. Causes, fixed: membership's overlay raised no-op
+    # LINK_UPs, two epochs governed one step, a contribution two epochs ahead was refused (attempts
+    # desynchronised), and members owning an empty shard signed STALLs of the owners they waited on.
+    # (A STALL alone is not asserted against: on a loaded 2-core machine a real 2 s pause can happen.)
     assert not short, short

@@ -299,6 +299,33 @@ async def test_a_member_ahead_makes_the_others_raise_round_mismatch() -> None:
         assert outcomes[1][0] == "error"
 
 
+async def test_a_contribution_one_step_and_two_epochs_ahead_waits_for_its_round() -> None:
+    # Two changes decided within one step both govern the next one (seen with two LINK_UPs a few
+    # ms apart): the member first at that step is two epochs ahead of the others' last round. Its
+    # contribution must wait for their round, not be refused (it then retried as attempt 1 while
+    # the others waited for it in attempt 0, and members were STALLed).
+    async with swarm(3) as s:
+        members = s.by_peer()
+        first = make_buffers(3, 10_000, seed=11)
+        outcomes = await run_all([reduce_call(s, m, first[i], round_tag=tag(5)) for i, m in enumerate(members)])
+        assert all(kind == "ok" for kind, _ in outcomes), outcomes
+        second = make_buffers(3, 10_000, seed=12)
+        expected = weighted_mean(second, [1.0, 1.0, 1.0])
+        ahead = tag(6, epoch=2, digest=b"config-2")
+
+        def late(index: int) -> Callable[[], Any]:
+            async def call() -> RoundStats:
+                await eventually(lambda: members[index].averager.statistics().early_contributions_waiting >= 1)
+                return await reduce_call(s, members[index], second[index], round_tag=ahead)()
+
+            return call
+
+        outcomes = await run_all([late(0), reduce_call(s, members[1], second[1], round_tag=ahead), late(2)])
+        assert all(kind == "ok" for kind, _ in outcomes), outcomes
+        for buffer in second:
+            np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-6)
+
+
 async def test_a_member_that_disappears_mid_round_is_named_without_waiting_for_the_timeout() -> None:
     async with swarm(4) as s:
         members = s.by_peer()

@@ -3,14 +3,18 @@ the run redo the stuck step (``protocols/negotiation.md`` section 3b). Pure func
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from chaosp2p.protocols.negotiation import NegotiationMachine
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.negotiation.configuration_change import check_operation
 from chaosp2p.protocols.negotiation.link_watch import LinkWatch, LinkWatchConfig
 from chaosp2p.protocols.negotiation.operations import Operation, OpKind, sign_operation
 from chaosp2p.protocols.negotiation.paxos import activation_step, breaks_plan, link_down_supersedes
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, LinkEntry, RunParams, make_configuration
+from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity
 
 IDS = sorted((Identity.from_seed(bytes([i + 1]) * 32) for i in range(4)), key=lambda i: i.peer_id.raw)
@@ -130,3 +134,27 @@ def test_a_link_down_supersedes_a_later_configuration_unless_that_one_brought_a_
     flap = [link_op(0, OpKind.LINK_DOWN, 0, 1)]
     assert not link_down_supersedes(flap, pending, flapped_previous)
     assert step_of(flap, pending, flapped_previous) == 30
+
+
+# ------------------------------------------------------------------ LINK_UP from membership
+def test_a_link_up_of_a_pair_never_reported_down_and_without_figures_raises_nothing() -> None:
+    # Membership's overlay re-wiring reported a burst of links up; each raised a LINK_UP that changed
+    # no plan but moved the run two epochs within one step (issue 19's STALL after a cut).
+    net = ManualNet(
+        NegotiationMachine(identity=i, config=NegotiationConfig.local(), rng=random.Random(k), now=0.0)
+        for k, i in enumerate(IDS[:3])
+    )
+    a, b, c = P[:3]
+    net.call(a, lambda m, now: m.create_run(now, "r", params=RunParams(global_batch=8)))
+    for p in (b, c):
+        net.call(p, lambda m, now: m.request_join(now, "r", a, incarnation=1, throughput=1.0))
+        net.deliver()
+    machine = net.machines[a]
+    epoch = machine.configuration("r").epoch  # type: ignore[union-attr]
+    assert machine.link_changed(net.now, a, b, up=True, rtt_s=0.001) == 0
+    # A figure to record, or a pair the run holds down, is raised as before.
+    assert machine.link_changed(net.now, a, b, up=True, bandwidth_bytes_per_s=5e6) == 1
+    assert machine.link_changed(net.now, a, c, up=False) == 1
+    net.advance(0.5)
+    assert machine.configuration("r").epoch > epoch  # type: ignore[union-attr]
+    assert machine.link_changed(net.now, a, c, up=True) == 1

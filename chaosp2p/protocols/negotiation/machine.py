@@ -393,6 +393,8 @@ class NegotiationMachine(PaxosRoles, Learning):
                 continue
             existing = config.link(a, b)
             if up:
+                if existing is None and bandwidth_bytes_per_s == 0:
+                    continue  # never reported down is usable already; a LINK_UP would change no plan
                 if existing is not None and existing.up:
                     old = existing.bandwidth_bytes_per_s
                     if old > 0 and abs(bandwidth_bytes_per_s - old) <= self.config.link_change_threshold * old:
