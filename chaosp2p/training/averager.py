@@ -94,7 +94,7 @@ from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
 from chaosp2p.training.pair_watch import watch_pairs
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
-from chaosp2p.training.waiting import Waiting, log_waits, silent_contributors, waiting_of
+from chaosp2p.training.waiting import Waiting, frozen_contributors, log_waits, silent_contributors, waiting_of
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
@@ -384,6 +384,7 @@ class Averager:
     async def _watchdog(self, round_: RoundState, timeout_s: float) -> None:
         await anyio.sleep(timeout_s)
         round_.timed_out = True
+        round_.received_at_timeout = round_.partial()
         direct = round_.undelivered()
         log.info("round %s timed out after %.1f s; own shard lacks %s", round_.tag, timeout_s, _names(direct))
         # Tell our contributors first, so that they can name the same culprits as we do.
@@ -589,7 +590,10 @@ class Averager:
                 stream.reset()
         del self._active[round_.tag.run]
         if round_.failure is not None and round_.failure[0] == "aborted":
-            self._silent[round_.tag.run] = (round_.tag, silent_contributors(round_), self.clock.now() - round_.started)
+            silent = silent_contributors(round_)
+            if round_.received_at_timeout:
+                silent |= await frozen_contributors(round_, self.host, self.config.pair_probe_timeout_s)
+            self._silent[round_.tag.run] = (round_.tag, silent, self.clock.now() - round_.started)
         self._finished[round_.tag] = notice
         self._unreachable[round_.tag.run] = (round_.tag, frozenset(round_.unreachable - {round_.me}))
         while len(self._finished) > self.config.history_rounds:

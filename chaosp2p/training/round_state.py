@@ -107,6 +107,10 @@ class RoundState:
         self.failure: tuple[FailureKind, frozenset[PeerID], str] | None = None
         self.scope = anyio.CancelScope()
         self.timed_out = False
+        self.received_at_timeout: dict[PeerID, int] = {}
+        """Contributors whose contribution was partly in when the round timed out, with the elements
+        delivered then: one that delivers nothing more until the round ends was stopped mid-send
+        (SIGSTOP), not slowed by a link (``waiting.frozen_contributors``)."""
         self.refused_by: dict[PeerID, str] = {}
         """Owners that refused our contribution, with their reason."""
         self.unusable: dict[PeerID, str] = {}
@@ -205,6 +209,14 @@ class RoundState:
         if header.payload_bytes != expected:
             return f"payload of {header.payload_bytes} bytes, expected {expected}"
         return None
+
+    def partial(self) -> dict[PeerID, int]:
+        """Contributors whose contribution to our shard started but is not complete: elements in."""
+        return {
+            peer: inbound.received
+            for peer, inbound in self.inbound.items()
+            if inbound.values is not None and not inbound.failed and inbound.received < len(inbound.values)
+        }
 
     def undelivered(self) -> frozenset[PeerID]:
         """Contributors whose contribution to our shard is not (completely) in."""

@@ -21,9 +21,11 @@ agreed configuration's). When the removed member calls ``step()`` again, the run
 removed (``RunRemoved``) and it rejoins as a newcomer, pulling the state (what it missed is not
 replayed, however little: a rejoin is the one path).
 
-A member stopped in the middle of sending its contribution took part in that round (part of it
-arrived) and is signed against from the next attempt on, which it misses entirely; until then
-membership's failure detector may have removed it already (a FAIL, the same two-signer rule).
+A member stopped in the middle of sending its contribution (part of it arrived) is signed against
+in the same attempt if nothing more of it arrived between the round's timeout and its end and it
+does not answer a ping on its connection (:func:`chaosp2p.training.waiting.frozen_contributors`):
+a slow link keeps delivering and a live process answers. Until then membership's failure detector
+may have removed it already (a FAIL, the same two-signer rule).
 
 A member admitted for this very step is not signed against in the step's first round: it may be
 finishing its catch-up (it loaded the state before asking to be admitted, so one round's wait is
