@@ -92,9 +92,9 @@ from chaosp2p.protocols.averaging.plan import Shard, plan_shards
 from chaosp2p.protocols.averaging.shard_reduce import all_finite, decode, storage_dtype
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
-from chaosp2p.training.pair_watch import watch_pairs
+from chaosp2p.training.pair_watch import unanswered, watch_pairs
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
-from chaosp2p.training.waiting import Waiting, frozen_contributors, log_waits, silent_contributors, waiting_of
+from chaosp2p.training.waiting import Waiting, log_waits, silent_contributors, waiting_of
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
@@ -165,7 +165,7 @@ class Averager:
         self._pending: dict[RoundTag, dict[PeerID, Inbound]] = {}
         self._finished: OrderedDict[RoundTag, Result] = OrderedDict()
         self._scratch: dict[str, np.ndarray] = {}
-        self._silent: dict[str, tuple[RoundTag, frozenset[PeerID], float]] = {}
+        self._silent: dict[str, tuple[RoundTag, frozenset[PeerID], float, frozenset[PeerID]]] = {}
         self._completed = 0
         self._failed = 0
         self._excluded_here = 0
@@ -265,6 +265,19 @@ class Averager:
         if last is None or last[0] != tag:
             return frozenset(), 0.0
         return last[1], last[2]
+
+    async def stopped_in(self, tag: RoundTag) -> frozenset[PeerID]:
+        """Of the aborted round ``tag`` here: contributors stopped in the middle of their contribution.
+
+        Part of it reached our shard (so :meth:`silent_in` does not name them), and now they do not
+        answer a ping on their connection within ``pair_probe_timeout_s``. A slow link delivers part
+        of a contribution too, but its sender is alive and answers; a SIGSTOPped process does not
+        (its kernel still holds the connection). Pings only when asked: it takes up to that long.
+        """
+        last = self._silent.get(tag.run)
+        if last is None or last[0] != tag or not last[3]:
+            return frozenset()
+        return await unanswered(self.host, last[3], self.config.pair_probe_timeout_s)
 
     def unreachable(self, tag: RoundTag) -> frozenset[PeerID]:
         """The peers round ``tag`` (the last of its run here) could not exchange with, first-hand.
@@ -384,7 +397,6 @@ class Averager:
     async def _watchdog(self, round_: RoundState, timeout_s: float) -> None:
         await anyio.sleep(timeout_s)
         round_.timed_out = True
-        round_.received_at_timeout = round_.partial()
         direct = round_.undelivered()
         log.info("round %s timed out after %.1f s; own shard lacks %s", round_.tag, timeout_s, _names(direct))
         # Tell our contributors first, so that they can name the same culprits as we do.
@@ -590,10 +602,9 @@ class Averager:
                 stream.reset()
         del self._active[round_.tag.run]
         if round_.failure is not None and round_.failure[0] == "aborted":
-            silent = silent_contributors(round_)
-            if round_.received_at_timeout:
-                silent |= await frozen_contributors(round_, self.host, self.config.pair_probe_timeout_s)
-            self._silent[round_.tag.run] = (round_.tag, silent, self.clock.now() - round_.started)
+            partial = frozenset(round_.partial()) if round_.shard.size else frozenset()
+            waited = self.clock.now() - round_.started
+            self._silent[round_.tag.run] = (round_.tag, silent_contributors(round_), waited, partial)
         self._finished[round_.tag] = notice
         self._unreachable[round_.tag.run] = (round_.tag, frozenset(round_.unreachable - {round_.me}))
         while len(self._finished) > self.config.history_rounds:

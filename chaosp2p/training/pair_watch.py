@@ -65,4 +65,18 @@ async def answers_ping(host: Host, peer: PeerID, timeout_s: float) -> bool:
     return False
 
 
-__all__ = ["PAIR_POLL_S", "answers_ping", "watch_pairs"]
+async def unanswered(host: Host, peers: frozenset[PeerID], timeout_s: float) -> frozenset[PeerID]:
+    """Of ``peers``, those that do not answer a ping within ``timeout_s`` (pinged concurrently)."""
+    answered: set[PeerID] = set()
+
+    async def ping(peer: PeerID) -> None:
+        if await answers_ping(host, peer, timeout_s):
+            answered.add(peer)
+
+    async with anyio.create_task_group() as tg:
+        for peer in sorted(peers):
+            tg.start_soon(ping, peer)
+    return peers - answered
+
+
+__all__ = ["PAIR_POLL_S", "answers_ping", "unanswered", "watch_pairs"]

@@ -107,10 +107,6 @@ class RoundState:
         self.failure: tuple[FailureKind, frozenset[PeerID], str] | None = None
         self.scope = anyio.CancelScope()
         self.timed_out = False
-        self.received_at_timeout: dict[PeerID, int] = {}
-        """Contributors whose contribution was partly in when the round timed out, with the elements
-        delivered then: one that delivers nothing more until the round ends was stopped mid-send
-        (SIGSTOP), not slowed by a link (``waiting.frozen_contributors``)."""
         self.refused_by: dict[PeerID, str] = {}
         """Owners that refused our contribution, with their reason."""
         self.unusable: dict[PeerID, str] = {}

@@ -22,10 +22,10 @@ removed (``RunRemoved``) and it rejoins as a newcomer, pulling the state (what i
 replayed, however little: a rejoin is the one path).
 
 A member stopped in the middle of sending its contribution (part of it arrived) is signed against
-in the same attempt if nothing more of it arrived between the round's timeout and its end and it
-does not answer a ping on its connection (:func:`chaosp2p.training.waiting.frozen_contributors`):
-a slow link keeps delivering and a live process answers. Until then membership's failure detector
-may have removed it already (a FAIL, the same two-signer rule).
+in the same attempt if it does not answer a ping on its connection after the round
+(:meth:`~chaosp2p.training.averager.Averager.stopped_in`): a slow link delivers part of a
+contribution too, but its sender answers. (It used to be signed against only from the next attempt:
+one more round timeout, so a 30 s SIGSTOP cost the others 5.13 s.)
 
 A member admitted for this very step is not signed against in the step's first round: it may be
 finishing its catch-up (it loaded the state before asking to be admitted, so one round's wait is
@@ -50,7 +50,7 @@ of its timeout here: the first owner to time out tells the others, whose rounds 
 earlier than their own timers would have."""
 
 
-def sign_stalls(
+async def sign_stalls(
     runs: RunGates,
     averager: Averager,
     *,
@@ -60,12 +60,16 @@ def sign_stalls(
     timeout_s: float,
 ) -> list[PeerID]:
     """After the aborted round ``tag`` under ``config``: sign a STALL of every member that sent this
-    member nothing for (most of) the round's bounded wait. Returns whom it signed against."""
+    member nothing for (most of) the round's bounded wait, or stopped mid-send and does not answer a
+    ping (``Averager.stopped_in``). Returns whom it signed against."""
     silent, waited_s = averager.silent_in(tag)
+    if waited_s < STALL_MIN_WAIT_FRACTION * timeout_s:
+        return []
+    silent |= await averager.stopped_in(tag)
     # A peer this member could not exchange with at all is a cut link (a LINK_DOWN, link_report.py),
     # not a stall: the two ends of a cut would otherwise sign against each other.
     silent -= averager.unreachable(tag)
-    if not silent or waited_s < STALL_MIN_WAIT_FRACTION * timeout_s:
+    if not silent:
         return []
     signed = []
     for peer in sorted(silent, key=lambda p: p.raw):

@@ -183,7 +183,7 @@ class Stepping(CollaborationCore):
                 report_unreachable(self.port.runs, self.service.averager, tag)  # first-hand LINK_DOWN
                 if isinstance(exc, RoundAborted) and not self._left:  # issue 19: go on without idle members
                     me = self.port.peer_id
-                    sign_stalls(runs, self.service.averager, me=me, tag=tag, config=config, timeout_s=timeout_s)
+                    await sign_stalls(runs, self.service.averager, me=me, tag=tag, config=config, timeout_s=timeout_s)
                 if attempts >= self.config.max_round_attempts:
                     raise TrainingError(f"step {step} of run {self.run!r} failed {attempts} times: {exc}") from exc
                 if await self._wait_for_new_configuration(step, config):

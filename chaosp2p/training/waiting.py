@@ -18,9 +18,7 @@ from dataclasses import dataclass
 import anyio
 
 from chaosp2p.clock import Clock
-from chaosp2p.training.pair_watch import answers_ping
 from chaosp2p.training.round_state import RoundState
-from chaosp2p.transport.host import Host
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
@@ -100,33 +98,6 @@ def silent_contributors(round_: RoundState) -> frozenset[PeerID]:
     if not round_.shard.size:
         return frozenset()
     return frozenset(peer for peer in round_.members if peer != round_.me and peer not in round_.inbound)
-
-
-async def frozen_contributors(round_: RoundState, host: Host, probe_timeout_s: float) -> frozenset[PeerID]:
-    """After ``round_`` timed out: contributors stopped in the middle of their contribution.
-
-    Part of it reached our shard, nothing more arrived from the timeout to the round's end, and the
-    peer does not answer a ping on its connection within ``probe_timeout_s``. A slow link keeps
-    delivering; a process that is alive answers the ping; a SIGSTOPped one does neither (its kernel
-    still holds the connection). Without this a member stopped mid-send was taken for silent only in
-    the next attempt, one more round timeout (issue 19: a 30 s SIGSTOP cost the others 5.13 s).
-    """
-    if not round_.shard.size:
-        return frozenset()
-    now = round_.partial()
-    still = sorted(p for p, received in round_.received_at_timeout.items() if now.get(p) == received)
-    if not still:
-        return frozenset()
-    answered: set[PeerID] = set()
-
-    async def ping(peer: PeerID) -> None:
-        if await answers_ping(host, peer, probe_timeout_s):
-            answered.add(peer)
-
-    async with anyio.create_task_group() as tg:
-        for peer in still:
-            tg.start_soon(ping, peer)
-    return frozenset(still) - answered
 
 
 async def log_waits(round_: RoundState, clock: Clock, interval_s: float) -> None:

@@ -462,6 +462,13 @@ class FakeAverager:
     def silent_in(self, tag: RoundTag) -> tuple[frozenset[PeerID], float]:
         """The scripted ``silent`` entry of ``tag`` (nobody silent by default)."""
         return self.silent.get(tag, (frozenset(), 0.0))
+    stopped: dict[RoundTag, frozenset[PeerID]] = field(default_factory=dict)
+    """What ``stopped_in`` answers per aborted round (members stopped mid-send)."""
+
+    async def stopped_in(self, tag: RoundTag) -> frozenset[PeerID]:
+        """The scripted ``stopped`` entry of ``tag`` (nobody by default)."""
+        return self.stopped.get(tag, frozenset())
+
     unreachable_peers: dict[RoundTag, frozenset[PeerID]] = field(default_factory=dict)
     """What ``unreachable(tag)`` answers (a test sets it from a scripted round)."""
 

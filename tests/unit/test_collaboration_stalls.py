@@ -68,6 +68,22 @@ async def test_a_newcomer_that_never_steps_is_signed_against_from_the_second_rou
     assert sorted(second, key=lambda e: e[1].raw) == sorted([(RUN, old), (RUN, newcomer)], key=lambda e: e[1].raw)
 
 
+async def test_a_member_stopped_mid_send_is_signed_against_in_the_same_attempt() -> None:
+    # Part of its contribution arrived, so it is not silent; it does not answer a ping (the
+    # averager's ``stopped_in``): signed against now, not one more round timeout later.
+    r = rig(*_model(), max_round_attempts=5)
+    old, _ = await _three_members_at_step_2(r)
+
+    def abort(_buffer: np.ndarray, call: AverageCall) -> None:
+        r.averager.silent[call.tag] = (frozenset(), call.timeout_s)
+        r.averager.stopped[call.tag] = frozenset({old})
+        raise RoundAborted("timed out")
+
+    r.averager.then(abort, _fill(2.0))
+    stats = await r.collab.step(4)
+    assert stats.attempts == 2 and r.gates.stalls == [(RUN, old)]
+
+
 @pytest.mark.parametrize(("fraction", "error"), [(0.2, RoundAborted), (1.0, RoundMismatch)])
 async def test_no_stall_without_a_long_enough_wait_or_for_a_mismatch(fraction: float, error: type[Exception]) -> None:
     r = rig(*_model(), max_round_attempts=5)

@@ -6,8 +6,8 @@ expects no contribution from anyone, and the owners' results it waits for are la
 contributor is late: it has no first-hand evidence against anybody. In a real four-process run the
 two ends of a cut link each signed a STALL of an owner that was itself waiting, and together removed it.
 A contributor stopped in the middle of its contribution (SIGSTOP) delivered part of it: it is
-taken for silent in the same attempt only if nothing more arrived after the round's timeout and it
-does not answer a ping (a slow link keeps delivering; a live process answers).
+partial, not silent; whether it is stopped is asked by pinging it (``Averager.stopped_in``, tested
+with a fake host below: a live sender answers, a stopped one does not).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import pytest
 
 from chaosp2p.protocols.averaging.messages import RoundTag, WireDtype
 from chaosp2p.protocols.averaging.plan import plan_shards
+from chaosp2p.training.pair_watch import unanswered
 from chaosp2p.training.round_state import Inbound, RoundState
-from chaosp2p.training.waiting import frozen_contributors, silent_contributors
+from chaosp2p.training.waiting import silent_contributors
 from chaosp2p.wire.identity import Identity, PeerID
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
@@ -78,26 +79,16 @@ class _Host:
         return self.connections.get(peer)
 
 
-def _partly_in(round_: RoundState, peer: PeerID, received: int) -> Inbound:
-    inbound = Inbound(peer, None, None)  # type: ignore[arg-type]  # neither is read here
-    inbound.values = np.zeros(round_.shard.size, dtype=np.float32)
-    inbound.received = received
-    round_.inbound[peer] = inbound
-    return inbound
-
-
-async def test_a_contributor_stopped_mid_send_is_silent_in_the_same_attempt_a_slow_or_alive_one_is_not() -> None:
-    owner, stopped, slow, alive = PEERS
+async def test_a_contributor_partly_in_is_partial_not_silent_and_only_a_stopped_one_leaves_pings_unanswered() -> None:
+    owner, stopped, alive, absent = PEERS
     round_ = _round(owner, dict.fromkeys(PEERS, 1.0))
-    for peer in (stopped, slow, alive):
-        _partly_in(round_, peer, 100)
-    round_.received_at_timeout = round_.partial()  # what the watchdog records when the round times out
-    round_.inbound[slow].received = 300  # a slow link kept delivering after the timeout
-    host = _Host({stopped: _Connection(answers=False), slow: _Connection(answers=False), alive: _Connection(True)})
+    for peer in (stopped, alive):
+        inbound = Inbound(peer, None, None)  # type: ignore[arg-type]  # neither is read here
+        inbound.values = np.zeros(round_.shard.size, dtype=np.float32)
+        inbound.received = 100
+        round_.inbound[peer] = inbound
+    assert set(round_.partial()) == {stopped, alive}
+    assert silent_contributors(round_) == frozenset({absent})
+    host = _Host({stopped: _Connection(answers=False), alive: _Connection(answers=True)})
     with anyio.fail_after(5):
-        frozen = await frozen_contributors(round_, host, 0.2)  # type: ignore[arg-type]
-    assert frozen == frozenset({stopped})
-    # An owner of an empty shard has no contributions to judge; nothing timed out: nothing.
-    bandwidth = {**dict.fromkeys(PEERS[:2], 1.0), **dict.fromkeys(PEERS[2:], 0.0)}
-    assert await frozen_contributors(_round(PEERS[3], bandwidth), host, 0.2) == frozenset()  # type: ignore[arg-type]
-    assert await frozen_contributors(_round(owner, dict.fromkeys(PEERS, 1.0)), host, 0.2) == frozenset()  # type: ignore[arg-type]
+        assert await unanswered(host, frozenset(round_.partial()), 0.2) == frozenset({stopped})  # type: ignore[arg-type]
