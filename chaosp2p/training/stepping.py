@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import statistics as stats_module
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.to_thread
@@ -57,9 +57,13 @@ from chaosp2p.training.averager import RoundStats
 from chaosp2p.training.collab_core import CollaborationCore, StepStatistics, participants
 from chaosp2p.training.link_report import report_unreachable
 from chaosp2p.training.stalls import sign_stalls
+from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
+
+SUPERSEDED_POLL_S = 0.05
+"""How often a running round checks whether a new configuration governs its step (then it is dropped)."""
 
 
 class Stepping(CollaborationCore):
@@ -161,18 +165,22 @@ class Stepping(CollaborationCore):
             allowances = weight_allowances(config, step, newest=runs.configuration(self.run))
             timeout_s = self._round_timeout()
             try:
-                outcome = await self.service.averager.all_reduce(
-                    tag,
-                    buffer,
-                    # More samples than the share (a drop-in caller's last call overshooting it)
-                    # count as the share: the owners refuse more than the configuration allows.
-                    weight=min(float(weight), allowances.get(self.port.peer_id, 0.0)),
-                    max_weights=allowances,
-                    members=participants(config, step),
-                    addrs=self.port.dial_addrs,
-                    bandwidth=link_bandwidths(participants(config, step), config.links),
-                    wire_dtype=self.config.wire_dtype,
-                    timeout_s=timeout_s,
+                outcome = await self._unless_superseded(
+                    step,
+                    config,
+                    self.service.averager.all_reduce(
+                        tag,
+                        buffer,
+                        # More samples than the share (a drop-in caller's last call overshooting it)
+                        # count as the share: the owners refuse more than the configuration allows.
+                        weight=min(float(weight), allowances.get(self.port.peer_id, 0.0)),
+                        max_weights=allowances,
+                        members=participants(config, step),
+                        addrs=self.port.dial_addrs,
+                        bandwidth=link_bandwidths(participants(config, step), config.links),
+                        wire_dtype=self.config.wire_dtype,
+                        timeout_s=timeout_s,
+                    ),
                 )
             except ContributionRefused as exc:
                 # Most owners refused our contribution's header (length, dtype or weight): we are the odd one
@@ -197,6 +205,14 @@ class Stepping(CollaborationCore):
                         runs.report_step(self.run, completed=step)
                         break
                     continue  # a change now governs this step: redo it under the new configuration
+                continue
+            if outcome is None:
+                log.info(
+                    "run %r step %d: a new configuration governs the step; dropped the round under epoch %d",
+                    self.run,
+                    step,
+                    config.epoch,
+                )
                 continue
             # A change agreed while the round ran may govern this very step (a failure found mid-round
             # is redone at the stuck step): then this round's result is discarded, never applied.
@@ -290,6 +306,36 @@ class Stepping(CollaborationCore):
         resync = self.port.runs.take_resync(self.run)
         if resync is not None and not self._left:
             await self._rejoin(f"state diverged from step {resync}")
+
+    async def _unless_superseded(
+        self, step: int, config: Configuration, reduce: Awaitable[RoundStats]
+    ) -> RoundStats | None:
+        """``reduce`` (this member's round of ``step`` under ``config``), or None as soon as a committed
+        configuration other than ``config`` governs ``step``: the round's result could not be used,
+        and the others are already in the new configuration's round, waiting for this member. (A round
+        left running until its own timeout cost them that timeout: issue 19, a SIGSTOP's STALL.)"""
+        runs = self.port.runs
+        outcome: list[RoundStats] = []
+
+        async def watch(superseded: anyio.CancelScope) -> None:
+            # Polled (a dictionary lookup), not woken by wait_changed: those wake-ups mean "the step
+            # waits for a decision" to whoever watches them, which a running round is not.
+            while True:
+                await anyio.sleep(SUPERSEDED_POLL_S)
+                try:
+                    current = runs.governing(self.run, step)
+                except ChaosError:
+                    return  # no longer ours to ask (removed, left): the round ends by itself
+                if current is not None and current.digest != config.digest:
+                    superseded.cancel()
+                    return
+
+        with anyio.CancelScope() as superseded, unwrap_single_error():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, superseded)
+                outcome.append(await reduce)
+                tg.cancel_scope.cancel()
+        return outcome[0] if outcome else None
 
     async def _wait_for_new_configuration(self, step: int, failed: Configuration) -> bool:
         """After an aborted round: wait (bounded) until the configuration governing ``step`` changes."""

@@ -13,6 +13,7 @@ it returned.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -502,6 +503,8 @@ class FakeAverager:
         if isinstance(entry, BaseException):
             raise entry
         overrides = entry(buffer, call) if entry is not None else None
+        if inspect.isawaitable(overrides):  # a round that takes time (a test may supersede it meanwhile)
+            overrides = await overrides
         fields: dict[str, Any] = {
             "tag": tag,
             "members": tuple(call.members),
