@@ -85,7 +85,14 @@ class StateService:
     def __init__(self, node: Node, config: TransferConfig) -> None:
         self._node = node
         self.config = config
-        self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node.task_group)
+        self.server = StateServer(
+            host=node.host,
+            clock=node.clock,
+            config=config,
+            task_group=node.task_group,
+            busy=node.bulk_transfer,
+            record_sent=node.record_upload,
+        )
         self.store: SnapshotCatalog | None = None
         self._announced: dict[str, anyio.Event] = {}
         self._pulls: dict[int, TransferProgress | None] = {}  # latest progress of each load in flight
@@ -201,22 +208,23 @@ class StateService:
                 progress(update)
 
         try:
-            result = await pull_state(
-                self._node.host,
-                run=run,
-                sources=chosen,
-                config=config or self.config,
-                clock=self._node.clock,
-                step=step,
-                make_staging=make_staging,
-                progress=track,
-                resume_path=resume_path,
-                planner=planner,
-                work_stealing=work_stealing,
-                digest=digest,
-                trusted=trust,
-                rediscover=(lambda: self.find_sources(run, limit=max_sources)) if sources is None else None,
-            )
+            with self._node.bulk_transfer():  # no bandwidth probe shares the links with the pull
+                result = await pull_state(
+                    self._node.host,
+                    run=run,
+                    sources=chosen,
+                    config=config or self.config,
+                    clock=self._node.clock,
+                    step=step,
+                    make_staging=make_staging,
+                    progress=track,
+                    resume_path=resume_path,
+                    planner=planner,
+                    work_stealing=work_stealing,
+                    digest=digest,
+                    trusted=trust,
+                    rediscover=(lambda: self.find_sources(run, limit=max_sources)) if sources is None else None,
+                )
         finally:
             del self._pulls[pull_id]
         pulled = clock.now()
