@@ -618,7 +618,10 @@ async def scenario_clikill(total: int, expected: str, repeats: int, workdir: Pat
             "foreign_cpu_s": foreign_s,
             "source_bytes": {str(p): n for p, n in loaded.completed.bytes_by_source},
             "source_rates": {str(p): r for p, r in loaded.result.source_rates},
-            "plans": [{"at_s": p.at_s, "reason": p.reason, "chunks": p.chunks} for p in loaded.result.plans],
+            "plans": [
+                {"at_s": p.at_s, "reason": p.reason, "chunks": p.chunks, "rates": [r for _, r in p.rates]}
+                for p in loaded.result.plans
+            ],
             "dropped": [f"{d.reason.value}: {d.detail}" for d in loaded.result.dropped],
             "load_avg": os.getloadavg(),
         }

@@ -266,7 +266,13 @@ async def _pull(
         "sources": {str(peer): count for peer, count in loaded.completed.bytes_by_source},
         "source_rates": {str(peer): rate for peer, rate in loaded.result.source_rates},
         "plans": [
-            {"at_s": p.at_s, "reason": p.reason, "chunks": p.chunks, "shares": {str(k): n for k, n in p.shares}}
+            {
+                "at_s": p.at_s,
+                "reason": p.reason,
+                "chunks": p.chunks,
+                "shares": {str(k): n for k, n in p.shares},
+                "rates": {str(k): r for k, r in p.rates},
+            }
             for p in loaded.result.plans
         ],
         "penalised": [str(p.source) for p in loaded.result.penalised],

@@ -103,6 +103,8 @@ class PlanRecord:
     reason: str
     chunks: int
     shares: tuple[tuple[PeerID, int], ...]
+    rates: tuple[tuple[PeerID, float], ...] = ()
+    """The rate (bytes/s) each source was planned with."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,8 +253,15 @@ class PullDriver:
         elif isinstance(event, Planned):
             now = self._clock.now()
             at = 0.0 if self._data_started is None else now - self._data_started
-            self.plans.append(PlanRecord(at_s=at, reason=event.reason.value, chunks=event.chunks, shares=event.shares))
-            shares = ", ".join(f"{peer.short()} {count}" for peer, count in event.shares)
+            self.plans.append(
+                PlanRecord(
+                    at_s=at, reason=event.reason.value, chunks=event.chunks, shares=event.shares, rates=event.rates
+                )
+            )
+            rates = dict(event.rates)
+            shares = ", ".join(
+                f"{peer.short()} {count} at {rates.get(peer, 0.0) / 1e6:.0f} MB/s" for peer, count in event.shares
+            )
             log.info("plan at %+.2f s (%s) of %d chunks: %s", at, event.reason.value, event.chunks, shares)
         elif isinstance(event, SourcePenalised):
             self.penalised.append(event)

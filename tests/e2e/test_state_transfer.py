@@ -123,6 +123,7 @@ def test_four_sources_newcomer_loads_bit_exact_through_the_cli(swarm: Swarm, che
     assert 0 < summary["verify_s"] <= summary["data_s"]
     assert set(summary["source_rates"]) == set(summary["sources"])
     assert summary["plans"][0]["reason"] == "initial"
+    assert set(summary["plans"][0]["rates"]) == set(summary["plans"][0]["shares"]) == set(summary["sources"])
 
 
 @pytest.mark.anyio

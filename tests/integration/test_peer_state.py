@@ -41,5 +41,6 @@ async def test_a_load_reports_where_its_time_went_and_how_each_source_did() -> N
         plans = loaded.result.plans
         assert plans and plans[0].reason == "initial" and 0 <= plans[0].at_s < timings.data_s
         assert sum(n for _, n in plans[0].shares) == plans[0].chunks
+        assert [peer for peer, _ in plans[0].rates] == [source.peer_id] and plans[0].rates[0][1] > 0
         assert [peer for peer, _ in loaded.result.source_rates] == [source.peer_id]
         assert loaded.result.source_rates[0][1] > 0

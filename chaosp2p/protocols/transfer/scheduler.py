@@ -391,7 +391,12 @@ class ChunkScheduler:
             owner.queue.append(chunk)
             self._chunk_to(chunk, ChunkInput.ASSIGN)
         self._emit(
-            Planned(reason=reason, chunks=len(todo), shares=tuple((lane.peer, len(lane.queue)) for lane in active))
+            Planned(
+                reason=reason,
+                chunks=len(todo),
+                shares=tuple((lane.peer, len(lane.queue)) for lane in active),
+                rates=tuple((e.peer, e.bytes_per_s or 0.0) for e in estimates),
+            )
         )
 
     def _maybe_replan_on_rates(self, now: float) -> None:
