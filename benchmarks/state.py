@@ -493,7 +493,7 @@ def _run_record(summary: Mapping[str, Any], bound: float) -> dict[str, Any]:
     how it planned (a slow run is compared with a fast one by these)."""
     keys = ("seconds", "peer_start_s", "discovery_s", "setup_s", "data_s", "verify_s", "commit_s")
     record = {k: summary.get(k) for k in keys}
-    record["ratio"] = summary["seconds"] / bound
+    record["ratio"] = summary["seconds"] / bound  # (the split is missing when run against older code)
     record["data_ratio"] = summary["data_s"] / bound if summary.get("data_s") else None
     record["source_bytes"] = summary["sources"]
     record["source_rates"] = summary.get("source_rates", {})
@@ -546,9 +546,10 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
                 pulled = await anyio.to_thread.run_sync(read_checkpoint, out)
                 entry["exact"].append(await anyio.to_thread.run_sync(state_hash, pulled.arrays) == expected)
                 out.unlink()
+                data_s = summary.get("data_s") or float("nan")
                 print(
                     f"  cli {name} #{index + 1}: {summary['seconds']:.2f} s = {record['ratio']:.3f}x "
-                    f"(data phase {summary['data_s']:.2f} s = {record['data_ratio']:.3f}x), "
+                    f"(data phase {data_s:.2f} s = {data_s / bound:.3f}x), "
                     f"other processes' CPU {foreign_s:.2f} s in {wall:.1f} s, load {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
@@ -813,7 +814,7 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
         for name, entry in report["cli"].items():
             if isinstance(entry, dict) and entry.get("runs"):
                 ratios = [r["ratio"] for r in entry["runs"]]
-                data = [r["data_ratio"] for r in entry["runs"]]
+                data = [r["data_ratio"] or float("nan") for r in entry["runs"]]
                 print(f"cli {name}, every pull (x of S/sum(caps) = {entry['bound_s']:.2f} s):")
                 print("  command's timing: " + " ".join(f"{r:.3f}" for r in ratios))
                 print(f"    median {median(ratios):.3f}, max {max(ratios):.3f}")
