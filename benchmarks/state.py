@@ -1,6 +1,7 @@
 """State benchmark: how fast a newcomer loads model + Adam state, against the limits and the alternatives.
 
-    python benchmarks/state.py [--gib 1] [--repeats 3] [--scenarios single,capped,cli,kill,clikill,static,hivemind]
+    python benchmarks/state.py [--gib 1] [--repeats 3]
+                               [--scenarios single,capped,cli,kill,clikill,dhtkill,static,hivemind]
                                [--cap-sets 3,4] [--json out.json] [--hivemind-python PATH]
 
 Sources are separate processes on 127.0.0.1 serving byte-identical state; every figure is a ratio to
@@ -20,10 +21,14 @@ checked bit-exact (its arrays hashed against the state the sources were built fr
             (every run's ratio is printed: the slow ones are the point)
   kill      4 sources capped at 25/50/100/200 MB/s, the 100 MB/s one SIGKILLed at 40 %, next to the
             bound 0.4 S / sum(all caps) + 0.6 S / sum(remaining caps)
-  clikill   3 ``chaosp2p state serve`` sources capped at 20/40/80 MB/s (fresh each repeat), a fresh
-            newcomer that only knows a bootstrap address (DHT discovery, as ``state pull``; it runs
-            in this process, so that the 80 MB/s source can be SIGKILLed once 40 % is verified),
-            next to 0.4 S / sum(all caps) + 0.6 S / sum(remaining caps)
+  clikill   3 ``chaosp2p state serve`` sources capped at 20/40/80 MB/s (fresh each repeat) and
+            ``chaosp2p state pull --json``; the 80 MB/s source is SIGKILLed once its connections
+            have sent its share of 40 % of the state (0.4 S x 80/140, ``ss``'s bytes_sent: the
+            pull process shows no progress from outside), next to 0.4 S / sum(all caps) + 0.6 S /
+            sum(remaining caps)
+  dhtkill   the same, with a fresh newcomer peer in this process (it too knows only a bootstrap
+            address and finds the sources in the DHT), killed by its progress callback once
+            40 % is verified (exact, where ``clikill``'s trigger is a proxy)
   static    the 4 capped sources with static plans (no stealing, no re-planning): the optimal greedy
             plan, equal split, bandwidth-proportional split and the single fastest source
   hivemind  hivemind 1.1.12 ``load_state_from_peers`` on the same state, one donor (needs an
@@ -472,9 +477,10 @@ def cli(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
 
 
 def start_cli_sources(
-    checkpoint: Path, caps: Sequence[float], workdir: Path
+    checkpoint: Path, caps: Sequence[float], workdir: Path, addrs: list[str] | None = None
 ) -> tuple[list[subprocess.Popen[bytes]], str]:
-    """``state serve`` processes with the given upload caps; the later ones bootstrap from the first."""
+    """``state serve`` processes with the given upload caps; the later ones bootstrap from the first.
+    Returns them and the first one's address (``addrs`` receives every one's)."""
     processes: list[subprocess.Popen[bytes]] = []
     first_addr = ""
     try:
@@ -482,6 +488,8 @@ def start_cli_sources(
             process, addr = start_cli_source(checkpoint, cap, index, first_addr, workdir)
             processes.append(process)
             first_addr = first_addr or addr
+            if addrs is not None:
+                addrs.append(addr)
     except BaseException:
         stop(processes)
         raise
@@ -565,7 +573,96 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
     return report
 
 
+def sent_bytes(port: int) -> int:
+    """Bytes the TCP connections from local port ``port`` (a source's listener) have sent so far
+    (``ss``'s ``bytes_sent``; /proc/PID/io does not count socket sends)."""
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sum(int(field.split(":", 1)[1]) for field in out.split() if field.startswith("bytes_sent:"))
+
+
+def pull_and_kill(
+    command: Sequence[str], victim: subprocess.Popen[bytes], port: int, kill_after_bytes: int, cap: float
+) -> tuple[subprocess.CompletedProcess[str], int | None]:
+    """Run ``chaosp2p *command``; SIGKILL ``victim`` (listening on ``port``) once its connections
+    have sent ``kill_after_bytes`` more. Returns the pull's result and what they had sent by the
+    kill (None: never)."""
+    base = sent_bytes(port)
+    pull = subprocess.Popen(
+        [sys.executable, "-m", "chaosp2p", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    killed: int | None = None
+    while pull.poll() is None:
+        wait_s = 0.05
+        if killed is None:
+            sent = sent_bytes(port) - base  # connections that closed meanwhile drop out: small ones
+            if sent >= kill_after_bytes:
+                victim.send_signal(signal.SIGKILL)
+                killed = sent
+            else:  # each look starts a process: look rarely while far from the mark (the CPU is shared)
+                wait_s = min(0.5, max(0.01, (kill_after_bytes - sent) / (2 * cap)))
+        time.sleep(wait_s)
+    stdout, stderr = pull.communicate()
+    return subprocess.CompletedProcess(pull.args, pull.returncode, stdout, stderr), killed
+
+
 async def scenario_clikill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    """3 capped ``state serve`` sources (fresh each repeat), ``state pull`` through the DHT; the
+    fastest source SIGKILLed once it has sent its share of 40 % of the state."""
+    from chaosp2p.state.checkpoint_file import read_checkpoint
+
+    checkpoint = workdir / "checkpoint.npz"
+    if not checkpoint.exists():
+        np.savez(checkpoint, **model_and_adam_state(total, 0))
+    caps = CLI_KILL_CAPS
+    rest = sum(c for i, c in enumerate(caps) if i != CLI_KILL_INDEX)
+    bound = KILL_AT * total / sum(caps) + (1 - KILL_AT) * total / rest
+    kill_after = int(KILL_AT * total * caps[CLI_KILL_INDEX] / sum(caps))
+    report: dict[str, Any] = {"bound_s": bound, "caps": list(caps), "seconds": [], "exact": [], "runs": []}
+    for index in range(repeats):
+        addrs: list[str] = []
+        processes, first_addr = start_cli_sources(checkpoint, caps, workdir, addrs)
+        port = Multiaddr.parse(addrs[CLI_KILL_INDEX]).port
+        out = workdir / "pulled.npz"
+        command = ("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", first_addr, "--json")
+        try:
+            await wait_for_providers(first_addr, len(caps))
+            await anyio.sleep(SETTLE_S)
+            foreign = ForeignCpu(processes)
+            result, killed = await anyio.to_thread.run_sync(
+                pull_and_kill, command, processes[CLI_KILL_INDEX], port, kill_after, caps[CLI_KILL_INDEX]
+            )
+            foreign_s = foreign.stop()
+        finally:
+            stop(processes)
+        if result.returncode != 0:
+            raise SystemExit(f"state pull failed: {result.stderr[-2000:]}")
+        assert killed is not None, "the pull ended before the kill"
+        summary = json.loads(result.stdout)
+        pulled = await anyio.to_thread.run_sync(read_checkpoint, out)
+        exact = await anyio.to_thread.run_sync(state_hash, pulled.arrays) == expected
+        out.unlink()
+        record = _run_record(summary, bound)
+        record["foreign_cpu_s"] = foreign_s
+        record["victim_sent_at_kill"] = killed
+        record["dropped"] = summary.get("dropped", [])
+        report["runs"].append(record)
+        report["seconds"].append(summary["seconds"])
+        report["exact"].append(exact)
+        print(
+            f"  clikill #{index + 1}: {summary['seconds']:.2f} s = {record['ratio']:.3f}x "
+            f"(data phase {summary['data_s']:.2f} s), the victim sent {killed / 2**20:.0f} MiB, "
+            f"other processes' CPU {foreign_s:.2f} s, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    return report
+
+
+async def scenario_dhtkill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
     """3 capped ``state serve`` sources (fresh each repeat), a fresh newcomer finding them in the DHT;
     the fastest source SIGKILLed once 40 % of the state is verified."""
     checkpoint = workdir / "checkpoint.npz"
@@ -630,7 +727,7 @@ async def scenario_clikill(total: int, expected: str, repeats: int, workdir: Pat
         report["seconds"].append(seconds)
         report["exact"].append(exact)
         print(
-            f"  clikill #{index + 1}: {seconds:.2f} s = {record['ratio']:.3f}x "
+            f"  dhtkill #{index + 1}: {seconds:.2f} s = {record['ratio']:.3f}x "
             f"({record['ratio_at_kill_point']:.3f}x at the kill point {at:.2f}), "
             f"other processes' CPU {foreign_s:.2f} s, load {os.getloadavg()[0]:.1f}",
             flush=True,
@@ -684,7 +781,7 @@ def run_hivemind(args: argparse.Namespace, total: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- main
-SCENARIOS = ("single", "capped", "cli", "kill", "clikill", "static", "hivemind")
+SCENARIOS = ("single", "capped", "cli", "kill", "clikill", "dhtkill", "static", "hivemind")
 
 
 async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -697,6 +794,7 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "cli": scenario_cli,
         "kill": scenario_kill,
         "clikill": scenario_clikill,
+        "dhtkill": scenario_dhtkill,
         "static": scenario_static,
     }
     for name in args.scenarios:
@@ -820,14 +918,17 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
                 print(f"    median {median(ratios):.3f}, max {max(ratios):.3f}")
                 print("  data phase:       " + " ".join(f"{r:.3f}" for r in data))
                 print(f"    median {median(data):.3f}, max {max(data):.3f}; all exact: {all(entry['exact'])}")
-    if "clikill" in report and "failed" not in report["clikill"]:
-        k = report["clikill"]
+    for key in ("clikill", "dhtkill"):
+        if key not in report or "failed" in report[key]:
+            continue
+        k = report[key]
         ratios = [r["ratio"] for r in k["runs"]]
-        print(f"clikill, every pull (x of the bound {k['bound_s']:.2f} s):")
+        print(f"{key}, every pull (x of the bound {k['bound_s']:.2f} s):")
         print("  " + " ".join(f"{r:.3f}" for r in ratios))
         print(f"  median {median(ratios):.3f}, max {max(ratios):.3f}; all exact: {all(k['exact'])}")
-        at_kill = [r["ratio_at_kill_point"] for r in k["runs"]]
-        print("  against the bound at the actual kill point: " + " ".join(f"{r:.3f}" for r in at_kill))
+        at_kill = [r["ratio_at_kill_point"] for r in k["runs"] if "ratio_at_kill_point" in r]
+        if at_kill:
+            print("  against the bound at the actual kill point: " + " ".join(f"{r:.3f}" for r in at_kill))
     if "kill" in report and "failed" not in report["kill"]:
         k = report["kill"]
         print_table(
