@@ -1,7 +1,8 @@
 """State benchmark: how fast a newcomer loads model + Adam state, against the limits and the alternatives.
 
-    python benchmarks/state.py [--gib 1] [--repeats 3] [--scenarios single,capped,cli,kill,static,hivemind]
-                               [--json out.json] [--hivemind-python PATH]
+    python benchmarks/state.py [--gib 1] [--repeats 3]
+                               [--scenarios single,capped,cli,kill,clikill,dhtkill,static,hivemind]
+                               [--cap-sets 3,4] [--json out.json] [--hivemind-python PATH]
 
 Sources are separate processes on 127.0.0.1 serving byte-identical state; every figure is a ratio to
 a baseline measured in the same run, medians over --repeats (raw runs in the JSON). Every pull is
@@ -15,9 +16,19 @@ checked bit-exact (its arrays hashed against the state the sources were built fr
             lower bound S / sum(caps)
   cli       the same capped sets as ``chaosp2p state serve`` processes, pulled with
             ``chaosp2p state pull --bootstrap`` (DHT discovery included): the command's own
-            timing (peer start + discovery + pull) and the process wall time
+            timing (peer start + discovery + pull), its split (discovery, data phase, chunk
+            verification), the process wall time, and each pull's plans and measured source rates
+            (every run's ratio is printed: the slow ones are the point)
   kill      4 sources capped at 25/50/100/200 MB/s, the 100 MB/s one SIGKILLed at 40 %, next to the
             bound 0.4 S / sum(all caps) + 0.6 S / sum(remaining caps)
+  clikill   3 ``chaosp2p state serve`` sources capped at 20/40/80 MB/s (fresh each repeat) and
+            ``chaosp2p state pull --json``; the 80 MB/s source is SIGKILLed once its connections
+            have sent its share of 40 % of the state (0.4 S x 80/140, ``ss``'s bytes_sent: the
+            pull process shows no progress from outside), next to 0.4 S / sum(all caps) + 0.6 S /
+            sum(remaining caps)
+  dhtkill   the same, with a fresh newcomer peer in this process (it too knows only a bootstrap
+            address and finds the sources in the DHT), killed by its progress callback once
+            40 % is verified (exact, where ``clikill``'s trigger is a proxy)
   static    the 4 capped sources with static plans (no stealing, no re-planning): the optimal greedy
             plan, equal split, bandwidth-proportional split and the single fastest source
   hivemind  hivemind 1.1.12 ``load_state_from_peers`` on the same state, one donor (needs an
@@ -31,6 +42,7 @@ import functools
 import json
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -72,6 +84,11 @@ CAP_SETS: dict[str, tuple[float, ...]] = {
     "3 x 20/40/80 MB/s": (20e6, 40e6, 80e6),
     "4 x 25/50/100/200 MB/s": (25e6, 50e6, 100e6, 200e6),
 }
+CAP_SET_KEYS = {"3": "3 x 20/40/80 MB/s", "4": "4 x 25/50/100/200 MB/s"}
+ACTIVE_CAP_SETS = dict(CAP_SETS)
+"""The cap sets the ``capped`` and ``cli`` scenarios run (``--cap-sets``)."""
+CLI_KILL_CAPS = (20e6, 40e6, 80e6)
+CLI_KILL_INDEX = 2  # the fastest source (index 0, the bootstrap peer, must survive)
 KILL_CAPS = (25e6, 50e6, 100e6, 200e6)
 KILL_INDEX = 2  # the 100 MB/s source
 KILL_AT = 0.4
@@ -282,6 +299,39 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def system_busy_s() -> float:
+    """CPU seconds all processes of this machine have used so far (busy jiffies of /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class ForeignCpu:
+    """CPU seconds used during a pull by processes that are not part of it (the other jobs on a
+    shared machine): all busy time minus the sources', the newcomer's and this process's own.
+    A pull that is slow while others took the CPU is told apart from one the planner made slow."""
+
+    def __init__(self, sources: Sequence[subprocess.Popen[bytes]]) -> None:
+        self._pids = [p.pid for p in sources]
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float, float]:
+        ours = 0.0
+        for pid in self._pids:
+            try:
+                ours += process_cpu_s(pid)
+            except OSError:  # killed on purpose: what it used until then is already counted
+                pass
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return system_busy_s(), ours, children.ru_utime + children.ru_stime, time.process_time()
+
+    def stop(self) -> float:
+        """Foreign CPU seconds since this object was made (not below 0: the counters tick coarsely)."""
+        end = self._sample()
+        busy, sources, children, own = (b - a for a, b in zip(self._start, end, strict=True))
+        return max(0.0, busy - sources - children - own)
+
+
 def new_peer() -> PeerConfig:
     return PeerConfig.profile_named(PROFILE, listen=("/ip4/127.0.0.1/tcp/0",))
 
@@ -331,7 +381,7 @@ async def scenario_single(total: int, expected: str, repeats: int, workdir: Path
 async def scenario_capped(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
     report: dict[str, Any] = {}
     config = transfer_config()
-    for name, caps in CAP_SETS.items():
+    for name, caps in ACTIVE_CAP_SETS.items():
         sources = start_sources(total, caps, workdir)
         entry: dict[str, Any] = {
             "bound_s": total / sum(caps),
@@ -426,6 +476,40 @@ def cli(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
     )
 
 
+def start_cli_sources(
+    checkpoint: Path, caps: Sequence[float], workdir: Path, addrs: list[str] | None = None
+) -> tuple[list[subprocess.Popen[bytes]], str]:
+    """``state serve`` processes with the given upload caps; the later ones bootstrap from the first.
+    Returns them and the first one's address (``addrs`` receives every one's)."""
+    processes: list[subprocess.Popen[bytes]] = []
+    first_addr = ""
+    try:
+        for index, cap in enumerate(caps):
+            process, addr = start_cli_source(checkpoint, cap, index, first_addr, workdir)
+            processes.append(process)
+            first_addr = first_addr or addr
+            if addrs is not None:
+                addrs.append(addr)
+    except BaseException:
+        stop(processes)
+        raise
+    return processes, first_addr
+
+
+def _run_record(summary: Mapping[str, Any], bound: float) -> dict[str, Any]:
+    """What one ``state pull --json`` says about where its time went, how each source did and
+    how it planned (a slow run is compared with a fast one by these)."""
+    keys = ("seconds", "peer_start_s", "discovery_s", "setup_s", "data_s", "verify_s", "commit_s")
+    record = {k: summary.get(k) for k in keys}
+    record["ratio"] = summary["seconds"] / bound  # (the split is missing when run against older code)
+    record["data_ratio"] = summary["data_s"] / bound if summary.get("data_s") else None
+    record["source_bytes"] = summary["sources"]
+    record["source_rates"] = summary.get("source_rates", {})
+    record["plans"] = summary.get("plans", [])
+    record["load_avg"] = os.getloadavg()
+    return record
+
+
 async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
     """``chaosp2p state serve`` sources with capped profiles, ``chaosp2p state pull`` through the DHT."""
     from chaosp2p.state.checkpoint_file import read_checkpoint
@@ -433,48 +517,221 @@ async def scenario_cli(total: int, expected: str, repeats: int, workdir: Path) -
     checkpoint = workdir / "checkpoint.npz"
     np.savez(checkpoint, **model_and_adam_state(total, 0))
     report: dict[str, Any] = {}
-    for name, caps in CAP_SETS.items():
-        processes: list[subprocess.Popen[bytes]] = []
+    for name, caps in ACTIVE_CAP_SETS.items():
+        bound = total / sum(caps)
         entry: dict[str, Any] = {
-            "bound_s": total / sum(caps),
+            "bound_s": bound,
+            "caps": list(caps),
             "seconds": [],
             "wall_s": [],
             "exact": [],
             "sources": [],
             "discovery_s": [],
+            "runs": [],
         }
+        processes, first_addr = start_cli_sources(checkpoint, caps, workdir)
         try:
-            first_addr = ""
-            for index, cap in enumerate(caps):
-                process, addr = start_cli_source(checkpoint, cap, index, first_addr, workdir)
-                processes.append(process)
-                first_addr = first_addr or addr
             await wait_for_providers(first_addr, len(caps))
             await anyio.sleep(SETTLE_S)
             out = workdir / "pulled.npz"
             command = ("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", first_addr, "--json")
-            for _ in range(repeats):
+            for index in range(repeats):
+                foreign = ForeignCpu(processes)
                 started = time.perf_counter()
                 result = await anyio.to_thread.run_sync(functools.partial(cli, *command))
                 wall = time.perf_counter() - started
+                foreign_s = foreign.stop()
                 if result.returncode != 0:
                     raise SystemExit(f"state pull failed: {result.stderr[-2000:]}")
                 summary = json.loads(result.stdout)
                 entry["seconds"].append(summary["seconds"])
                 entry["wall_s"].append(wall)
                 entry["sources"].append(len([p for p, n in summary["sources"].items() if n]))
+                record = _run_record(summary, bound)
+                record["wall_s"] = wall
+                record["foreign_cpu_s"] = foreign_s
+                entry["runs"].append(record)
                 pulled = await anyio.to_thread.run_sync(read_checkpoint, out)
                 entry["exact"].append(await anyio.to_thread.run_sync(state_hash, pulled.arrays) == expected)
                 out.unlink()
+                data_s = summary.get("data_s") or float("nan")
+                print(
+                    f"  cli {name} #{index + 1}: {summary['seconds']:.2f} s = {record['ratio']:.3f}x "
+                    f"(data phase {data_s:.2f} s = {data_s / bound:.3f}x), "
+                    f"other processes' CPU {foreign_s:.2f} s in {wall:.1f} s, load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
             # After the pulls: the members probe a newcomer's links with bulk uploads, which must not
             # overlap a timed pull.
-            for _ in range(repeats):
+            for _ in range(min(repeats, 3)):
                 found_s, estimates = await time_discovery(first_addr, len(caps))
                 entry["discovery_s"].append(found_s)
                 entry.setdefault("estimates_at_discovery", []).append(estimates)
         finally:
             stop(processes)
         report[name] = entry
+    return report
+
+
+def sent_bytes(port: int) -> int:
+    """Bytes the TCP connections from local port ``port`` (a source's listener) have sent so far
+    (``ss``'s ``bytes_sent``; /proc/PID/io does not count socket sends)."""
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sum(int(field.split(":", 1)[1]) for field in out.split() if field.startswith("bytes_sent:"))
+
+
+def pull_and_kill(
+    command: Sequence[str], victim: subprocess.Popen[bytes], port: int, kill_after_bytes: int, cap: float
+) -> tuple[subprocess.CompletedProcess[str], int | None]:
+    """Run ``chaosp2p *command``; SIGKILL ``victim`` (listening on ``port``) once its connections
+    have sent ``kill_after_bytes`` more. Returns the pull's result and what they had sent by the
+    kill (None: never)."""
+    base = sent_bytes(port)
+    pull = subprocess.Popen(
+        [sys.executable, "-m", "chaosp2p", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    killed: int | None = None
+    while pull.poll() is None:
+        wait_s = 0.05
+        if killed is None:
+            sent = sent_bytes(port) - base  # connections that closed meanwhile drop out: small ones
+            if sent >= kill_after_bytes:
+                victim.send_signal(signal.SIGKILL)
+                killed = sent
+            else:  # each look starts a process: look rarely while far from the mark (the CPU is shared)
+                wait_s = min(0.5, max(0.01, (kill_after_bytes - sent) / (2 * cap)))
+        time.sleep(wait_s)
+    stdout, stderr = pull.communicate()
+    return subprocess.CompletedProcess(pull.args, pull.returncode, stdout, stderr), killed
+
+
+async def scenario_clikill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    """3 capped ``state serve`` sources (fresh each repeat), ``state pull`` through the DHT; the
+    fastest source SIGKILLed once it has sent its share of 40 % of the state."""
+    from chaosp2p.state.checkpoint_file import read_checkpoint
+
+    checkpoint = workdir / "checkpoint.npz"
+    if not checkpoint.exists():
+        np.savez(checkpoint, **model_and_adam_state(total, 0))
+    caps = CLI_KILL_CAPS
+    rest = sum(c for i, c in enumerate(caps) if i != CLI_KILL_INDEX)
+    bound = KILL_AT * total / sum(caps) + (1 - KILL_AT) * total / rest
+    kill_after = int(KILL_AT * total * caps[CLI_KILL_INDEX] / sum(caps))
+    report: dict[str, Any] = {"bound_s": bound, "caps": list(caps), "seconds": [], "exact": [], "runs": []}
+    for index in range(repeats):
+        addrs: list[str] = []
+        processes, first_addr = start_cli_sources(checkpoint, caps, workdir, addrs)
+        port = Multiaddr.parse(addrs[CLI_KILL_INDEX]).port
+        out = workdir / "pulled.npz"
+        command = ("state", "pull", "--run", RUN, "--out", str(out), "--bootstrap", first_addr, "--json")
+        try:
+            await wait_for_providers(first_addr, len(caps))
+            await anyio.sleep(SETTLE_S)
+            foreign = ForeignCpu(processes)
+            result, killed = await anyio.to_thread.run_sync(
+                pull_and_kill, command, processes[CLI_KILL_INDEX], port, kill_after, caps[CLI_KILL_INDEX]
+            )
+            foreign_s = foreign.stop()
+        finally:
+            stop(processes)
+        if result.returncode != 0:
+            raise SystemExit(f"state pull failed: {result.stderr[-2000:]}")
+        assert killed is not None, "the pull ended before the kill"
+        summary = json.loads(result.stdout)
+        pulled = await anyio.to_thread.run_sync(read_checkpoint, out)
+        exact = await anyio.to_thread.run_sync(state_hash, pulled.arrays) == expected
+        out.unlink()
+        record = _run_record(summary, bound)
+        record["foreign_cpu_s"] = foreign_s
+        record["victim_sent_at_kill"] = killed
+        record["dropped"] = summary.get("dropped", [])
+        report["runs"].append(record)
+        report["seconds"].append(summary["seconds"])
+        report["exact"].append(exact)
+        print(
+            f"  clikill #{index + 1}: {summary['seconds']:.2f} s = {record['ratio']:.3f}x "
+            f"(data phase {summary['data_s']:.2f} s), the victim sent {killed / 2**20:.0f} MiB, "
+            f"other processes' CPU {foreign_s:.2f} s, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    return report
+
+
+async def scenario_dhtkill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    """3 capped ``state serve`` sources (fresh each repeat), a fresh newcomer finding them in the DHT;
+    the fastest source SIGKILLed once 40 % of the state is verified."""
+    checkpoint = workdir / "checkpoint.npz"
+    if not checkpoint.exists():
+        np.savez(checkpoint, **model_and_adam_state(total, 0))
+    caps = CLI_KILL_CAPS
+    rest = sum(c for i, c in enumerate(caps) if i != CLI_KILL_INDEX)
+    bound = KILL_AT * total / sum(caps) + (1 - KILL_AT) * total / rest
+    report: dict[str, Any] = {"bound_s": bound, "caps": list(caps), "seconds": [], "exact": [], "runs": []}
+    for index in range(repeats):
+        processes, first_addr = start_cli_sources(checkpoint, caps, workdir)
+        killed: list[float] = []
+
+        def kill(
+            progress: TransferProgress,
+            victim: subprocess.Popen[bytes] = processes[CLI_KILL_INDEX],
+            killed: list[float] = killed,
+        ) -> None:
+            if not killed and progress.fraction >= KILL_AT:
+                victim.send_signal(signal.SIGKILL)
+                killed.append(progress.fraction)
+
+        try:
+            await wait_for_providers(first_addr, len(caps))
+            await anyio.sleep(SETTLE_S)
+            foreign = ForeignCpu(processes)
+            started = time.perf_counter()
+            async with open_peer(new_peer().replace(bootstrap=(first_addr,))) as newcomer:
+                peer_started = time.perf_counter() - started
+                loaded = await newcomer.state.load(RUN, progress=kill)
+                seconds = time.perf_counter() - started
+                foreign_s = foreign.stop()
+                exact = await anyio.to_thread.run_sync(state_hash, loaded.state.arrays) == expected
+                loaded.result.staging.close()
+        finally:
+            stop(processes)
+        assert killed, "the pull ended before the kill"
+        at = killed[0]
+        bound_at = at * total / sum(caps) + (1 - at) * total / rest  # the bound at the actual kill point
+        timings = loaded.timings
+        record = {
+            "seconds": seconds,
+            "ratio": seconds / bound,
+            "ratio_at_kill_point": seconds / bound_at,
+            "peer_start_s": peer_started,
+            "discovery_s": timings.discovery_s,
+            "setup_s": timings.setup_s,
+            "data_s": timings.data_s,
+            "verify_s": timings.verify_s,
+            "killed_at": at,
+            "foreign_cpu_s": foreign_s,
+            "source_bytes": {str(p): n for p, n in loaded.completed.bytes_by_source},
+            "source_rates": {str(p): r for p, r in loaded.result.source_rates},
+            "plans": [
+                {"at_s": p.at_s, "reason": p.reason, "chunks": p.chunks, "rates": [r for _, r in p.rates]}
+                for p in loaded.result.plans
+            ],
+            "dropped": [f"{d.reason.value}: {d.detail}" for d in loaded.result.dropped],
+            "load_avg": os.getloadavg(),
+        }
+        report["runs"].append(record)
+        report["seconds"].append(seconds)
+        report["exact"].append(exact)
+        print(
+            f"  dhtkill #{index + 1}: {seconds:.2f} s = {record['ratio']:.3f}x "
+            f"({record['ratio_at_kill_point']:.3f}x at the kill point {at:.2f}), "
+            f"other processes' CPU {foreign_s:.2f} s, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     return report
 
 
@@ -524,7 +781,7 @@ def run_hivemind(args: argparse.Namespace, total: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- main
-SCENARIOS = ("single", "capped", "cli", "kill", "static", "hivemind")
+SCENARIOS = ("single", "capped", "cli", "kill", "clikill", "dhtkill", "static", "hivemind")
 
 
 async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -536,6 +793,8 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "capped": scenario_capped,
         "cli": scenario_cli,
         "kill": scenario_kill,
+        "clikill": scenario_clikill,
+        "dhtkill": scenario_dhtkill,
         "static": scenario_static,
     }
     for name in args.scenarios:
@@ -562,8 +821,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {SCENARIOS}")
     parser.add_argument("--hivemind-python", default=None, help="interpreter that has hivemind (default: this one)")
+    parser.add_argument("--cap-sets", default="3,4", help="cap sets of capped/cli: 3 (20/40/80), 4 (25/.../200)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    chosen = [k.strip() for k in args.cap_sets.split(",") if k.strip()]
+    if not chosen or set(chosen) - set(CAP_SET_KEYS):
+        parser.error(f"--cap-sets takes a comma-separated subset of {sorted(CAP_SET_KEYS)}")
+    ACTIVE_CAP_SETS.clear()
+    ACTIVE_CAP_SETS.update({CAP_SET_KEYS[k]: CAP_SETS[CAP_SET_KEYS[k]] for k in chosen})
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
@@ -571,7 +836,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         report = anyio.run(run_all, args, Path(tmp), backend="trio")
     show(report, args)
-    write_json(args.json, {"benchmark": "state", "gib": args.gib, "repeats": args.repeats, **report})
+    write_json(
+        args.json,
+        {"benchmark": "state", "gib": args.gib, "repeats": args.repeats, "cap_sets": chosen, **report},
+    )
 
 
 def show(report: dict[str, Any], args: argparse.Namespace) -> None:
@@ -640,6 +908,27 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
             ["sources", "newcomer", "seconds", "S/sum(caps) s", "ratio", "exact"],
             rows,
         )
+    if "cli" in report and "failed" not in report["cli"]:
+        for name, entry in report["cli"].items():
+            if isinstance(entry, dict) and entry.get("runs"):
+                ratios = [r["ratio"] for r in entry["runs"]]
+                data = [r["data_ratio"] or float("nan") for r in entry["runs"]]
+                print(f"cli {name}, every pull (x of S/sum(caps) = {entry['bound_s']:.2f} s):")
+                print("  command's timing: " + " ".join(f"{r:.3f}" for r in ratios))
+                print(f"    median {median(ratios):.3f}, max {max(ratios):.3f}")
+                print("  data phase:       " + " ".join(f"{r:.3f}" for r in data))
+                print(f"    median {median(data):.3f}, max {max(data):.3f}; all exact: {all(entry['exact'])}")
+    for key in ("clikill", "dhtkill"):
+        if key not in report or "failed" in report[key]:
+            continue
+        k = report[key]
+        ratios = [r["ratio"] for r in k["runs"]]
+        print(f"{key}, every pull (x of the bound {k['bound_s']:.2f} s):")
+        print("  " + " ".join(f"{r:.3f}" for r in ratios))
+        print(f"  median {median(ratios):.3f}, max {max(ratios):.3f}; all exact: {all(k['exact'])}")
+        at_kill = [r["ratio_at_kill_point"] for r in k["runs"] if "ratio_at_kill_point" in r]
+        if at_kill:
+            print("  against the bound at the actual kill point: " + " ".join(f"{r:.3f}" for r in at_kill))
     if "kill" in report and "failed" not in report["kill"]:
         k = report["kill"]
         print_table(

@@ -223,6 +223,7 @@ async def _pull(
     started = time.perf_counter()
     with anyio.fail_after(timeout_s):
         async with open_peer(config) as peer:
+            peer_started = time.perf_counter() - started
             with progress:
                 loaded = await peer.state.load(
                     run,
@@ -241,6 +242,7 @@ async def _pull(
                     progress.update(bar, completed=loaded.completed.manifest.total_bytes)
     await anyio.to_thread.run_sync(write_checkpoint, out, loaded.state)
     total = loaded.completed.manifest.total_bytes
+    timings = loaded.timings
     conflicts = [d for d in loaded.result.dropped if d.reason is DropReason.CONFLICT]
     for conflict in conflicts:
         console.print(f"[yellow]ignored source {conflict.source}[/]: {conflict.detail}", highlight=False)
@@ -250,8 +252,29 @@ async def _pull(
         "out": out,
         "bytes": total,
         "seconds": elapsed,
+        # What ``seconds`` is made of: starting this peer, finding the sources, agreeing on the
+        # version and leasing it, the data phase (``verify_s`` is the chunk checking inside it),
+        # and handing over the verified state.
+        "peer_start_s": peer_started,
+        "discovery_s": timings.discovery_s,
+        "setup_s": timings.setup_s,
+        "data_s": timings.data_s,
+        "verify_s": timings.verify_s,
+        "commit_s": timings.commit_s,
         "bytes_per_s": total / elapsed if elapsed > 0 else None,
+        "data_bytes_per_s": total / timings.data_s if timings.data_s > 0 else None,
         "sources": {str(peer): count for peer, count in loaded.completed.bytes_by_source},
+        "source_rates": {str(peer): rate for peer, rate in loaded.result.source_rates},
+        "plans": [
+            {
+                "at_s": p.at_s,
+                "reason": p.reason,
+                "chunks": p.chunks,
+                "shares": {str(k): n for k, n in p.shares},
+                "rates": {str(k): r for k, r in p.rates},
+            }
+            for p in loaded.result.plans
+        ],
         "penalised": [str(p.source) for p in loaded.result.penalised],
         "dropped": [str(d.source) for d in loaded.result.dropped],
         "conflicting": {str(d.source): d.detail for d in conflicts},

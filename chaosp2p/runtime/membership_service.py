@@ -12,7 +12,8 @@ import logging
 import os
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ from chaosp2p.clock import Clock
 from chaosp2p.errors import ChaosError, LocalProtocolError
 from chaosp2p.protocols.membership import (
     PROTOCOL,
+    LinkDirection,
     LinkDown,
     LinkUp,
     Member,
@@ -70,6 +72,7 @@ class MembershipService:
         self._publish = publish
         self._dht_contacts = dht_contacts
         self._failures_on_loss = 0
+        self._probe_scopes: set[anyio.CancelScope] = set()  # probes sent or served right now
         self.machine = MembershipMachine(
             identity=host.identity,
             addrs=tuple(str(a) for a in host.listen_addrs),
@@ -162,18 +165,44 @@ class MembershipService:
             )
         )
 
-    def link_estimate(self, peer: PeerID) -> tuple[float | None, float | None]:
-        """(bandwidth bytes/s, RTT s) of our link to ``peer``, if it is one of ours."""
+    def link_estimate(
+        self, peer: PeerID, direction: LinkDirection = LinkDirection.SEND
+    ) -> tuple[float | None, float | None]:
+        """(bandwidth bytes/s in ``direction``, RTT s) of our link to ``peer``.
+
+        ``SEND`` is our upload to it (our probes, only on one of our overlay links); ``RECEIVE`` its
+        upload to us, as what we pulled from it measured it (any member, while fresh).
+        """
+        if direction is LinkDirection.RECEIVE:
+            rtt = next((link.rtt_s for link in self.machine.links() if link.target == peer), None)
+            return self.machine.receive_estimate(self._clock.now(), peer), rtt
         for link in self.machine.links():
             if link.target == peer:
                 return link.bandwidth_bytes_per_s, link.rtt_s
         return None, None
 
-    def record_transfer(self, peer: PeerID, byte_count: int, seconds: float) -> None:
-        """Feed a finished bulk transfer into the link's bandwidth estimate."""
+    def record_transfer(
+        self, peer: PeerID, byte_count: int, seconds: float, direction: LinkDirection = LinkDirection.SEND
+    ) -> None:
+        """Feed a finished bulk transfer into the link's bandwidth estimate for ``direction``."""
         if self.machine.has_left:  # shutting down: the view is no longer maintained
             return
-        self.driver.call(self.machine.record_transfer, peer, byte_count, seconds)
+        self.driver.call(self.machine.record_transfer, peer, byte_count, seconds, direction)
+
+    @contextmanager
+    def bulk_transfer(self) -> Iterator[None]:
+        """Mark a bulk transfer (a pull, or serving one) for as long as the block runs.
+
+        No bandwidth probe is started or served meanwhile, and those in flight are abandoned: a
+        probe would compete with the transfer for the same link (the transfer's bytes measure it).
+        """
+        self.driver.call(self.machine.bulk_transfer_started)
+        for scope in list(self._probe_scopes):
+            scope.cancel()
+        try:
+            yield
+        finally:
+            self.driver.call(self.machine.bulk_transfer_finished)
 
     def report_throughput(self, samples_per_s: float) -> None:
         """Publish this peer's training throughput to the cluster monitor."""
@@ -216,23 +245,48 @@ class MembershipService:
             await anyio.sleep(CANDIDATE_INTERVAL_S)
 
     async def _probe(self, peer: PeerID, nbytes: int) -> None:
-        """Move ``nbytes`` to ``peer`` once and record the rate (bounded by the request timeout)."""
-        try:
-            with anyio.fail_after(self._host.config.request_timeout_s):
-                connection = await self._host.connection_to(peer, self.machine.dial_addrs(peer))
-                stream = connection.open_stream("probe")
-                started = self._clock.now()
-                await stream.send_frame(nbytes)
-                await stream.send(bytes(nbytes), eof=True)
-                await stream.receive_frame()
-                elapsed = self._clock.now() - started
-        except (ChaosError, TimeoutError) as exc:
-            log.debug("bandwidth probe to %s failed: %s", peer, exc)
+        """Move ``nbytes`` to ``peer`` once and record the rate (bounded by the request timeout;
+        abandoned when a bulk transfer starts)."""
+        with anyio.CancelScope() as scope:
+            self._probe_scopes.add(scope)
+            try:
+                with anyio.fail_after(self._host.config.request_timeout_s):
+                    connection = await self._host.connection_to(peer, self.machine.dial_addrs(peer))
+                    stream = connection.open_stream("probe")
+                    try:
+                        started = self._clock.now()
+                        await stream.send_frame(nbytes)
+                        await stream.send(bytes(nbytes), eof=True)
+                        await stream.receive_frame()
+                        elapsed = self._clock.now() - started
+                    finally:
+                        if scope.cancel_called:
+                            stream.reset()
+            except (ChaosError, TimeoutError) as exc:
+                log.debug("bandwidth probe to %s failed: %s", peer, exc)
+                return
+            finally:
+                self._probe_scopes.discard(scope)
+        if scope.cancelled_caught:
+            log.debug("bandwidth probe to %s abandoned: a bulk transfer started", peer)
             return
         if elapsed > 0 and not self.machine.has_left:
-            self.record_transfer(peer, nbytes, elapsed)
+            self.record_transfer(peer, nbytes, elapsed, LinkDirection.SEND)
 
     async def _serve_probe(self, stream: Stream) -> None:
+        if self.machine.probes_paused:  # a transfer has this peer's links: the prober asks again later
+            stream.reset()
+            return
+        with anyio.CancelScope() as scope:
+            self._probe_scopes.add(scope)
+            try:
+                await self._receive_probe(stream)
+            finally:
+                self._probe_scopes.discard(scope)
+                if scope.cancel_called:
+                    stream.reset()
+
+    async def _receive_probe(self, stream: Stream) -> None:
         announced = await stream.receive_frame()
         if type(announced) is not int or not 0 < announced <= MAX_PROBE_BYTES:
             raise ChaosError(f"bandwidth probe of {announced!r} bytes refused")
@@ -258,4 +312,3 @@ def local_resources() -> dict[str, Any]:
         resources["gpus"] = count
         resources["gpu_memory_bytes"] = sum(torch.cuda.get_device_properties(i).total_memory for i in range(count))
     return resources
-

@@ -19,7 +19,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ import anyio.abc
 from chaosp2p.clock import Clock, MonotonicClock
 from chaosp2p.dht import DHTMachine
 from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
-from chaosp2p.protocols.membership import Member, Topology
+from chaosp2p.protocols.membership import LinkDirection, Member, Topology
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub, Subscription
@@ -246,8 +246,13 @@ class Node:
         self.membership.report_throughput(samples_per_s)
 
     def link_estimate(self, peer: PeerID) -> tuple[float | None, float | None]:
-        """(bandwidth bytes/s, one-way latency s) toward ``peer`` as far as this node knows."""
-        bandwidth, rtt = self.membership.link_estimate(peer)
+        """(download bandwidth bytes/s from ``peer``, one-way latency s) as far as this node knows.
+
+        The download direction -- ``peer``'s upload to us, measured by earlier pulls from it --
+        is what a pull is planned with; our own probes of ``peer`` measure our upload, which a
+        capped uplink on either side makes a different number.
+        """
+        bandwidth, rtt = self.membership.link_estimate(peer, LinkDirection.RECEIVE)
         if bandwidth is None:
             bandwidth = self._bandwidth.get(peer)
         if rtt is None and (connection := self.host.connection(peer)) is not None:
@@ -255,14 +260,25 @@ class Node:
         return bandwidth, None if rtt is None else rtt / 2
 
     def record_transfer(self, peer: PeerID, byte_count: int, seconds: float) -> None:
-        """Fold a finished transfer's rate into the bandwidth estimate for ``peer``."""
+        """Fold a finished pull's rate from ``peer`` into the download estimate for ``peer``."""
         if byte_count <= 0 or seconds <= 0:
             return
         self._bandwidth[peer] = byte_count / seconds
         self._bandwidth.move_to_end(peer)
         while len(self._bandwidth) > self.config.transport.max_tracked_peers:
             self._bandwidth.popitem(last=False)
-        self.membership.record_transfer(peer, byte_count, seconds)
+        self.membership.record_transfer(peer, byte_count, seconds, LinkDirection.RECEIVE)
+
+    def record_upload(self, peer: PeerID, byte_count: int, seconds: float) -> None:
+        """Fold what this node served to ``peer`` into the upload estimate for ``peer`` (what the
+        bandwidth probes would have measured)."""
+        if byte_count > 0 and seconds > 0:
+            self.membership.record_transfer(peer, byte_count, seconds, LinkDirection.SEND)
+
+    def bulk_transfer(self) -> AbstractContextManager[None]:
+        """Hold while a bulk transfer runs (pulling or serving state): bandwidth probes, which
+        would share its links, wait until it ends."""
+        return self.membership.bulk_transfer()
 
     # ------------------------------------------------------------------ status
     def status_report(self) -> StatusReport:

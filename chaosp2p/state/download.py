@@ -85,6 +85,26 @@ class PullResult:
     staging: StagingBuffer
     penalised: tuple[SourcePenalised, ...]
     dropped: tuple[SourceDropped, ...]
+    verify_s: float = 0.0
+    """Time the driver spent handing received chunks to the machine, which hashes and checks them
+    (it overlaps the data phase: a chunk is verified as soon as it arrived)."""
+    plans: tuple[PlanRecord, ...] = ()
+    """Every (re)plan of the chunks, in order (what a slow pull is compared with a fast one by)."""
+    source_rates: tuple[tuple[PeerID, float], ...] = ()
+    """Each source's rate as the pull measured it last (bytes/s; 0 if it never delivered)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRecord:
+    """One :class:`Planned` event, stamped with when it happened."""
+
+    at_s: float
+    """Seconds since the data phase began (``start_pull``; 0 for the initial plan)."""
+    reason: str
+    chunks: int
+    shares: tuple[tuple[PeerID, int], ...]
+    rates: tuple[tuple[PeerID, float], ...] = ()
+    """The rate (bytes/s) each source was planned with."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +169,10 @@ class PullDriver:
         self.error: TransferError | None = None
         self.penalised: list[SourcePenalised] = []
         self.dropped: list[SourceDropped] = []
+        self.plans: list[PlanRecord] = []
+        self.verify_s = 0.0
+        self._data_started: float | None = None
+        self._last_progress: TransferProgress | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
 
     async def run(self) -> PullResult:
@@ -180,7 +204,16 @@ class PullDriver:
             staging=self.staging,
             penalised=tuple(self.penalised),
             dropped=tuple(self.dropped),
+            verify_s=self.verify_s,
+            plans=tuple(self.plans),
+            source_rates=self._source_rates(),
         )
+
+    def _source_rates(self) -> tuple[tuple[PeerID, float], ...]:
+        last = self._last_progress
+        if last is None:
+            return ()
+        return tuple((s.peer, s.rate_bytes_per_s) for s in last.sources)
 
     # ------------------------------------------------------------------ machine input and output
     def _input(self, method: Callable[..., T], *args: Any) -> T:
@@ -218,12 +251,23 @@ class PullDriver:
                 else:
                     link.scope.cancel()  # still dialing: nothing was written yet
         elif isinstance(event, Planned):
-            shares = ", ".join(f"{peer.short()} {count}" for peer, count in event.shares)
-            log.debug("plan (%s) of %d chunks: %s", event.reason.value, event.chunks, shares)
+            now = self._clock.now()
+            at = 0.0 if self._data_started is None else now - self._data_started
+            self.plans.append(
+                PlanRecord(
+                    at_s=at, reason=event.reason.value, chunks=event.chunks, shares=event.shares, rates=event.rates
+                )
+            )
+            rates = dict(event.rates)
+            shares = ", ".join(
+                f"{peer.short()} {count} at {rates.get(peer, 0.0) / 1e6:.0f} MB/s" for peer, count in event.shares
+            )
+            log.info("plan at %+.2f s (%s) of %d chunks: %s", at, event.reason.value, event.chunks, shares)
         elif isinstance(event, SourcePenalised):
             self.penalised.append(event)
             log.warning("source %s misbehaved (%s): %s", event.source, event.reason.value, event.detail)
         elif isinstance(event, TransferProgress):
+            self._last_progress = event
             if self._progress is not None:
                 try:
                     self._progress(event)
@@ -231,6 +275,8 @@ class PullDriver:
                     log.exception("progress callback failed")
         elif isinstance(event, Completed):
             self.completed = event
+            for peer, rate in self._source_rates():
+                log.info("source %s delivered at %.1f MB/s (as measured by this pull)", peer.short(), rate / 1e6)
             self._finished.set()
         elif isinstance(event, Failed):
             self.error = event.error
@@ -274,6 +320,7 @@ class PullDriver:
             event.manifest.total_bytes / 2**20,
             len(event.sources),
         )
+        self._data_started = self._clock.now()
         self._input(self.machine.start_pull)
 
     async def _timer(self) -> None:
@@ -370,7 +417,10 @@ class PullDriver:
         except BaseException:
             self._input(self.machine.payload_aborted, peer, slot)
             raise
+        began = self._clock.now()
         self._input(self.machine.payload_received, peer, slot, memoryview(buffer))
+        if slot.kind is PayloadKind.DATA:
+            self.verify_s += self._clock.now() - began
 
     async def _discard(self, link: _SourceLink, stream: Stream, slot: PayloadSlot) -> None:
         """Read a payload nobody wants any more (its chunks came from elsewhere) and drop it."""

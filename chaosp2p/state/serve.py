@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import anyio
 import anyio.abc
@@ -59,6 +60,8 @@ class _StreamState:
     def __init__(self, limit: int) -> None:
         self.queue = RequestQueue(limit)
         self.ended = False
+        self.payload_bytes = 0
+        self.sending_s = 0.0  # time spent handing payloads to the stream (the uplink's pace)
         self.has_work = anyio.Event()
         self.has_room = anyio.Event()
 
@@ -66,7 +69,21 @@ class _StreamState:
 class StateServer:
     """Answers transfer requests from one snapshot catalog (set with :meth:`offer`)."""
 
-    def __init__(self, *, host: Host, clock: Clock, config: TransferConfig, task_group: anyio.abc.TaskGroup) -> None:
+    def __init__(
+        self,
+        *,
+        host: Host,
+        clock: Clock,
+        config: TransferConfig,
+        task_group: anyio.abc.TaskGroup,
+        busy: Callable[[], AbstractContextManager[object]] = nullcontext,
+        record_sent: Callable[[PeerID, int, float], None] | None = None,
+    ) -> None:
+        """``busy`` is held while a stream is served (the node pauses its bandwidth probes, which
+        would share the uplink); ``record_sent(peer, bytes, seconds)`` gets each served stream's
+        payload bytes and the time spent sending them (the upload rate to ``peer``, measured)."""
+        self._busy = busy
+        self._record_sent = record_sent
         self._clock = clock
         self._config = config
         self._task_group = task_group
@@ -89,7 +106,7 @@ class StateServer:
         peer = stream.remote_peer
         shared = _StreamState(self._config.max_queued_requests)
         try:
-            with unwrap_single_error():
+            with self._busy(), unwrap_single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._read_requests, stream, shared)
                     await self._write_answers(stream, shared)
@@ -102,6 +119,8 @@ class StateServer:
         finally:
             if self.session is not None:
                 self.session.peer_unreachable(self._clock.now(), peer)
+            if self._record_sent is not None and shared.payload_bytes:
+                self._record_sent(peer, shared.payload_bytes, shared.sending_s)
 
     async def _read_requests(self, stream: Stream, shared: _StreamState) -> None:
         try:
@@ -137,7 +156,10 @@ class StateServer:
             for out in session.respond(self._clock.now(), peer, item):
                 await stream.send_message(TRANSFER_CODEC, out.message)
                 if isinstance(out, OutgoingPayload):
+                    began = self._clock.now()
                     await stream.send(out.payload)
+                    shared.sending_s += self._clock.now() - began
+                    shared.payload_bytes += out.payload.nbytes
             self._wake.set()
 
     async def _lease_timer(self) -> None:

@@ -46,6 +46,23 @@ def run_provider_key(run: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LoadTimings:
+    """Where the time of one :meth:`StateService.load` went (seconds, on the node's clock)."""
+
+    discovery_s: float = 0.0
+    """Finding the sources: the DHT lookup (retried while none answer), or dialling given ones."""
+    setup_s: float = 0.0
+    """The version vote, the leases, the manifest and allocating staging, before the first data request."""
+    data_s: float = 0.0
+    """From the first data request to the last chunk verified (:attr:`Completed.elapsed_s`)."""
+    verify_s: float = 0.0
+    """Hashing and checking the received chunks: part of ``data_s``, since each chunk is verified
+    as it arrives (:attr:`PullResult.verify_s`)."""
+    commit_s: float = 0.0
+    """Turning the verified staging buffer into the returned state (copying it with ``into``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LoadedState:
     """A committed state: the run, step and arrays, and how the pull went."""
 
@@ -54,6 +71,7 @@ class LoadedState:
     state: FlatState
     completed: Completed
     result: PullResult
+    timings: LoadTimings = LoadTimings()
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
@@ -67,7 +85,14 @@ class StateService:
     def __init__(self, node: Node, config: TransferConfig) -> None:
         self._node = node
         self.config = config
-        self.server = StateServer(host=node.host, clock=node.clock, config=config, task_group=node.task_group)
+        self.server = StateServer(
+            host=node.host,
+            clock=node.clock,
+            config=config,
+            task_group=node.task_group,
+            busy=node.bulk_transfer,
+            record_sent=node.record_upload,
+        )
         self.store: SnapshotCatalog | None = None
         self._announced: dict[str, anyio.Event] = {}
         self._pulls: dict[int, TransferProgress | None] = {}  # latest progress of each load in flight
@@ -163,6 +188,8 @@ class StateService:
         word decides) pin it. Sources found in the DHT while the pull runs join it.
         """
         trust = frozenset(trusted)
+        clock = self._node.clock
+        began = clock.now()
         chosen = await self._sources(run, sources, max(max_sources, 64) if trust else max_sources)
         if trust:  # trusted sources are never the ones cut by max_sources
             chosen = sorted(chosen, key=lambda s: s.peer not in trust)[:max_sources]
@@ -171,6 +198,7 @@ class StateService:
                 f"no peer serves run {run!r}: no provider records in the DHT after {DISCOVERY_TIMEOUT_S:g} s"
             )
         log.info("loading run %r from %d sources", run, len(chosen))
+        discovered = clock.now()
         pull_id, self._next_pull = self._next_pull, self._next_pull + 1
         self._pulls[pull_id] = None
 
@@ -180,24 +208,26 @@ class StateService:
                 progress(update)
 
         try:
-            result = await pull_state(
-                self._node.host,
-                run=run,
-                sources=chosen,
-                config=config or self.config,
-                clock=self._node.clock,
-                step=step,
-                make_staging=make_staging,
-                progress=track,
-                resume_path=resume_path,
-                planner=planner,
-                work_stealing=work_stealing,
-                digest=digest,
-                trusted=trust,
-                rediscover=(lambda: self.find_sources(run, limit=max_sources)) if sources is None else None,
-            )
+            with self._node.bulk_transfer():  # no bandwidth probe shares the links with the pull
+                result = await pull_state(
+                    self._node.host,
+                    run=run,
+                    sources=chosen,
+                    config=config or self.config,
+                    clock=self._node.clock,
+                    step=step,
+                    make_staging=make_staging,
+                    progress=track,
+                    resume_path=resume_path,
+                    planner=planner,
+                    work_stealing=work_stealing,
+                    digest=digest,
+                    trusted=trust,
+                    rediscover=(lambda: self.find_sources(run, limit=max_sources)) if sources is None else None,
+                )
         finally:
             del self._pulls[pull_id]
+        pulled = clock.now()
         completed = result.completed
         for peer, count in completed.bytes_by_source:
             if count and completed.elapsed_s > 0:
@@ -207,7 +237,16 @@ class StateService:
             state = FlatState.from_arrays(into)
         else:
             state = result.staging.commit(completed)
-        return LoadedState(run=run, step=completed.step, state=state, completed=completed, result=result)
+        timings = LoadTimings(
+            discovery_s=discovered - began,
+            setup_s=max(0.0, pulled - discovered - completed.elapsed_s),
+            data_s=completed.elapsed_s,
+            verify_s=result.verify_s,
+            commit_s=clock.now() - pulled,
+        )
+        return LoadedState(
+            run=run, step=completed.step, state=state, completed=completed, result=result, timings=timings
+        )
 
     async def discover_sources(
         self, run: str, *, limit: int, timeout_s: float = DISCOVERY_TIMEOUT_S

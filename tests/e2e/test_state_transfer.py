@@ -11,6 +11,7 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -106,12 +107,23 @@ def test_four_sources_newcomer_loads_bit_exact_through_the_cli(swarm: Swarm, che
         if result.returncode != 0:
             return False
         summary = json.loads(result.stdout)
+        summaries.append(summary)
         return len(summary["sources"]) == 4  # retried until all four have announced themselves
 
     from .processes import wait_until
 
+    summaries: list[dict[str, Any]] = []
     wait_until(pulled, timeout_s=30, what="a pull that uses all four sources", interval_s=0.5)
     assert same_arrays(checkpoint, out)
+    # Issue 24: where the time went, each source's measured rate and every plan, for comparing runs.
+    summary = summaries[-1]
+    parts = [summary[k] for k in ("peer_start_s", "discovery_s", "setup_s", "data_s", "commit_s")]
+    assert all(p >= 0 for p in parts) and summary["data_s"] > 0
+    assert sum(parts) <= summary["seconds"] + 0.01
+    assert 0 < summary["verify_s"] <= summary["data_s"]
+    assert set(summary["source_rates"]) == set(summary["sources"])
+    assert summary["plans"][0]["reason"] == "initial"
+    assert set(summary["plans"][0]["rates"]) == set(summary["plans"][0]["shares"]) == set(summary["sources"])
 
 
 @pytest.mark.anyio

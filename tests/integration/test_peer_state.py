@@ -24,3 +24,23 @@ async def test_repeated_pulls_release_their_leases_at_the_source() -> None:
         assert session is not None
         await eventually(lambda: session.statistics().leases_active == 0)
         assert session.statistics().leases_granted == 8
+
+
+async def test_a_load_reports_where_its_time_went_and_how_each_source_did() -> None:
+    # Issue 24: `seconds` alone mixed discovery, the version vote and the data phase; a slow pull
+    # is explained by comparing its plans and each source's measured rate with a fast one's.
+    async with open_peer(PeerConfig.local()) as source, open_peer(PeerConfig.local()) as newcomer:
+        store = SnapshotStore(source.config.transfer)
+        store.publish("run", 1, {"w": np.arange(4 << 20, dtype=np.float32)})
+        await source.serve_state(store)
+        loaded = await newcomer.load_state("run", sources=[str(source.addrs[0])])
+        timings = loaded.timings
+        assert timings.data_s == loaded.completed.elapsed_s > 0
+        assert 0 < timings.verify_s <= timings.data_s
+        assert timings.discovery_s > 0 and timings.setup_s > 0 and timings.commit_s >= 0
+        plans = loaded.result.plans
+        assert plans and plans[0].reason == "initial" and 0 <= plans[0].at_s < timings.data_s
+        assert sum(n for _, n in plans[0].shares) == plans[0].chunks
+        assert [peer for peer, _ in plans[0].rates] == [source.peer_id] and plans[0].rates[0][1] > 0
+        assert [peer for peer, _ in loaded.result.source_rates] == [source.peer_id]
+        assert loaded.result.source_rates[0][1] > 0

@@ -19,6 +19,7 @@ import pytest
 from chaosp2p.errors import ConfigError, LocalProtocolError
 from chaosp2p.protocols.membership import (
     PROTOCOL,
+    LinkDirection,
     LinkDown,
     LinkUp,
     MembershipConfig,
@@ -679,6 +680,43 @@ def test_bandwidth_estimates_and_probe_requests() -> None:
     assert [p.peer for p in s.machine.take_bandwidth_probes(s.now)] == [s.puppets[1]]
     with pytest.raises(ConfigError):
         s.machine.record_transfer(s.now, s.puppets[0], -1, 1.0)
+
+
+def test_no_bandwidth_probe_is_asked_for_while_a_bulk_transfer_runs() -> None:
+    # Issue 24: every member uploading an 8 MiB probe to a newcomer on the uplink its pull uses
+    # slowed the pull; the probes wait until the transfer ends, and nobody counts as asked.
+    s = Scripted(LAN, puppets=2)
+    s.advance(2.0)
+    s.machine.bulk_transfer_started(s.now)
+    s.machine.bulk_transfer_started(s.now)  # a pull and a served pull at once
+    assert s.machine.probes_paused
+    assert s.machine.take_bandwidth_probes(s.now) == []
+    s.machine.bulk_transfer_finished(s.now)
+    assert s.machine.take_bandwidth_probes(s.now) == []
+    s.machine.bulk_transfer_finished(s.now)
+    assert not s.machine.probes_paused
+    assert {p.peer for p in s.machine.take_bandwidth_probes(s.now)} == set(s.puppets)
+    with pytest.raises(LocalProtocolError):
+        s.machine.bulk_transfer_finished(s.now)
+
+
+def test_bandwidth_is_estimated_per_direction() -> None:
+    # Issue 24: a newcomer's probe measures its own uplink; a download from a source capped at
+    # 20 MB/s must be planned with what was received from it, not with that.
+    s = Scripted(LAN, puppets=2)
+    s.advance(2.0)
+    target = s.puppets[0]
+    s.machine.record_transfer(s.now, target, 100 << 20, 0.1)  # our probe: ~1 GB/s up
+    assert s.machine.receive_estimate(s.now, target) is None
+    s.machine.record_transfer(s.now, target, 200 << 20, 10.0, LinkDirection.RECEIVE)  # a pull: ~21 MB/s
+    s.machine.record_transfer(s.now, target, 1000, 1.0, LinkDirection.RECEIVE)  # too small to count
+    link = {link.target: link for link in s.machine.links()}[target]
+    assert link.bandwidth_bytes_per_s == pytest.approx((100 << 20) / 0.1)  # the probe's, unchanged
+    assert link.receive_bytes_per_s == pytest.approx((200 << 20) / 10.0)
+    assert s.machine.receive_estimate(s.now, target) == pytest.approx((200 << 20) / 10.0)
+    assert s.machine.receive_estimate(s.now, s.puppets[1]) is None
+    s.advance(LAN.bandwidth_estimate_max_age_s)
+    assert s.machine.receive_estimate(s.now, target) is None  # stale
 
 
 def test_members_view_is_frozen_and_complete() -> None:

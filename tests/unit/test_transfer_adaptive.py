@@ -104,6 +104,25 @@ def test_estimates_far_too_high_do_not_size_batches_once_measured(rates: tuple[f
     assert slow_later and max(slow_later) <= 2, slow_later
 
 
+@pytest.mark.parametrize("slow_start_s", [0.3, 1.0])
+def test_a_first_payload_read_late_does_not_decide_the_plan(slow_start_s: float) -> None:
+    # Issue 24: on a loaded newcomer (staging still faulting in, the CPU shared) the first payload
+    # of a fast source can arrive at a fraction of its rate; planned on that one sample, the 20/40
+    # sources were given the fast one's chunks (seen as 1.07-1.30x of the bound, first CLI pulls).
+    rates = (20e3, 40e3, 80e3)
+    state = big_state()
+    sources = make_sources(len(rates), rates=list(rates), states=[state] * len(rates), config=ADAPTIVE)
+    sources[-1].slow_start_s = slow_start_s
+    net = FakeNet(sources, unknown(sources))
+    net.run(until=600.0)
+    assert_bit_exact(net.result(), state)
+    bound = net.completed.manifest.total_bytes / sum(rates) + slow_start_s * rates[-1] / sum(rates)  # type: ignore[union-attr]
+    assert pull_seconds(net) <= 1.03 * bound, (pull_seconds(net), bound)
+    measured = next(p for p in net.of(Planned) if p.reason is PlanReason.MEASURED)
+    shares = dict(measured.shares)
+    assert shares[sources[-1].peer] > shares[sources[0].peer], measured
+
+
 def test_requests_are_batches_sized_to_the_measured_rate() -> None:
     state = big_state()
     sources = make_sources(1, rates=[1e6], states=[state], config=ADAPTIVE)

@@ -113,6 +113,9 @@ class FakeSource:
     corrupt_manifest: bool = False
     error_on_chunks: TransferErrorCode | None = None
     retire_before_open: bool = False
+    slow_start_s: float = 0.0
+    """Its first data payload ends this much later (the newcomer was slow to read it: its staging
+    pages still faulting in, its CPU taken), its later ones stream at ``rate``."""
     dead: bool = False
     stalled: bool = False
     queue: RequestQueue = field(default_factory=lambda: RequestQueue(32))
@@ -273,6 +276,9 @@ class FakeNet:
             src.served += size
             start = max(src.link_free_at, self.now)
             src.link_free_at = start + size / src.rate
+            if isinstance(header, DataHeader) and src.slow_start_s:
+                src.link_free_at += src.slow_start_s
+                src.slow_start_s = 0.0
             header_at = start + src.latency
             done_at = src.link_free_at + src.latency
             self.at(header_at, lambda h=header, d=data, e=done_at: self.newcomer_gets(src, h, d, e))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.membership.events import (
     BandwidthProbe,
+    LinkDirection,
     LinkDown,
     LinkUp,
     LinkView,
@@ -36,6 +37,7 @@ from chaosp2p.protocols.membership.messages import (
 __all__ = [
     "PROTOCOL",
     "BandwidthProbe",
+    "LinkDirection",
     "LinkDown",
     "LinkUp",
     "LinkView",

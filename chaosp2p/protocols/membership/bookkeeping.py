@@ -73,8 +73,13 @@ class MemberRecord:
     info_hash: int = 0  # member_hash(peer, info.version), 0 without info
     rtt_s: float | None = None
     bandwidth: float | None = None
+    """Our upload to it (bytes/s): what our probes measure and what our link summaries publish."""
     bandwidth_at: float | None = None
     bandwidth_asked_at: float | None = None
+    receive_bandwidth: float | None = None
+    """Its upload to us (bytes/s), measured on what we pulled from it: a download is planned by
+    this one, since a capped uplink makes the two directions differ."""
+    receive_bandwidth_at: float | None = None
 
 
 @dataclass(slots=True)

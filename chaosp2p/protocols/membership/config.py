@@ -137,7 +137,8 @@ class MembershipConfig:
 
     # --- bandwidth estimates
     bandwidth_probe_bytes: int = 8 << 20
-    """Size of the bounded active transfer the driver is asked to make when no estimate exists."""
+    """Size of the bounded active transfer the driver is asked to make when no estimate exists
+    (our upload to the peer; never while a bulk transfer runs, see ``bulk_transfer_started``)."""
     bandwidth_min_sample_bytes: int = 256 << 10
     """Transfers smaller than this measure latency, not bandwidth, and are ignored."""
     bandwidth_estimate_max_age_s: float = 600.0

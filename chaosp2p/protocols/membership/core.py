@@ -149,6 +149,7 @@ class MembershipCore:
             self._resources.validate()
         self._info_version = 0
         self._left = False
+        self._bulk_transfers = 0  # bulk transfers (pulls, served pulls) this peer runs now
         self._started = now
         self._last_now = now
 

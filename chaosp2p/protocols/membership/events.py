@@ -133,6 +133,10 @@ class LinkView:
     up: bool
     rtt_s: float | None
     bandwidth_bytes_per_s: float | None
+    """``source`` uploading to ``target`` (what bandwidth probes measure, and what members publish)."""
+    receive_bytes_per_s: float | None = None
+    """``target`` uploading to ``source``, as ``source`` measured it receiving (its pulls from
+    ``target``); only for this peer's own links (members publish one direction)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +145,15 @@ class Topology:
 
     nodes: tuple[Member, ...]
     links: tuple[LinkView, ...]
+
+
+class LinkDirection(enum.Enum):
+    """Which way bytes moved on a link, seen from this peer: a capped uplink makes them differ."""
+
+    SEND = "send"
+    """This peer uploaded to the other one (a bandwidth probe, serving state)."""
+    RECEIVE = "receive"
+    """The other peer uploaded to this one (pulling state from it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

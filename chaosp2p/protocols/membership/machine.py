@@ -55,13 +55,14 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from chaosp2p.errors import ConfigError, RemoteProtocolError
+from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.membership.bookkeeping import ContactRecord, MemberRecord, check_addrs
 from chaosp2p.protocols.membership.core import TimerKind
 from chaosp2p.protocols.membership.dissemination import Dissemination
 from chaosp2p.protocols.membership.events import (
     BandwidthProbe,
+    LinkDirection,
     LinkView,
     Member,
     MembershipEvent,
@@ -314,27 +315,62 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             self._addrs = addrs
             self._set_incarnation(now, self._incarnation + 1)
 
-    def record_transfer(self, now: float, peer: PeerID, nbytes: int, seconds: float) -> None:
-        """Feed one completed transfer with ``peer`` into its bandwidth estimate."""
+    def record_transfer(
+        self, now: float, peer: PeerID, nbytes: int, seconds: float, direction: LinkDirection = LinkDirection.SEND
+    ) -> None:
+        """Feed one completed transfer with ``peer`` into the estimate of its ``direction``.
+
+        A bandwidth probe measures :attr:`LinkDirection.SEND`; a pull from ``peer`` measures
+        :attr:`LinkDirection.RECEIVE`, the direction a later pull from it is planned with.
+        """
         if nbytes < 0 or not seconds >= 0:
             raise ConfigError("record_transfer needs nbytes >= 0 and seconds >= 0")
         member = self._members.get(peer)
         if member is None or nbytes < self.config.bandwidth_min_sample_bytes or seconds == 0:
             return
         rate = min(nbytes / seconds, 1e13)
+        if direction is LinkDirection.RECEIVE:
+            old = member.receive_bandwidth
+            member.receive_bandwidth = rate if old is None else old + _BANDWIDTH_ALPHA * (rate - old)
+            member.receive_bandwidth_at = now
+            return
         if member.bandwidth is None:
             member.bandwidth = rate
         else:
             member.bandwidth += _BANDWIDTH_ALPHA * (rate - member.bandwidth)
         member.bandwidth_at = now
 
+    def bulk_transfer_started(self, now: float) -> None:
+        """This peer began a bulk transfer (a pull, or serving one): no bandwidth probe until it ends.
+
+        A probe would share the transfer's (possibly capped) link and slow it down -- 8 MiB is
+        0.4 s of a 20 MB/s uplink -- while the transfer's own bytes measure the link anyway. The
+        driver also abandons the probes it has in flight (their peers are asked again after
+        ``bandwidth_probe_retry_s``).
+        """
+        del now  # the pause lasts until the matching bulk_transfer_finished, however long
+        self._bulk_transfers += 1
+
+    def bulk_transfer_finished(self, now: float) -> None:
+        """A bulk transfer begun with :meth:`bulk_transfer_started` ended (completed or not)."""
+        del now
+        if self._bulk_transfers <= 0:
+            raise LocalProtocolError("bulk_transfer_finished without a matching bulk_transfer_started")
+        self._bulk_transfers -= 1
+
+    @property
+    def probes_paused(self) -> bool:
+        """True while a bulk transfer runs: no probe is asked for, sent or served."""
+        return self._bulk_transfers > 0
+
     def take_bandwidth_probes(self, now: float) -> list[BandwidthProbe]:
         """Links that have no (fresh) bandwidth estimate and want a bounded active probe now.
 
         Each peer is returned at most once per ``bandwidth_probe_retry_s``; the driver moves
-        ``nbytes`` and reports the result with :meth:`record_transfer`.
+        ``nbytes`` and reports the result with :meth:`record_transfer`. None while
+        :attr:`probes_paused` (the peers are not marked as asked: they are probed afterwards).
         """
-        if self._left:
+        if self._left or self.probes_paused:
             return []
         cfg = self.config
         wanted: list[BandwidthProbe] = []
@@ -349,6 +385,18 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             member.bandwidth_asked_at = now
             wanted.append(BandwidthProbe(peer=peer, nbytes=cfg.bandwidth_probe_bytes))
         return wanted
+
+    def receive_estimate(self, now: float, peer: PeerID) -> float | None:
+        """``peer``'s upload to us (bytes/s) as our pulls from it measured it, while fresh; else None.
+
+        Not our probe of it: that measures our uplink, the other direction.
+        """
+        member = self._members.get(peer)
+        if member is None or member.receive_bandwidth_at is None:
+            return None
+        if now - member.receive_bandwidth_at >= self.config.bandwidth_estimate_max_age_s:
+            return None
+        return member.receive_bandwidth
 
     def leave(self, now: float) -> None:
         """Leave gracefully: tell every live member at once; afterwards the machine is inert."""
@@ -418,6 +466,7 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
                     up=link.up,
                     rtt_s=None if member is None else member.rtt_s,
                     bandwidth_bytes_per_s=None if member is None else member.bandwidth,
+                    receive_bytes_per_s=None if member is None else member.receive_bandwidth,
                 )
             )
         return tuple(out)

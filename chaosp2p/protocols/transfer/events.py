@@ -114,6 +114,8 @@ class Planned:
     reason: PlanReason
     chunks: int
     shares: tuple[tuple[PeerID, int], ...]
+    rates: tuple[tuple[PeerID, float], ...] = ()
+    """The rate (bytes/s) each source was planned with: measured, else estimated, else guessed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -59,6 +59,11 @@ UNKNOWN_RATE_GUESS = 100e6
 """Rate assumed for a lane when no lane has a measurement or an estimate (only its ratio matters)."""
 MIN_RATE = 1.0
 """Floor for any rate handed to the planner (bytes/s)."""
+FIRST_PLAN_SAMPLES = 2
+"""Payloads every lane must have delivered before the first measured re-plan. A lane's first
+payload says little: a loaded newcomer (staging still faulting in, its CPU shared) reads it late,
+the fastest source's most of all, and a plan on that one sample gave the slow sources the fast
+one's chunks (issue 24). The rate meter leaves the first payload out once it has a second."""
 MIN_DEPTH_CHUNKS = 4
 """Chunks kept outstanding on any lane at least (while its rate is unknown, exactly this)."""
 
@@ -391,7 +396,12 @@ class ChunkScheduler:
             owner.queue.append(chunk)
             self._chunk_to(chunk, ChunkInput.ASSIGN)
         self._emit(
-            Planned(reason=reason, chunks=len(todo), shares=tuple((lane.peer, len(lane.queue)) for lane in active))
+            Planned(
+                reason=reason,
+                chunks=len(todo),
+                shares=tuple((lane.peer, len(lane.queue)) for lane in active),
+                rates=tuple((e.peer, e.bytes_per_s or 0.0) for e in estimates),
+            )
         )
 
     def _maybe_replan_on_rates(self, now: float) -> None:
@@ -414,9 +424,9 @@ class ChunkScheduler:
         if reason is None:
             return
         if reason is PlanReason.MEASURED and any(
-            lane.meter.rate is None and lane.prior_rate is None for lane in self._active() if lane.queue
+            lane.meter.samples < FIRST_PLAN_SAMPLES and lane.prior_rate is None for lane in self._active() if lane.queue
         ):
-            # Wait until every lane that has work has measured itself once (quick: one request each).
+            # Wait until every lane that has work has measured itself (quick: a couple of chunks each).
             return
         self.replans += 1
         self._replan(now, reason)
