@@ -170,8 +170,8 @@ def main() -> None:
     parser.add_argument("--dataset-size", type=int, default=10000, help="images in the local CIFAR-shaped set")
     parser.add_argument("--real-hivemind", action="store_true", help="run on hivemind 1.1.12 (needs it installed)")
     args = parser.parse_args()
-    if args.profile != "local":
-        parser.error("the quickstart's DHT listens on loopback: only --profile local applies")
+    if args.profile != "local" or args.listen:
+        parser.error("the quickstart's DHT listens on loopback: only --profile local applies, and no --listen")
     torch.set_num_threads(1)  # two peers share this machine's cores
 
     harness = Harness(args)

@@ -87,13 +87,20 @@ def profile_config(name: str, *, fast_failure_detection: bool = False) -> PeerCo
     return PeerConfig.from_toml(name)
 
 
+def peer_config(args: argparse.Namespace) -> PeerConfig:
+    """The peer's configuration from its command line: ``--profile``, with ``--listen`` replacing the
+    profile's listen addresses (a host in its own network namespace needs no profile file for that)."""
+    config = profile_config(args.profile, fast_failure_detection=args.fast_failure_detection)
+    return config.replace(listen=tuple(args.listen)) if args.listen else config
+
+
 def run_peer(args: argparse.Namespace) -> int:
     """One member: found or join the run, train until ``--steps``, leave."""
     stop = StopSignal()
     x, y, x_test, y_test = load_data()
     model, optimizer = make_model()
     metrics = MetricsWriter(args.metrics_file)
-    config = profile_config(args.profile, fast_failure_detection=args.fast_failure_detection)
+    config = peer_config(args)
     from chaosp2p.api import Collaboration
     from chaosp2p.training import CollaborationConfig
 

@@ -1,7 +1,8 @@
 """Plumbing shared by training scripts that a harness drives (the examples use it).
 
 Every example peer takes the same flags -- ``--join MULTIADDR`` (repeatable), ``--steps N``,
-``--ready-file PATH``, ``--metrics-file PATH`` -- and leaves the run gracefully on SIGTERM, so the
+``--ready-file PATH``, ``--metrics-file PATH``, ``--profile NAME|FILE``, ``--listen MULTIADDR``
+(repeatable; replaces the profile's listen addresses) -- and leaves the run gracefully on SIGTERM, so the
 cluster harness and the tests can drive any of them the same way. ``--metrics-file`` receives one
 JSON object per step::
 
@@ -32,6 +33,13 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", type=Path, help='write {"peer_id", "addrs"} here once listening')
     parser.add_argument("--metrics-file", type=Path, help="append one JSON line per step here")
     parser.add_argument("--profile", default="local", help="peer profile: local, lan, wan or a TOML file")
+    parser.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="listen here instead of the profile's addresses, e.g. /ip4/0.0.0.0/tcp/4001 (repeatable)",
+    )
 
 
 def write_ready_file(path: Path | None, peer_id: str, addrs: list[str]) -> None:

@@ -483,8 +483,15 @@ class Host:
         if existing is not None:
             return existing
         candidates = list(addrs) + [a for a in self.address_book.get(peer, []) if a not in addrs]
-        if not candidates:
-            raise PeerUnreachable(f"no known address for {peer}")
+        # An address we listen on ourselves reaches us, never ``peer``: another host's announced
+        # 127.0.0.1:4001 (its own loopback) is ours too when we use the same port. Dialling it cost a
+        # handshake with ourselves per try (issue 21: 22 per peer in 4 minutes behind NAT).
+        own = {str(a.without_peer()) for a in self._listen_addrs}
+        usable = [a for a in candidates if str(a.without_peer()) not in own]
+        if not usable:
+            detail = " (only addresses this peer listens on itself)" if candidates else ""
+            raise PeerUnreachable(f"no known address for {peer}{detail}")
+        candidates = usable
         errors = []
         for address in candidates:
             try:

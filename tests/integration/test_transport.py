@@ -16,6 +16,7 @@ from chaosp2p.errors import (
     AdmissionDenied,
     ConnectionClosed,
     PeerIdMismatch,
+    PeerUnreachable,
     ProtocolNotSupported,
     RemoteProtocolError,
     RequestTimeout,
@@ -81,6 +82,18 @@ async def test_request_response_and_connection_reuse() -> None:
 
                 tg.start_soon(one)
         assert sorted(results) == list(range(50))
+
+
+async def test_a_peers_address_that_this_host_listens_on_is_not_dialled() -> None:
+    # Behind NAT a peer announces its own loopback, 127.0.0.1:PORT; with the same port here that
+    # address reaches this host itself (issue 21: a handshake with itself per try).
+    async with server() as (host, addr), open_host(Identity.generate(), CONFIG) as client:
+        own = await client.listen("/ip4/127.0.0.1/tcp/0")
+        with pytest.raises(PeerUnreachable, match="only addresses this peer listens on itself"):
+            await client.connection_to(host.peer_id, [own.without_peer()])
+        # Beside a working address, ours is skipped and the peer is reached.
+        connection = await client.connection_to(host.peer_id, [own.without_peer(), addr.without_peer()])
+        assert connection.remote_peer == host.peer_id
 
 
 async def test_bulk_bytes_arrive_exactly_into_the_destination() -> None:
