@@ -610,17 +610,23 @@ def pull_and_kill(
     return subprocess.CompletedProcess(pull.args, pull.returncode, stdout, stderr), killed
 
 
-async def scenario_clikill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
-    """3 capped ``state serve`` sources (fresh each repeat), ``state pull`` through the DHT; the
-    fastest source SIGKILLed once it has sent its share of 40 % of the state."""
-    from chaosp2p.state.checkpoint_file import read_checkpoint
-
+def _kill_setup(total: int, workdir: Path) -> tuple[Path, tuple[float, ...], float]:
+    """The kill scenarios' checkpoint (written once), caps and bound: 0.4 S / sum(all caps) +
+    0.6 S / sum(the caps of the sources left)."""
     checkpoint = workdir / "checkpoint.npz"
     if not checkpoint.exists():
         np.savez(checkpoint, **model_and_adam_state(total, 0))
     caps = CLI_KILL_CAPS
     rest = sum(c for i, c in enumerate(caps) if i != CLI_KILL_INDEX)
-    bound = KILL_AT * total / sum(caps) + (1 - KILL_AT) * total / rest
+    return checkpoint, caps, KILL_AT * total / sum(caps) + (1 - KILL_AT) * total / rest
+
+
+async def scenario_clikill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
+    """3 capped ``state serve`` sources (fresh each repeat), ``state pull`` through the DHT; the
+    fastest source SIGKILLed once it has sent its share of 40 % of the state."""
+    from chaosp2p.state.checkpoint_file import read_checkpoint
+
+    checkpoint, caps, bound = _kill_setup(total, workdir)
     kill_after = int(KILL_AT * total * caps[CLI_KILL_INDEX] / sum(caps))
     report: dict[str, Any] = {"bound_s": bound, "caps": list(caps), "seconds": [], "exact": [], "runs": []}
     for index in range(repeats):
@@ -665,12 +671,7 @@ async def scenario_clikill(total: int, expected: str, repeats: int, workdir: Pat
 async def scenario_dhtkill(total: int, expected: str, repeats: int, workdir: Path) -> dict[str, Any]:
     """3 capped ``state serve`` sources (fresh each repeat), a fresh newcomer finding them in the DHT;
     the fastest source SIGKILLed once 40 % of the state is verified."""
-    checkpoint = workdir / "checkpoint.npz"
-    if not checkpoint.exists():
-        np.savez(checkpoint, **model_and_adam_state(total, 0))
-    caps = CLI_KILL_CAPS
-    rest = sum(c for i, c in enumerate(caps) if i != CLI_KILL_INDEX)
-    bound = KILL_AT * total / sum(caps) + (1 - KILL_AT) * total / rest
+    checkpoint, caps, bound = _kill_setup(total, workdir)
     report: dict[str, Any] = {"bound_s": bound, "caps": list(caps), "seconds": [], "exact": [], "runs": []}
     for index in range(repeats):
         processes, first_addr = start_cli_sources(checkpoint, caps, workdir)
@@ -701,6 +702,7 @@ async def scenario_dhtkill(total: int, expected: str, repeats: int, workdir: Pat
             stop(processes)
         assert killed, "the pull ended before the kill"
         at = killed[0]
+        rest = sum(c for i, c in enumerate(caps) if i != CLI_KILL_INDEX)
         bound_at = at * total / sum(caps) + (1 - at) * total / rest  # the bound at the actual kill point
         timings = loaded.timings
         record = {
