@@ -338,8 +338,19 @@ class Stepping(CollaborationCore):
         return outcome[0] if outcome else None
 
     async def _wait_for_new_configuration(self, step: int, failed: Configuration) -> bool:
-        """After an aborted round: wait (bounded) until the configuration governing ``step`` changes."""
+        """After an aborted round: wait (bounded) until the configuration governing ``step`` changes.
+
+        Not at all once a newer configuration than ``failed`` is known that does not govern
+        ``step``: nothing will change for ``step`` any more, and most likely some member completed
+        it (a change decided while a step is stuck activates right after the last step completed
+        anywhere) -- its result is fetched at once. (The two ends of a cut waited here while the
+        others were already in the next step's round, waiting for them.) If nobody has it, the
+        members say so at once and the step is retried, as after the wait.
+        """
         runs = self.port.runs
+        newest = runs.configuration(self.run)
+        if newest is not None and newest.epoch > failed.epoch and newest.activation_step > step:
+            return False
         with anyio.move_on_after(self.config.retry_wait_s):
             while True:
                 current = runs.governing(self.run, step)
@@ -360,8 +371,14 @@ class Stepping(CollaborationCore):
     async def _fetch_update(self, config: Configuration, step: int, out: np.ndarray) -> bool:
         """Ask the other members for the result of ``step`` under ``config``; True if one had it."""
         request = FetchUpdate(run=self.run, step=step, config_digest=config.digest)
-        for member in ring_order(config):
-            if member == self.port.peer_id:
+        me = self.port.peer_id
+        newest = self.port.runs.configuration(self.run) or config
+        # Members over a link the run holds down are asked last: each try waits up to the round
+        # timeout, and the other end of a cut (first in ring order, say) cost the others that long
+        # in the next step's round -- long enough to STALL this member (issue 19).
+        cut = {m for m in config.peers if (link := newest.link(me, m)) is not None and not link.up}
+        for member in sorted(ring_order(config), key=lambda m: m in cut):
+            if member == me:
                 continue
             try:
                 with anyio.fail_after(self.config.round_timeout_min_s):

@@ -398,6 +398,32 @@ async def test_after_a_failed_round_with_no_change_the_others_result_is_fetched_
     assert r.collab.step_index == 1
 
 
+async def test_the_result_is_fetched_from_a_member_over_an_up_link_before_the_other_end_of_a_cut() -> None:
+    # Issue 19: an end of a cut link, whose round failed after the others completed the step, asked
+    # its cut partner first (ring order): that try waited a round timeout, while the others waited
+    # for it in the next step's round, and they STALLed it.
+    r = await _founded()
+    first, second = (i.peer_id for i in identities(2, base=90))
+    me = r.port.peer_id
+    governing = _with_members(r, first, second, epoch=1, activation_step=0, global_batch=12)
+    cut, reachable = [p for p in ring_order(governing) if p != me]
+    down = LinkEntry(a=min(me, cut, key=lambda p: p.raw), b=max(me, cut, key=lambda p: p.raw), up=False)
+    header = UpdateHeader(step=0, epoch=1, config_digest=governing.digest, numel=NUMEL)
+    r.port.answer(reachable, header, UPDATE.tobytes())
+
+    def cut_then_abort(_buffer: np.ndarray, _call: AverageCall) -> None:
+        # While the round ran: the others completed step 0, and the LINK_DOWN its failure raised
+        # was agreed for step 1.
+        r.gates.install(configuration([me, first, second], epoch=2, activation_step=1, global_batch=12, links=[down]))
+        raise RoundAborted("no exchange with the other end of the cut")
+
+    r.averager.then(cut_then_abort)
+    stats = await r.collab.step(4)
+    assert [peer for peer, _ in r.port.dialled] == [reachable]
+    np.testing.assert_array_equal(_grads(r.collab.model), UPDATE)
+    assert stats.attempts == 1
+
+
 @pytest.mark.parametrize(
     "header, payload",
     [
