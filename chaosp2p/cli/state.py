@@ -267,13 +267,13 @@ async def _pull(
         "source_rates": {str(peer): rate for peer, rate in loaded.result.source_rates},
         "plans": [
             {
-                "at_s": p.at_s,
-                "reason": p.reason,
-                "chunks": p.chunks,
-                "shares": {str(k): n for k, n in p.shares},
-                "rates": {str(k): r for k, r in p.rates},
+                "at_s": record.at_s,
+                "reason": record.plan.reason.value,
+                "chunks": record.plan.chunks,
+                "shares": {str(k): n for k, n in record.plan.shares},
+                "rates": {str(k): r for k, r in record.plan.rates},
             }
-            for p in loaded.result.plans
+            for record in loaded.result.plans
         ],
         "penalised": [str(p.source) for p in loaded.result.penalised],
         "dropped": [str(d.source) for d in loaded.result.dropped],

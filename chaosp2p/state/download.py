@@ -100,11 +100,7 @@ class PlanRecord:
 
     at_s: float
     """Seconds since the data phase began (``start_pull``; 0 for the initial plan)."""
-    reason: str
-    chunks: int
-    shares: tuple[tuple[PeerID, int], ...]
-    rates: tuple[tuple[PeerID, float], ...] = ()
-    """The rate (bytes/s) each source was planned with."""
+    plan: Planned
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,11 +249,7 @@ class PullDriver:
         elif isinstance(event, Planned):
             now = self._clock.now()
             at = 0.0 if self._data_started is None else now - self._data_started
-            self.plans.append(
-                PlanRecord(
-                    at_s=at, reason=event.reason.value, chunks=event.chunks, shares=event.shares, rates=event.rates
-                )
-            )
+            self.plans.append(PlanRecord(at_s=at, plan=event))
             rates = dict(event.rates)
             shares = ", ".join(
                 f"{peer.short()} {count} at {rates.get(peer, 0.0) / 1e6:.0f} MB/s" for peer, count in event.shares

@@ -602,7 +602,7 @@ class Averager:
                 stream.reset()
         del self._active[round_.tag.run]
         if round_.failure is not None and round_.failure[0] == "aborted":
-            partial = frozenset(round_.partial()) if round_.shard.size else frozenset()
+            partial = round_.partial() if round_.shard.size else frozenset()
             waited = self.clock.now() - round_.started
             self._silent[round_.tag.run] = (round_.tag, silent_contributors(round_), waited, partial)
         self._finished[round_.tag] = notice

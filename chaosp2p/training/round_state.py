@@ -206,13 +206,13 @@ class RoundState:
             return f"payload of {header.payload_bytes} bytes, expected {expected}"
         return None
 
-    def partial(self) -> dict[PeerID, int]:
-        """Contributors whose contribution to our shard started but is not complete: elements in."""
-        return {
-            peer: inbound.received
+    def partial(self) -> frozenset[PeerID]:
+        """Contributors whose contribution to our shard started but is not complete."""
+        return frozenset(
+            peer
             for peer, inbound in self.inbound.items()
             if inbound.values is not None and not inbound.failed and inbound.received < len(inbound.values)
-        }
+        )
 
     def undelivered(self) -> frozenset[PeerID]:
         """Contributors whose contribution to our shard is not (completely) in."""

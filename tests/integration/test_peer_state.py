@@ -38,9 +38,10 @@ async def test_a_load_reports_where_its_time_went_and_how_each_source_did() -> N
         assert timings.data_s == loaded.completed.elapsed_s > 0
         assert 0 < timings.verify_s <= timings.data_s
         assert timings.discovery_s > 0 and timings.setup_s > 0 and timings.commit_s >= 0
-        plans = loaded.result.plans
-        assert plans and plans[0].reason == "initial" and 0 <= plans[0].at_s < timings.data_s
-        assert sum(n for _, n in plans[0].shares) == plans[0].chunks
-        assert [peer for peer, _ in plans[0].rates] == [source.peer_id] and plans[0].rates[0][1] > 0
+        (first, *_) = loaded.result.plans
+        plan = first.plan
+        assert plan.reason.value == "initial" and 0 <= first.at_s < timings.data_s
+        assert sum(n for _, n in plan.shares) == plan.chunks
+        assert [peer for peer, _ in plan.rates] == [source.peer_id] and plan.rates[0][1] > 0
         assert [peer for peer, _ in loaded.result.source_rates] == [source.peer_id]
         assert loaded.result.source_rates[0][1] > 0
