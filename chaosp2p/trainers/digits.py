@@ -40,10 +40,13 @@ def load_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     return x[train], y[train], x[test], y[test]
 
 
-def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The same initial weights in every process (a newcomer overwrites them with the swarm's anyway)."""
+def make_model(device: torch.device | str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The same initial weights in every process (a newcomer overwrites them with the swarm's anyway).
+
+    The weights are drawn on the CPU and then moved, so they do not depend on ``device``.
+    """
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
     return model, torch.optim.Adam(model.parameters(), lr=2e-3)
 
 
@@ -97,8 +100,9 @@ def peer_config(args: argparse.Namespace) -> PeerConfig:
 def run_peer(args: argparse.Namespace) -> int:
     """One member: found or join the run, train until ``--steps``, leave."""
     stop = StopSignal()
-    x, y, x_test, y_test = load_data()
-    model, optimizer = make_model()
+    device = torch.device(args.device)
+    x, y, x_test, y_test = (t.to(device) for t in load_data())
+    model, optimizer = make_model(device)
     metrics = MetricsWriter(args.metrics_file)
     config = peer_config(args)
     from chaosp2p.api import Collaboration
@@ -117,7 +121,7 @@ def run_peer(args: argparse.Namespace) -> int:
         while collab.step_index < args.steps and not stop.requested:
             step = collab.step_index
             start, stop_at = collab.batch_slice()
-            idx = torch.from_numpy(global_batch_indices(step, collab.global_batch, len(x))[start:stop_at])
+            idx = torch.from_numpy(global_batch_indices(step, collab.global_batch, len(x))[start:stop_at]).to(device)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
             loss.backward()  # type: ignore[no-untyped-call]
@@ -162,6 +166,12 @@ def parser() -> argparse.ArgumentParser:
     add_peer_arguments(parser)
     parser.add_argument("--batch", type=int, default=64, help="global batch (samples per step over all members)")
     parser.add_argument("--pace", type=float, default=0.02, help="sleep per step, standing in for a bigger model")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the model trains (cpu, cuda, cuda:1): every member of a run should use the same kind,"
+        " since CPU and GPU kernels may round differently",
+    )
     parser.add_argument(
         "--fast-failure-detection",
         action="store_true",

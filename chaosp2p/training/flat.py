@@ -3,8 +3,9 @@
 Averaging moves one contiguous array per round: every trainable parameter's gradient is copied into
 its slice of a preallocated float32 buffer (in ``model.parameters()`` order, which is the same on
 every member running the same architecture), averaged in place, and copied back into ``.grad``.
-Tensors on an accelerator are staged through the host buffer with one synchronisation per copy
-direction, so the averaging code only ever sees host memory.
+Tensors on a CUDA device are staged through page-locked host memory (:meth:`FlatParameters.host_array`)
+with asynchronous copies and one synchronisation per copy direction, so the averaging code only ever
+sees host memory and a model of many small tensors does not pay one blocking transfer per tensor.
 
 ``layout_digest`` names the architecture (parameter names, shapes, dtypes): members compare it
 when a newcomer joins, so a model of a different shape is refused before any bytes are averaged.
@@ -35,9 +36,13 @@ def _torch() -> Any:
 
 
 class FlatParameters:
-    """The trainable parameters of a model mapped onto one float32 buffer."""
+    """The trainable parameters of a model mapped onto one float32 buffer.
 
-    def __init__(self, parameters: Sequence[Any]) -> None:
+    ``force_staging`` takes the accelerator path (asynchronous copies, one synchronisation) for
+    CPU tensors too, so that path is tested on machines without a GPU.
+    """
+
+    def __init__(self, parameters: Sequence[Any], *, force_staging: bool = False) -> None:
         torch = _torch()
         self.parameters = [p for p in parameters if p.requires_grad]
         if not self.parameters:
@@ -48,8 +53,36 @@ class FlatParameters:
         self.sizes = [int(p.numel()) for p in self.parameters]
         self.offsets = np.cumsum([0, *self.sizes]).tolist()
         self.numel = int(self.offsets[-1])
-        self.buffer = np.zeros(self.numel, dtype=np.float32)
+        self._force_staging = force_staging
+        # Synchronising a device waits only for that device: remember every one the model uses.
+        self._devices = sorted({p.device for p in self.parameters if p.is_cuda}, key=str)
+        self.buffer = self.host_array()
+        self.buffer.fill(0.0)
         self._host = torch.from_numpy(self.buffer)
+
+    @property
+    def staged(self) -> bool:
+        """Whether copies to and from the parameters go through the asynchronous staging path."""
+        return self._force_staging or bool(self._devices)
+
+    def host_array(self) -> np.ndarray:
+        """A new flat float32 array (uninitialised) for this model's gradients or values: page-locked
+        when the parameters live on a CUDA device, so copies to and from it run asynchronously."""
+        torch = _torch()
+        pinned = bool(self._devices) and torch.cuda.is_available()
+        tensor = torch.empty(self.numel, dtype=torch.float32, pin_memory=pinned)
+        array: np.ndarray = tensor.numpy()  # the array keeps the tensor (and its pinned memory) alive
+        return array
+
+    def _copy(self, destination: Any, source: Any) -> None:
+        destination.copy_(source, non_blocking=self.staged)
+
+    def _finish(self) -> None:
+        """Wait for the asynchronous copies: the host memory may be read or reused right after."""
+        if self._devices:
+            torch = _torch()
+            for device in self._devices:
+                torch.cuda.synchronize(device)
 
     def _slices(self) -> list[tuple[Any, Any]]:
         return [
@@ -66,7 +99,8 @@ class FlatParameters:
                 if p.grad is None:
                     view.zero_()
                 else:
-                    view.copy_(p.grad, non_blocking=False)
+                    self._copy(view, p.grad)
+        self._finish()
         return self.buffer if out is None else out
 
     def scatter_grads(self, source: np.ndarray) -> None:
@@ -78,7 +112,8 @@ class FlatParameters:
                 view = flat[self.offsets[i] : self.offsets[i + 1]].view(p.shape)
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
-                p.grad.copy_(view)
+                self._copy(p.grad, view)
+        self._finish()
 
     def gather_values(self, out: np.ndarray) -> np.ndarray:
         """Copy the parameter values into ``out`` (flat float32)."""
@@ -86,7 +121,8 @@ class FlatParameters:
         flat = torch.from_numpy(out)
         with torch.no_grad():
             for i, p in enumerate(self.parameters):
-                flat[self.offsets[i] : self.offsets[i + 1]].view(p.shape).copy_(p)
+                self._copy(flat[self.offsets[i] : self.offsets[i + 1]].view(p.shape), p)
+        self._finish()
         return out
 
     def scatter_values(self, source: np.ndarray) -> None:
@@ -95,7 +131,8 @@ class FlatParameters:
         flat = torch.from_numpy(source)
         with torch.no_grad():
             for i, p in enumerate(self.parameters):
-                p.copy_(flat[self.offsets[i] : self.offsets[i + 1]].view(p.shape))
+                self._copy(p, flat[self.offsets[i] : self.offsets[i + 1]].view(p.shape))
+        self._finish()
 
 
 def layout_digest(model: Any) -> bytes:

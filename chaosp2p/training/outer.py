@@ -30,7 +30,7 @@ class OuterState:
         # refuses Nesterov without momentum, so it is only asked for when there is momentum.
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=lr, momentum=momentum, nesterov=momentum > 0)
         self._flat = FlatParameters(list(self.module.parameters()))
-        self._values = np.empty(self._flat.numel, dtype=np.float32)
+        self._values = self._flat.host_array()
 
     def pseudo_gradient(self, live: FlatParameters, out: np.ndarray) -> None:
         """``out = global - live`` (flat float32)."""

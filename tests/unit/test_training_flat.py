@@ -98,3 +98,30 @@ def test_collaboration_config_validates() -> None:
     assert (
         CollaborationConfig.profile_named("wan").round_timeout_min_s > CollaborationConfig.local().round_timeout_min_s
     )
+
+
+def test_the_staging_path_copies_the_same_values_as_the_plain_one() -> None:
+    # The accelerator path (asynchronous copies, one synchronisation per direction) taken on CPU
+    # tensors: what it gathers and scatters must be exactly what the plain path does.
+    model = _model(3)
+    model(torch.randn(5, 4)).sum().backward()
+    plain = FlatParameters(list(model.parameters()))
+    staged = FlatParameters(list(model.parameters()), force_staging=True)
+    assert staged.staged and not plain.staged
+    assert np.array_equal(staged.gather_grads(staged.host_array()), plain.gather_grads(plain.host_array()))
+    values = staged.gather_values(staged.host_array())
+    assert np.array_equal(values, plain.gather_values(plain.host_array()))
+    doubled = (values * 2).astype(np.float32)
+    staged.scatter_values(doubled)
+    staged.scatter_grads(doubled)
+    for p, v in zip(model.parameters(), plain.parameters, strict=True):
+        assert torch.equal(p, v)
+    assert np.array_equal(plain.gather_values(plain.host_array()), doubled)
+    assert np.array_equal(plain.gather_grads(plain.host_array()), doubled)
+
+
+def test_host_arrays_for_cpu_parameters_are_plain_memory() -> None:
+    flat = FlatParameters(list(_model().parameters()))
+    array = flat.host_array()
+    assert array.dtype == np.float32 and array.shape == (flat.numel,)
+    assert not torch.from_numpy(array).is_pinned()
