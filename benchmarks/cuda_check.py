@@ -1,6 +1,6 @@
 """The CUDA paths on a GPU machine: staging, a state pull into ``cuda`` tensors, training on ``cuda``.
 
-    python benchmarks/cuda_check.py --out results.json [--state-mb 1024] [--steps 400]
+    python benchmarks/cuda_check.py --json results.json [--state-mb 1024] [--steps 400]
 
 One prepared run of a few minutes (a GPU is lent only now and then, for minutes). In order:
 
@@ -308,7 +308,7 @@ def check_training(steps: int, workdir: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ main
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", help="write the results here (JSON)")
+    parser.add_argument("--json", help="write the results here")
     parser.add_argument("--state-mb", type=int, default=1024, help="model + Adam state to stage and pull")
     parser.add_argument("--steps", type=int, default=400, help="steps of the digits training check")
     parser.add_argument("--repeats", type=int, default=5)
@@ -345,7 +345,7 @@ def main() -> int:
                 results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             results[name]["wall_s"] = round(time.perf_counter() - started, 1)
             print(name, json.dumps(results[name], indent=1), flush=True)
-            write_json(args.out, {"cuda_check": results})
+            write_json(args.json, {"cuda_check": results})
         if "error" in results.get("training", {}) or not results["training"].get("all_equal"):
             for log in sorted(workdir.glob("*.log")):
                 print(f"--- {log.name}\n{log.read_text()[-2000:]}", flush=True)
