@@ -20,6 +20,7 @@ objects without starting anything, so the unit tests check the mapping directly.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -267,6 +268,11 @@ def dht_peer_config(
     if base is None:
         profile = "local" if listen and all(is_loopback(text) for text in listen) else "lan"
         base = PeerConfig.profile_named(profile)
+        # A change (a newcomer's admission above all) takes effect at the epoch under way, as a
+        # hivemind peer adds its samples to it: a member enters an epoch's round only when its
+        # share is done, seconds after a decision that takes milliseconds. The default margin of
+        # two steps suits steps of milliseconds; here it would make a newcomer wait a whole epoch.
+        base = base.replace(negotiation=dataclasses.replace(base.negotiation, max_margin_steps=1))
     changes: dict[str, Any] = {"listen": listen, "bootstrap": bootstrap}
     if identity_path is not None:
         changes["identity_path"] = str(identity_path)
@@ -302,10 +308,12 @@ class OptimizerSettings:
             "global_batch": self.target_batch_size,
             "wire_dtype": self.wire_dtype,
             "join_timeout_s": self.join_timeout_s,
-            # An epoch spans many step() calls, so a newcomer asks for the nearest one's snapshot,
-            # and each member reports its throughput every epoch (shares follow it; negotiation only
-            # acts on large changes).
-            "snapshot_ahead_steps": 1,
+            # An epoch spans many step() calls, so members keep a snapshot of every epoch they
+            # complete (one copy per epoch) and a newcomer loads the last one at once instead of
+            # waiting for the end of the epoch under way; each member reports its throughput every
+            # epoch (shares follow it; negotiation only acts on large changes).
+            "snapshot_ahead_steps": 0,
+            "snapshot_every_step": True,
             "rebalance_interval_steps": 1,
         }
         if self.mode == "diloco":

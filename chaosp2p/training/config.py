@@ -52,7 +52,12 @@ class CollaborationConfig:
     join_timeout_s: float = 600.0
     """Give up joining after this long (snapshot download and catch-up included)."""
     snapshot_ahead_steps: int = 2
-    """A newcomer asks the members to snapshot this many steps ahead of the newest it saw."""
+    """A newcomer asks the members to snapshot this many steps ahead of the newest it saw (0: the
+    step its sponsor completed last, which members keep only with ``snapshot_every_step``)."""
+    snapshot_every_step: bool = False
+    """Publish and vouch for a snapshot after every completed step, so a newcomer can load the step
+    its sponsor completed last at once instead of waiting for a step ahead. Costs one copy of the
+    model and optimizer state per step: meant for long steps (the hivemind drop-in's epochs)."""
     rebalance_interval_steps: int = 50
     """Report measured throughput to the run every this many steps (straggler balancing)."""
     balance: bool = True
@@ -86,7 +91,6 @@ class CollaborationConfig:
             "update_history",
             "max_catchup_updates",
             "join_timeout_s",
-            "snapshot_ahead_steps",
             "rebalance_interval_steps",
             "max_newcomers",
             "ticket_steps",
@@ -95,6 +99,11 @@ class CollaborationConfig:
         require(self.join_lag_steps >= 1, "join_lag_steps must be >= 1")
         require(self.max_snapshot_sources >= 0, "max_snapshot_sources must be >= 0 (0 = all members)")
         require(self.evict_after_invalid_rounds >= 0, "evict_after_invalid_rounds must be >= 0 (0 = never)")
+        require(self.snapshot_ahead_steps >= 0, "snapshot_ahead_steps must be >= 0")
+        require(
+            self.snapshot_ahead_steps >= 1 or self.snapshot_every_step,
+            "snapshot_ahead_steps = 0 asks for a step already completed: set snapshot_every_step so members keep it",
+        )
         require(
             self.snapshot_ahead_steps <= self.ticket_steps,
             "snapshot_ahead_steps must be <= ticket_steps (a sponsor's ticket covers no further)",

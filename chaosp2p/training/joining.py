@@ -108,7 +108,8 @@ class Joining(CollaborationCore):
             raise failures[0]
 
     async def _catch_up(self, sponsor: PeerID, config: Configuration, receiver: UpdateReceiver) -> None:
-        snapshot_step = receiver.sponsor_completed + self.config.snapshot_ahead_steps
+        # Nothing completed yet (a run at its first step): the first step it completes.
+        snapshot_step = max(receiver.sponsor_completed + self.config.snapshot_ahead_steps, 0)
         if receiver.ticket is not None:  # members serve no snapshot past what the sponsor's ticket covers
             snapshot_step = min(snapshot_step, receiver.ticket.until_step)
         replies = await self._request_snapshots(config, snapshot_step, receiver.ticket)
@@ -145,6 +146,11 @@ class Joining(CollaborationCore):
         with unwrap_single_error():
             async with anyio.create_task_group() as tg:
                 admitted: list[Configuration] = []
+                # Set once ``admitted`` holds the admission, for a wait on the next update. Not the
+                # run's change notification: that fires before this task resumes to record the
+                # admission, and a run admitted at the step under way changes no more until the
+                # newcomer takes part, so a waiter that missed it waited forever.
+                admission_arrived = anyio.Event()
 
                 async def ask_admission() -> None:
                     # Bounded by join_timeout_s around the whole join; never raises into this group.
@@ -158,6 +164,7 @@ class Joining(CollaborationCore):
                             timeout_s=math.inf,
                         )
                     )
+                    admission_arrived.set()
 
                 asked = False
                 while True:
@@ -170,7 +177,7 @@ class Joining(CollaborationCore):
                     elif not asked and (receiver.latest or applied) - applied <= self.config.join_lag_steps:
                         asked = True
                         tg.start_soon(ask_admission)
-                    header, update = await self._next_update(receiver, admitted)
+                    header, update = await self._next_update(receiver, admission_arrived)
                     if header is None:
                         continue
                     if header.step <= applied:
@@ -200,12 +207,12 @@ class Joining(CollaborationCore):
         log.info("run %r: admitted at step %d (epoch %d)", self.run, admission.activation_step, admission.epoch)
 
     async def _next_update(
-        self, receiver: UpdateReceiver, admitted: list[Configuration]
+        self, receiver: UpdateReceiver, admission_arrived: anyio.Event
     ) -> tuple[Any, np.ndarray] | tuple[None, None]:
         """The next update, or (None, None) when admission arrived while waiting."""
         result: list[tuple[Any, np.ndarray]] = []
         errors: list[ChaosError] = []
-        with unwrap_single_error():  # wait_changed may raise a chaosp2p error (a removed run)
+        with unwrap_single_error():
             async with anyio.create_task_group() as tg:
 
                 async def take() -> None:
@@ -216,12 +223,11 @@ class Joining(CollaborationCore):
                     tg.cancel_scope.cancel()
 
                 async def admission() -> None:
-                    while not admitted:
-                        await self.port.runs.wait_changed()
+                    await admission_arrived.wait()
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(take)
-                if not admitted:
+                if not admission_arrived.is_set():
                     tg.start_soon(admission)
         if errors:
             raise errors[0]

@@ -234,7 +234,7 @@ class Stepping(CollaborationCore):
         self.feed.publish(step=step, epoch=config.epoch, config_digest=config.digest, update=buffer)
         await anyio.to_thread.run_sync(apply, buffer)
         self._history.append((step, config.digest, config.epoch, buffer))
-        if self.snapshots.wanted(step):
+        if self.snapshots.wanted(step) or self.config.snapshot_every_step:
             await self._publish_snapshot(step, config)
         self.snapshots.give_up_before(step + 1)
         self.step_index = step + 1

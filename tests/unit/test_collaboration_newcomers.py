@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from chaosp2p.errors import RemoteProtocolError, TransferError  # noqa: E402
+from chaosp2p.errors import ConfigError, RemoteProtocolError, TransferError  # noqa: E402
 from chaosp2p.protocols.collab import messages as collab  # noqa: E402
 from chaosp2p.protocols.collab.vouch import Vouch, sign_vouch, vouched_reply  # noqa: E402
 from chaosp2p.protocols.negotiation import RunInfo  # noqa: E402
@@ -29,6 +29,7 @@ from chaosp2p.protocols.transfer import Completed  # noqa: E402
 from chaosp2p.state.service import LoadedState  # noqa: E402
 from chaosp2p.state.snapshot import SnapshotStore  # noqa: E402
 from chaosp2p.state.torch_adapter import flatten_torch, publish_torch  # noqa: E402
+from chaosp2p.training.config import CollaborationConfig  # noqa: E402
 from chaosp2p.training.flat import FlatParameters, parameter_digest  # noqa: E402
 from chaosp2p.training.joining import QUERY_RUN_TIMEOUT_S  # noqa: E402
 from chaosp2p.wire.identity import PeerID  # noqa: E402
@@ -207,6 +208,56 @@ async def test_a_newcomer_loads_the_vouched_state_replays_the_updates_after_it_a
     assert len(call.members) == 4
 
 
+async def test_a_newcomer_admitted_at_the_step_under_way_completes_its_join_without_another_update() -> None:
+    # The hivemind drop-in admits a newcomer at the epoch under way: the sponsor sends no update
+    # before the newcomer takes part, and the run changes no more. The join used to wait for the
+    # admission with the run's change notification, which fires before the task asking for
+    # admission records it (as the runtime wakes them): it then waited for a change forever.
+    r = _rig(snapshot_ahead_steps=2, join_lag_steps=2)
+    m1, m2 = identities(2, base=150)
+    members = [m1.peer_id, m2.peer_id]
+    held = configuration(members, epoch=1, global_batch=12)
+    numel = r.collab.numel
+    member_model, member_optimizer = _model()
+    info = _offer_snapshot(r, member_model, member_optimizer, members, bytes_by_source=())
+    from chaosp2p.protocols.collab.ticket import issue_ticket
+
+    ticket = issue_ticket(m1, run=RUN, newcomer=r.port.peer_id, until_step=4 + 16)
+    observed: list[Any] = [collab.ObserveAccepted(completed=4, numel=numel, ticket=ticket)]
+    for step in (5, SNAPSHOT_STEP):  # up to the snapshot step, then nothing more
+        header = collab.UpdateHeader(step=step, epoch=1, config_digest=held.digest, numel=numel)
+        observed += [header, np.zeros(numel, dtype=np.float32).tobytes()]
+    r.port.contacts = [m1.peer_id]
+    r.gates.run_infos[m1.peer_id] = RunInfo(run=RUN, configuration=held, step=5, from_peer=m1.peer_id)
+    r.port.answer(m1.peer_id, *observed, HOLD)
+    for identity in (m1, m2):
+        vouch = sign_vouch(identity, run=RUN, step=SNAPSHOT_STEP, state_digest=info.digest, config_digest=held.digest)
+        r.port.answer(identity.peer_id, vouched_reply(vouch, held, asker_config_digest=held.digest))
+    under_way = SNAPSHOT_STEP + 1
+    admitting = configuration(
+        [*members, r.port.peer_id], epoch=2, activation_step=under_way, since_steps=[0, 0, under_way]
+    )
+    join = r.gates.join
+
+    async def join_as_the_runtime(*args: Any, **kwargs: Any) -> Any:
+        admission = await join(*args, **kwargs)
+        await anyio.lowlevel.checkpoint()  # the joiner resumes after the change's other waiters
+        return admission
+
+    r.gates.join = join_as_the_runtime  # type: ignore[method-assign]
+
+    async def admit_once_asked() -> None:
+        await eventually(lambda: bool(r.gates.joins))
+        await anyio.sleep(0.05)  # the newcomer now waits for an update or its admission
+        r.gates.admission = admitting
+        r.gates.changed()
+
+    with anyio.fail_after(4):  # the fake gates give up on a wait with no change after 5 s
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(admit_once_asked)
+            assert await r.collab.start(found=False) == under_way
+
+
 # ---------------------------------------------------------------------------------- a failed catch-up
 def _stage_a_join_whose_catch_up_overflows(r: Rig) -> Any:
     """A run whose sponsor streams more updates than the newcomer queues (max_catchup_updates=1)."""
@@ -285,6 +336,28 @@ async def test_a_request_for_a_step_already_past_is_refused() -> None:
         reply = await r.collab.handle_snapshot_request(_request(r, 1))
     assert (reply.ok, reply.step, reply.reason) == (False, 1, "already past that step")
     assert r.store.latest(RUN) is None
+
+
+async def test_with_snapshot_every_step_the_step_completed_last_is_served_at_once() -> None:
+    # The hivemind drop-in's setting (its steps are epochs): a newcomer asks for the step its
+    # sponsor completed last and is answered without waiting for the end of the epoch under way.
+    r = _rig(snapshot_every_step=True, snapshot_ahead_steps=0)
+    await r.collab.start(found=True)
+    await r.collab.step(4)
+    await r.collab.step(4)
+    published = r.store.latest(RUN)
+    assert published is not None and published.step == 1  # after every step, asked or not
+    with anyio.fail_after(5):
+        reply = await r.collab.handle_snapshot_request(_request(r, 1))
+    assert (reply.ok, reply.step, reply.state_digest) == (True, 1, published.digest)
+    assert r.store.lease(RUN, 0) is not None  # the store keeps the one before too (SNAPSHOTS_KEPT)
+
+
+def test_a_snapshot_of_a_completed_step_needs_members_that_keep_one() -> None:
+    with pytest.raises(ConfigError, match="snapshot_every_step"):
+        CollaborationConfig.local().replace(snapshot_ahead_steps=0)
+    kept = CollaborationConfig.local().replace(snapshot_ahead_steps=0, snapshot_every_step=True)
+    assert kept.snapshot_ahead_steps == 0
 
 
 async def test_a_request_is_answered_with_a_vouch_once_the_step_is_published() -> None:

@@ -60,6 +60,16 @@ def test_a_wildcard_listen_address_selects_the_lan_profile() -> None:
     assert config.transport == PeerConfig.lan().transport
 
 
+def test_changes_take_effect_at_the_epoch_under_way() -> None:
+    # A drop-in epoch is seconds of step() calls before its round: a decision (milliseconds) can
+    # govern the epoch under way, as a hivemind newcomer adds its samples to it.
+    for maddrs in (None, ["/ip4/0.0.0.0/tcp/0"]):
+        config = dht_peer_config(initial_peers=None, host_maddrs=maddrs, identity_path=None)
+        assert config.negotiation.max_margin_steps == 1
+    given = dht_peer_config(initial_peers=None, host_maddrs=None, identity_path=None, base=PeerConfig.wan())
+    assert given.negotiation == PeerConfig.wan().negotiation  # a configuration the script gave is kept
+
+
 def test_initial_peers_become_bootstrap_addresses_whatever_their_type() -> None:
     config = dht_peer_config(
         initial_peers=[Multiaddr.parse(BOOTSTRAP), BOOTSTRAP.replace("4001", "4002")],
@@ -151,6 +161,8 @@ def test_gradient_averaging_maps_to_sync_mode_with_the_target_as_global_batch() 
     assert config.join_timeout_s == 120.0
     assert config.wire_dtype == "float32"
     assert config.rebalance_interval_steps == 1  # epochs are long: shares follow throughput every epoch
+    # ... and a newcomer loads the epoch completed last, which every member keeps
+    assert (config.snapshot_ahead_steps, config.snapshot_every_step) == (0, True)
 
 
 def test_allreduce_timeout_wins_over_averaging_timeout() -> None:
