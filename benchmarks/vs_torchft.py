@@ -31,9 +31,10 @@ Each repeat runs, alternating which system goes first, per system:
    they are alive), and does a newcomer launched then get a first step (torchft's points at the
    Lighthouse's address, the only one it has; chaosp2p's gets ``--join`` the dead founder, then a
    survivor -- the list of several bootstrap addresses a deployment configures).
-2. **tuned cluster** (torchft: Lighthouse ``--heartbeat_timeout_ms 500``, Manager timeouts 5 s;
-   chaosp2p: ``--fast-failure-detection``, the ``local`` profile's own detector): members train,
-   one is SIGKILLed, kill -> survivors step again.
+2. **tuned cluster** (torchft: Lighthouse ``--heartbeat_timeout_ms 500 --join_timeout_ms 1000``,
+   Manager and Gloo timeout 1 s, quorum and connect timeout 5 s; chaosp2p:
+   ``--fast-failure-detection``, the ``local`` profile's own detector): ``--members`` + 1 members
+   train, one is SIGKILLed, kill -> survivors step again; then the bootstrap dies as above.
 
 The bare DDP floor runs once per repeat (``--steady-steps`` + 10 steps, the first 10 dropped).
 Nothing here is in CI; report the load averages printed with the tables.
@@ -42,6 +43,7 @@ Nothing here is in CI; report the load averages printed with the tables.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import subprocess
@@ -103,6 +105,12 @@ class System:
     def make_cluster(self) -> te.Cluster:
         raise NotImplementedError
 
+    def size(self) -> int:
+        """Members at the start: the tuned cluster starts with one more, so that its kill, like the
+        default cluster's (of the newcomer), takes 1 of ``--members`` + 1, and the bootstrap's death
+        after it still leaves chaosp2p a majority (2 of 3) to decide with."""
+        return self.args.members + (1 if self.tuned else 0)
+
     def start(self) -> None:
         raise NotImplementedError
 
@@ -132,15 +140,16 @@ class Chaosp2p(System):
         return te.Cluster(self.workdir, [*self.common, *extra])
 
     def start(self) -> None:
-        self.members = te.start_members(self.cluster, self.args.members, lambda _: [])
+        self.members = te.start_members(self.cluster, self.size(), lambda _: [])
         self.count = len(self.members)
+        self.founder = self.members[0].addr  # every other member joined through it
 
     def newcomer(self, name: str, dead_bootstrap: bool = False) -> te.Proc:
-        joins = [self.members[0].addr, self.members[1].addr] if dead_bootstrap else [self.members[0].addr]
+        joins = [self.founder, self.members[0].addr] if dead_bootstrap else [self.founder]
         return self.cluster.launch(name, [arg for addr in joins for arg in ("--join", addr)])
 
     def kill_bootstrap(self) -> None:
-        founder = self.members.pop(0)  # every other member joined through it
+        founder = self.members.pop(0)
         founder.process.send_signal(signal.SIGKILL)
         self.count -= 1
 
@@ -168,7 +177,7 @@ class Torchft(System):
         return self.cluster.launch(name, ["--index", str(self.next_index - 1)])
 
     def start(self) -> None:
-        self.members = [self.launch(f"m{i}") for i in range(self.args.members)]
+        self.members = [self.launch(f"m{i}") for i in range(self.size())]
         self.cluster.wait_ready(self.members)
         self.count = len(self.members)
         self.wait_together(self.members, self.count)
@@ -271,7 +280,7 @@ def kill(system: System, victim: te.Proc) -> dict[str, Any]:
         "resume_s": max(r["time"] for r in firsts) - killed if all(firsts) else None,  # type: ignore[index]
         "survivors": len(survivors),
         "survivors_alive": sum(alive),
-        "step_period_s": median([b - a for a, b in zip(before[-9:], before[-8:], strict=False)]),
+        "step_period_s": median([b - a for a, b in itertools.pairwise(before[-9:])] or [float("nan")]),
         "load_avg": load_avg,
     }
 
