@@ -25,10 +25,12 @@ Each repeat runs, alternating which system goes first, per system:
    model up to the step it first took part in, the sum of (period - steady period), averaged over
    members (the same measure as ``training_elastic.py``);
    *kill -9*: once everyone trains together, the newcomer is SIGKILLed; kill -> every survivor
-   completed a step without it;
-   *bootstrap dies*: the Lighthouse (torchft) or the founder every member joined through (chaosp2p,
-   itself a member) is SIGKILLed; for ``--observe-s``: do the survivors step (their steps and whether
-   they are alive), and does a newcomer launched then get a first step (torchft's points at the
+   completed a step without it (given up after 200 s, or as soon as a survivor exits: torchft's
+   default 60 s timeouts can end a survivor's process);
+   *bootstrap dies* (only where every survivor of the kill stepped again): the Lighthouse
+   (torchft) or the founder every member joined through (chaosp2p, itself a member) is
+   SIGKILLed; for ``--observe-s``: do the survivors step (their steps and whether they are
+   alive), and does a newcomer launched then get a first step (torchft's points at the
    Lighthouse's address, the only one it has; chaosp2p's gets ``--join`` the dead founder, then a
    survivor -- the list of several bootstrap addresses a deployment configures).
 2. **tuned cluster** (torchft: Lighthouse ``--heartbeat_timeout_ms 500 --join_timeout_ms 1000``,
@@ -36,7 +38,8 @@ Each repeat runs, alternating which system goes first, per system:
    ``--fast-failure-detection``, the ``local`` profile's own detector): ``--members`` + 1 members
    train, one is SIGKILLed, kill -> survivors step again; then the bootstrap dies as above.
 
-The bare DDP floor runs once per repeat (``--steady-steps`` + 10 steps, the first 10 dropped).
+The bare DDP floor runs once per repeat after the clusters (``--steady-steps`` + 10 steps, the
+first 10 dropped), so its load may differ from theirs: compare the systems' step periods directly.
 Nothing here is in CI; report the load averages printed with the tables.
 """
 
