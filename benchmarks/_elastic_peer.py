@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -35,58 +34,12 @@ from typing import Any
 
 STARTED = time.time()  # before torch is imported: a restarted process pays for that too
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _elastic_model import compute, global_batch, make_model  # noqa: E402
 
 from chaosp2p.trainers.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file  # noqa: E402
 
 RUN = "elastic-mlp"
-DATA_SEED = 13
-INPUT = 256
-CLASSES = 16
-
-
-def hidden_width(state_mb: float) -> int:
-    """Width of the two hidden layers so that parameters + Adam's two moments come to ``state_mb`` MB."""
-    params = state_mb * 1e6 / 12  # float32 parameter + two float32 moments
-    linear = INPUT + CLASSES + 3  # width appears linearly: input/output layers and biases
-    return max(8, int((-linear + math.sqrt(linear * linear + 4 * (params - CLASSES))) / 2))
-
-
-def make_model(state_mb: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Identical initial weights everywhere (a newcomer overwrites them with the run's anyway)."""
-    torch.manual_seed(0)
-    width = hidden_width(state_mb)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(INPUT, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, CLASSES),
-    )
-    return model, torch.optim.Adam(model.parameters(), lr=1e-4)
-
-
-def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s global batch: inputs and labels of a fixed random linear teacher."""
-    teacher = np.random.default_rng(DATA_SEED).standard_normal((INPUT, CLASSES)).astype(np.float32)
-    x = np.random.default_rng([DATA_SEED, step]).standard_normal((size, INPUT)).astype(np.float32)
-    return torch.from_numpy(x), torch.from_numpy((x @ teacher).argmax(axis=1))
-
-
-def compute(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> tuple[float, float]:
-    """Forward + backward, then the stand-in sleep; returns (loss, seconds).
-
-    With ``--slowdown F`` the whole of it takes F times as long: the stand-in sleep is F times
-    longer, and the real forward/backward time is slept again F - 1 times.
-    """
-    began = time.perf_counter()
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    loss.backward()  # type: ignore[no-untyped-call]
-    real = time.perf_counter() - began
-    equal_share = args.batch / args.ref_members
-    time.sleep(args.slowdown * args.compute_s * len(x) / equal_share + (args.slowdown - 1) * real)
-    return float(loss.item()), time.perf_counter() - began
 
 
 def stop_step(path: Path | None) -> int | None:
@@ -133,8 +86,10 @@ def run_member(args: argparse.Namespace) -> int:
     metrics.write({"event": "started", "time": STARTED, "model_built": time.time()})
     # Several processes move the state on two shared cores: the local profile's sub-second failure
     # detection would declare a busy peer failed, so membership keeps LAN timings (as the
-    # transformer example does).
-    config = PeerConfig.profile_named(args.profile).replace(membership=MembershipConfig.lan())
+    # transformer example does) unless --fast-failure-detection asks for the profile's own.
+    config = PeerConfig.profile_named(args.profile)
+    if not args.fast_failure_detection:
+        config = config.replace(membership=MembershipConfig.lan())
     if args.upload_cap_mbs > 0:  # stands in for each peer's own uplink (every upload: averaging and snapshots)
         config = config.replace(
             transport=dataclasses.replace(config.transport, max_upload_bytes_per_s=args.upload_cap_mbs * 1e6)
@@ -257,6 +212,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", type=Path, help="founder: save model + Adam here at the stop step")
     parser.add_argument("--restart-from", type=Path, help="restarted process: load this checkpoint, use gloo")
     parser.add_argument("--gloo-init", default="", help="restarted process: torch.distributed init_method")
+    parser.add_argument(
+        "--fast-failure-detection", action="store_true", help="the profile's own failure detector, not LAN timings"
+    )
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     return parser

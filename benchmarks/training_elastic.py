@@ -136,10 +136,12 @@ class Proc:
 class Cluster:
     """Starts peer processes in ``workdir``; every one of them is gone when the block ends."""
 
-    def __init__(self, workdir: Path, common: list[str]) -> None:
+    def __init__(self, workdir: Path, common: list[str], python: str | None = None, script: Path | None = None) -> None:
         self.workdir = workdir
         self.common = common
         self.procs: list[Proc] = []
+        self.python = python  # default: this interpreter
+        self.script = script  # default: PEER, looked up at launch (other benchmarks replace it)
 
     def __enter__(self) -> Cluster:
         return self
@@ -152,7 +154,7 @@ class Cluster:
             proc.process.wait()
 
     def launch(self, name: str, args: list[str], *, ready: bool = True) -> Proc:
-        command = [sys.executable, str(PEER), *self.common, *args]
+        command = [self.python or sys.executable, str(self.script or PEER), *self.common, *args]
         proc = Proc(name, None, self.workdir, time.time())  # type: ignore[arg-type]
         if ready:
             command += ["--ready-file", str(proc.ready)]
