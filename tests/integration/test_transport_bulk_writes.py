@@ -17,25 +17,17 @@ import trio
 import trio.lowlevel
 
 from chaosp2p.errors import ConnectionClosed
-from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.host import open_host
 from chaosp2p.transport.sockets import send_nowait
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity
 
 from ..conditions import eventually
+from .test_transport_nowait import CONFIG  # quick timers and 64 KiB records
 
 pytestmark = pytest.mark.anyio
 
-RECORD_BYTES = 64 * 1024
-CONFIG = TransportConfig(
-    handshake_timeout_s=2.0,
-    connect_timeout_s=2.0,
-    request_timeout_s=5.0,
-    keepalive_interval_s=1.0,
-    dead_connection_timeout_s=20.0,
-    max_record_bytes=RECORD_BYTES,
-)
+RECORD_BYTES = CONFIG.max_record_bytes
 
 
 class _Steps(trio.abc.Instrument):
