@@ -11,6 +11,7 @@ checked bit-exact (its arrays hashed against the state the sources were built fr
   single    one uncapped source, fresh sources each repeat: the first pull after the source started
             and a second one, next to plain unencrypted TCP moving the same bytes between two
             processes (interleaved with the pulls); also 2 and 4 uncapped sources
+            (``--multi-sources``)
   capped    3 sources capped at 20/40/80 MB/s and 4 at 25/50/100/200 MB/s, through the API: the
             newcomer knowing nothing (it measures the links) and being told the caps, next to the
             lower bound S / sum(caps)
@@ -86,6 +87,8 @@ CAP_SETS: dict[str, tuple[float, ...]] = {
 }
 CAP_SET_KEYS = {"3": "3 x 20/40/80 MB/s", "4": "4 x 25/50/100/200 MB/s"}
 ACTIVE_CAP_SETS = dict(CAP_SETS)
+MULTI_SOURCE_COUNTS = [2, 4]
+"""How many uncapped sources ``single`` also pulls from after its one-source runs (``--multi-sources``)."""
 """The cap sets the ``capped`` and ``cli`` scenarios run (``--cap-sets``)."""
 CLI_KILL_CAPS = (20e6, 40e6, 80e6)
 CLI_KILL_INDEX = 2  # the fastest source (index 0, the bootstrap peer, must survive)
@@ -364,7 +367,7 @@ async def scenario_single(total: int, expected: str, repeats: int, workdir: Path
                     report["tcp"].append(await anyio.to_thread.run_sync(tcp_receive, port, total))
             finally:
                 stop(sources)
-        for count in (2, 4):
+        for count in MULTI_SOURCE_COUNTS:
             sources = start_sources(total, [None] * count, workdir)
             try:
                 async with open_peer(new_peer()) as newcomer:
@@ -824,8 +827,12 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {SCENARIOS}")
     parser.add_argument("--hivemind-python", default=None, help="interpreter that has hivemind (default: this one)")
     parser.add_argument("--cap-sets", default="3,4", help="cap sets of capped/cli: 3 (20/40/80), 4 (25/.../200)")
+    parser.add_argument(
+        "--multi-sources", default="2,4", help="single: also pull from this many uncapped sources ('' for none)"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    MULTI_SOURCE_COUNTS[:] = [int(k) for k in args.multi_sources.split(",") if k.strip()]
     chosen = [k.strip() for k in args.cap_sets.split(",") if k.strip()]
     if not chosen or set(chosen) - set(CAP_SET_KEYS):
         parser.error(f"--cap-sets takes a comma-separated subset of {sorted(CAP_SET_KEYS)}")

@@ -220,6 +220,9 @@ async def test_streams_beyond_the_limit_are_refused_and_the_connection_survives(
         with anyio.fail_after(5), pytest.raises(StreamReset):
             await streams[-1].receive_some()
         release.set()
+        # The held handlers return and their streams are reset; a new stream opened before the
+        # server has done so would be refused as well (the limit is still reached).
+        await eventually(lambda: not any(c.statistics().open_streams for c in host.connections()), timeout_s=5)
         assert await connection.request("echo", "alive") == "alive"
 
 

@@ -65,7 +65,7 @@ class RecordReader(Keepalive):
                     ciphertext = body[: header.body_bytes]
                 else:
                     ciphertext = body[: header.body_bytes]
-                    await self._read_exact(ciphertext)
+                    await self._read_exact(ciphertext, checkpoint=False)  # the header's read passed one
                 self._bytes_received += HEADER_BYTES + header.body_bytes
                 self._records_received += 1
                 self.last_received = self._clock.now()
@@ -85,7 +85,7 @@ class RecordReader(Keepalive):
         except anyio.ClosedResourceError:
             self._mark_closed(self._close_reason or "socket closed")
 
-    async def _read_exact(self, view: memoryview) -> None:
+    async def _read_exact(self, view: memoryview, *, checkpoint: bool = True) -> None:
         if self._initial:
             count = min(len(view), len(self._initial))
             view[:count] = self._initial[:count]
@@ -93,7 +93,7 @@ class RecordReader(Keepalive):
             view = view[count:]
         if view:
             try:
-                await receive_into(self._sock, view)
+                await receive_into(self._sock, view, checkpoint=checkpoint)
             except ConnectionClosed as exc:  # EOF or a reset: the remote host closed it
                 self._mark_lost(str(exc))
                 raise
