@@ -28,6 +28,9 @@ from typing import Any
 
 MOVED_MODULES: dict[str, str] = {
     "chaosp2p.sync": "chaosp2p.api.blocking_peer",
+    # Needs nothing but the standard library: the example scripts' ready files are written with it
+    # under interpreters that have hivemind but not chaosp2p's dependencies.
+    "chaosp2p.state.atomic_file": "chaosp2p.atomic_file",
     "chaosp2p.training.blocking": "chaosp2p.api.blocking_collaboration",
     "chaosp2p.training.digits": "chaosp2p.trainers.digits",
     "chaosp2p.training.script": "chaosp2p.trainers.script",

@@ -18,8 +18,8 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
+from chaosp2p.atomic_file import write_bytes_atomically
 from chaosp2p.runtime.config import PROFILES, PeerConfig
-from chaosp2p.state.atomic_file import write_bytes_atomically
 from chaosp2p.wire.multiaddr import Multiaddr
 
 console = Console(stderr=True)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from chaosp2p.atomic_file import create_exclusive, open_existing_regular
 from chaosp2p.errors import ConfigError, LocalProtocolError, TransferError
 from chaosp2p.protocols.transfer import Completed, PayloadKind, PayloadSlot
 from chaosp2p.protocols.transfer.messages import Manifest
-from chaosp2p.state.atomic_file import create_exclusive, open_existing_regular
 from chaosp2p.state.manifest import FlatState, array_views, as_bytes, verify_chunks
 from chaosp2p.state.snapshot import Allocator, default_allocator
 
@@ -54,7 +54,7 @@ class StagingBuffer:
         """``path`` mapped: reused if it holds ``total`` bytes (resume), else created afresh.
 
         The staging file sits at a predictable name: it is opened without following links and
-        created exclusively (:mod:`chaosp2p.state.atomic_file`), so a link planted there is refused.
+        created exclusively (:mod:`chaosp2p.atomic_file`), so a link planted there is refused.
         """
         fd = open_existing_regular(path)
         if fd is not None and os.fstat(fd).st_size != total:  # another snapshot's bytes: start over

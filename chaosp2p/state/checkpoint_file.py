@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from chaosp2p.atomic_file import write_atomically
 from chaosp2p.errors import ConfigError
-from chaosp2p.state.atomic_file import write_atomically
 from chaosp2p.state.manifest import FlatState, dtype_name_of, storage_dtype
 from chaosp2p.wire.framing import pack, unpack
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import msgpack
 import xxhash
 
+from chaosp2p.atomic_file import write_bytes_atomically
 from chaosp2p.errors import TransferError
 from chaosp2p.protocols.transfer import PullMachine, ResumeRecord
-from chaosp2p.state.atomic_file import write_bytes_atomically
 from chaosp2p.state.buffers import StagingBuffer
 
 MAGIC = b"chaosp2p-resume\x01"

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from chaosp2p.state.atomic_file import write_bytes_atomically
+from chaosp2p.atomic_file import write_bytes_atomically
 
 
 def add_peer_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,17 @@ from chaosp2p import _moved
 PACKAGE = Path(__file__).resolve().parents[2] / "chaosp2p"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("chaosp2p.errors", "chaosp2p.clock", "chaosp2p.configbase", "chaosp2p._version", "chaosp2p._moved")),
+    (
+        "base",
+        (
+            "chaosp2p.errors",
+            "chaosp2p.clock",
+            "chaosp2p.configbase",
+            "chaosp2p._version",
+            "chaosp2p._moved",
+            "chaosp2p.atomic_file",
+        ),
+    ),
     ("wire", ("chaosp2p.wire",)),
     ("scheduling", ("chaosp2p.scheduling",)),
     ("protocols", ("chaosp2p.protocols",)),

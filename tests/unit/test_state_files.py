@@ -26,7 +26,7 @@ from chaosp2p.state.snapshot import SnapshotStore
 from chaosp2p.trainers.script import write_ready_file
 from chaosp2p.wire.multiaddr import Multiaddr
 
-# The helpers of chaosp2p.state.atomic_file are imported inside the tests that use them, so the
+# The helpers of chaosp2p.atomic_file are imported inside the tests that use them, so the
 # regression tests above them also run (and fail) against the code before the fix.
 VICTIM_TEXT = b"a file the link points at; it must survive\n"
 
@@ -114,7 +114,7 @@ def test_a_leftover_partial_file_is_replaced_and_a_link_at_the_final_name_is_rep
 def test_the_temporary_file_is_removed_when_writing_fails(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
 
-    from chaosp2p.state.atomic_file import write_atomically, write_bytes_atomically
+    from chaosp2p.atomic_file import write_atomically, write_bytes_atomically
 
     def fail(handle: object) -> None:
         raise OSError("disk full")
@@ -127,7 +127,7 @@ def test_the_temporary_file_is_removed_when_writing_fails(tmp_path: Path) -> Non
 
 
 def test_anything_but_a_regular_file_at_the_temporary_name_is_refused(tmp_path: Path) -> None:
-    from chaosp2p.state.atomic_file import create_exclusive
+    from chaosp2p.atomic_file import create_exclusive
 
     (tmp_path / "x.partial").mkdir()
     with pytest.raises(ConfigError, match="not a regular file"):
