@@ -391,7 +391,14 @@ async def open_node(
     rng = random.Random(seed)
     with unwrap_single_error():
         async with anyio.create_task_group() as tg:
-            host = Host(identity=identity, config=config.transport, task_group=tg, swarm_key=swarm_key, clock=clock)
+            host = Host(
+                identity=identity,
+                config=config.transport,
+                task_group=tg,
+                swarm_key=swarm_key,
+                clock=clock,
+                relay=config.relay,
+            )
             for addr in config.listen_addrs():
                 await host.listen(addr)  # bound, not yet accepting: the services need the addresses
             peer = node_class(config=config, host=host, task_group=tg, clock=clock, rng=rng)
