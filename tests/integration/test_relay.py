@@ -229,3 +229,23 @@ async def test_a_hostile_relay_fails_the_end_to_end_handshake(
         for host, other in ((t.a, t.r), (t.b, t.r), (t.r, t.a)):
             connection = await host.connection_to(other.peer_id)
             assert await connection.request("echo", "alive") == "alive"
+
+
+async def test_status_lists_a_relayed_connection_as_relayed() -> None:
+    from chaosp2p.runtime.config import PeerConfig
+    from chaosp2p.runtime.node import open_node
+    from chaosp2p.runtime.status import STATUS_CODEC, StatusReport
+
+    config = PeerConfig.local()
+    async with open_node(config) as a, open_node(config) as b, open_node(config) as r:
+        await a.host.connect(r.addrs[0])
+        await b.host.connect(r.addrs[0])
+        await a.host.relay.connect_via(r.peer_id, b.peer_id)
+        report = a.status_report()
+        rows = {(c.peer_id, c.relayed) for c in report.connections}
+        # (Membership may also have connected A and B directly by now: that row says False.)
+        assert (str(r.peer_id), False) in rows and {p for p, relayed in rows if relayed} == {str(b.peer_id)}
+        decoded = STATUS_CODEC.from_obj(STATUS_CODEC.to_obj(report))
+        assert isinstance(decoded, StatusReport)
+        relayed = [c for c in decoded.to_json()["connections"] if c["relayed"]]
+        assert [c["peer_id"] for c in relayed] == [str(b.peer_id)]
