@@ -197,4 +197,3 @@ class _PeerScalars:
     @classmethod
     def of(cls, config: PeerConfig) -> _PeerScalars:
         return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
-

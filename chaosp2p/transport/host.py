@@ -416,15 +416,7 @@ class Host:
             sock = await connect_tcp(address.host, address.port, buffer_bytes=self.config.socket_buffer_bytes)
         if scope.cancelled_caught:
             raise PeerUnreachable(f"connecting to {address} timed out after {self.config.connect_timeout_s:g} s")
-        try:
-            with anyio.fail_after(self.config.handshake_timeout_s):
-                keys, leftover = await self._handshake(sock, initiator=True, expected=address.peer_id)
-        except TimeoutError:
-            close_socket(sock)
-            raise PeerUnreachable(f"handshake with {address} timed out") from None
-        except BaseException:
-            close_socket(sock)
-            raise
+        keys, leftover = await self._timed_handshake(sock, expected=address.peer_id, what=f"with {address}")
         if keys.remote_peer_id == self.peer_id:
             close_socket(sock)
             raise ConfigError(f"{address} is this peer itself")
@@ -478,6 +470,20 @@ class Host:
                 errors.append(str(exc))
         raise PeerUnreachable(f"cannot reach {peer}: " + "; ".join(errors))
 
+    async def _timed_handshake(
+        self, sock: socket.socket, *, expected: PeerID | None, what: str, initiator: bool = True
+    ) -> tuple[SessionKeys, bytes]:
+        """:meth:`_handshake` within ``handshake_timeout_s``; ``sock`` is closed if it fails."""
+        try:
+            with anyio.fail_after(self.config.handshake_timeout_s):
+                return await self._handshake(sock, initiator=initiator, expected=expected)
+        except TimeoutError:
+            close_socket(sock)
+            raise PeerUnreachable(f"handshake {what} timed out") from None
+        except BaseException:
+            close_socket(sock)
+            raise
+
     async def _handshake(
         self,
         sock: socket.socket,
@@ -518,15 +524,8 @@ class Host:
         """The end-to-end handshake over ``sock`` (our end of a circuit through ``via``'s peer): the
         dialer names the ``expected`` peer, the answerer ``None``. The connection (marked ``relayed``;
         the harness's link cuts do not apply to it) is not yet running: :meth:`start_connection`."""
-        try:
-            with anyio.fail_after(self.config.handshake_timeout_s):
-                keys, leftover = await self._handshake(sock, initiator=expected is not None, expected=expected)
-        except TimeoutError:
-            close_socket(sock)
-            raise PeerUnreachable(f"handshake through {via.remote_peer.short()} timed out") from None
-        except BaseException:
-            close_socket(sock)
-            raise
+        what = f"through {via.remote_peer.short()}"
+        keys, leftover = await self._timed_handshake(sock, initiator=expected is not None, expected=expected, what=what)
         if keys.remote_peer_id == self.peer_id:
             close_socket(sock)
             raise PeerUnreachable("a relayed handshake reached this peer itself")

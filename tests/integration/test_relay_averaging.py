@@ -10,9 +10,14 @@ already agreed down, so no new LINK_DOWN).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
+from chaosp2p.errors import PeerUnreachable
 from chaosp2p.protocols.averaging.link_plan import link_bandwidths, link_owners, relay_routes
 from chaosp2p.protocols.negotiation.run_configuration import LinkEntry
 from chaosp2p.training.averager import RoundStats
@@ -27,6 +32,14 @@ pytestmark = pytest.mark.anyio
 def _down(a: PeerID, b: PeerID) -> LinkEntry:
     x, y = sorted((a, b), key=lambda p: p.raw)
     return LinkEntry(a=x, b=y, up=False)
+
+
+async def _two_cuts(s: Swarm, folder: Path) -> tuple[Sequence[Member], list[LinkEntry]]:
+    """Cut 0~1 and 2~3 (ring order); the members in ring order and the agreed links (both down)."""
+    m = _ring(s)
+    await _cut(s, folder, m[0], m[1])
+    await _cut(s, folder, m[2], m[3])
+    return m, [_down(m[0].peer, m[1].peer), _down(m[2].peer, m[3].peer)]
 
 
 def _call(s: Swarm, member: Member, buffer: np.ndarray, links: list[LinkEntry], step: int):  # type: ignore[no-untyped-def]
@@ -48,10 +61,7 @@ def _call(s: Swarm, member: Member, buffer: np.ndarray, links: list[LinkEntry], 
 
 async def test_two_disjoint_cuts_average_through_relays_bit_identically(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     async with shaped_swarm(4, tmp_path, monkeypatch) as s:
-        m = _ring(s)
-        await _cut(s, tmp_path, m[0], m[1])
-        await _cut(s, tmp_path, m[2], m[3])
-        links = [_down(m[0].peer, m[1].peer), _down(m[2].peer, m[3].peer)]
+        m, links = await _two_cuts(s, tmp_path)
         assert link_owners(s.peers, links) == frozenset(s.peers)  # nobody is linked to all others
         assert relay_routes(s.peers, links, m[0].peer) == {m[1].peer: (m[2].peer, m[3].peer)}
 
@@ -75,3 +85,31 @@ async def test_two_disjoint_cuts_average_through_relays_bit_identically(tmp_path
         assert m[2].node.host.relay.circuits.statistics().opened >= 1
         assert m[0].node.host.relay.circuits.statistics().opened >= 1
         assert m[3].node.host.relay.circuits.statistics().opened == 0
+
+
+def _refusing(connection_to: Any, cut: PeerID) -> Any:
+    async def connect(peer: PeerID, *args: Any, **kwargs: Any) -> Any:
+        if peer == cut:
+            raise PeerUnreachable(f"connecting to {peer.short()}: the link is cut")
+        return await connection_to(peer, *args, **kwargs)
+
+    return connect
+
+
+async def test_a_failed_relayed_exchange_names_nobody_unreachable(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The cut pairs are already agreed down: when no relay serves them (relaying off everywhere)
+    # the round fails, but a failure on such a pair is no evidence about its link, so the averager
+    # names nobody unreachable there -- no second LINK_DOWN, no flap counted (section 5.2).
+    async with shaped_swarm(4, tmp_path, monkeypatch) as s:
+        m, links = await _two_cuts(s, tmp_path)
+        for member in m:
+            member.node.host.relay.circuits.enabled = False
+        for a, b in ((m[0], m[1]), (m[1], m[0]), (m[2], m[3]), (m[3], m[2])):
+            # The direct dial fails at once (a cut link's held connection would only time out,
+            # and then the round names nobody in particular either).
+            monkeypatch.setattr(a.node.host, "connection_to", _refusing(a.node.host.connection_to, b.peer))
+        buffers = make_buffers(4, 50_000, seed=3)
+        outcomes = await run_all([_call(s, x, buffers[i], links, 1) for i, x in enumerate(m)], bound_s=40)
+        assert all(kind == "error" for kind, _ in outcomes), outcomes
+        for a, b in ((m[0], m[1]), (m[1], m[0]), (m[2], m[3]), (m[3], m[2])):
+            assert b.peer not in a.averager.unreachable(tag(1))
