@@ -117,7 +117,7 @@ class RelayService:
         self.config = config
         self.circuits = CircuitTable(config, enabled=config.enabled)
         """Circuits this peer relays for others."""
-        self.accepted = CircuitTable(config, enabled=config.accept_relayed)
+        self.accepted = CircuitTable(config, enabled=config.accept_relayed, count_target=False)
         """Connections this peer accepted through relays (as the target)."""
         host.set_stream_handler(PROTOCOL_ID, self._serve)
 

@@ -54,6 +54,16 @@ def test_per_peer_limit_counts_both_ends_and_frees_on_close() -> None:
     assert circuits.statistics().refused == 1
 
 
+def test_a_target_counts_only_the_source_per_peer() -> None:
+    # A relayed target's own table: the target is always itself, so only the source is limited.
+    accepted = CircuitTable(
+        dataclasses.replace(RelayConfig(), max_circuits_per_peer=1), enabled=True, count_target=False
+    )
+    assert all(isinstance(accepted.admit(source, D, now=0.0), Circuit) for source in (A, B, C))
+    refused = accepted.admit(A, D, now=0.0)
+    assert isinstance(refused, Refusal) and refused.code is StatusCode.RESOURCE_LIMIT
+
+
 def test_total_limit() -> None:
     circuits = table(max_circuits=2, max_circuits_per_peer=4)
     assert isinstance(circuits.admit(A, B, now=0.0), Circuit)

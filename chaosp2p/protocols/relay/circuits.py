@@ -8,7 +8,8 @@ table then holds it until :meth:`CircuitTable.close`. Each circuit has a byte bu
 (``max_circuit_bytes``, both directions together) charged by the driver as it copies, and a
 deadline (``max_circuit_duration_s`` after it opened, from the time the driver passes in); the
 driver closes a circuit whose budget or deadline ran out. A relayed target keeps a table of its
-own (the connections it accepted through relays), admitted by the same rule with itself as target.
+own (the connections it accepted through relays), admitted by the same rule counting only the
+source per peer (``count_target=False``: the target is always itself).
 No clock is read here: time is an argument.
 """
 
@@ -58,9 +59,10 @@ class CircuitStatistics:
 class CircuitTable:
     """Open circuits and the limits they are admitted under (see the module docstring)."""
 
-    def __init__(self, config: RelayConfig, *, enabled: bool) -> None:
+    def __init__(self, config: RelayConfig, *, enabled: bool, count_target: bool = True) -> None:
         self.config = config
         self.enabled = enabled
+        self._count_target = count_target
         self._open: dict[Circuit, None] = {}
         self._per_peer: dict[PeerID, int] = {}
         self._numbers = itertools.count(1)
@@ -85,7 +87,7 @@ class CircuitTable:
             bytes_left=config.max_circuit_bytes,
         )
         self._open[circuit] = None
-        for peer in (source, target):
+        for peer in self._ends(source, target):
             self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         self._opened += 1
         return circuit
@@ -98,7 +100,7 @@ class CircuitTable:
             return Refusal(StatusCode.MALFORMED, "a circuit from a peer to itself")
         if len(self._open) >= config.max_circuits:
             return Refusal(StatusCode.RESOURCE_LIMIT, f"{config.max_circuits} circuits open (max_circuits)")
-        for peer in (source, target):
+        for peer in self._ends(source, target):
             if self._per_peer.get(peer, 0) >= config.max_circuits_per_peer:
                 return Refusal(
                     StatusCode.RESOURCE_LIMIT,
@@ -120,12 +122,16 @@ class CircuitTable:
         if circuit not in self._open:
             return
         del self._open[circuit]
-        for peer in (circuit.source, circuit.target):
+        for peer in self._ends(circuit.source, circuit.target):
             left = self._per_peer[peer] - 1
             if left:
                 self._per_peer[peer] = left
             else:
                 del self._per_peer[peer]
+
+    def _ends(self, source: PeerID, target: PeerID) -> tuple[PeerID, ...]:
+        """The peers a circuit counts against in the per-peer limit."""
+        return (source, target) if self._count_target else (source,)
 
     def circuits(self) -> list[Circuit]:
         """The open circuits, oldest first."""
