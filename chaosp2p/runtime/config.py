@@ -25,6 +25,7 @@ from chaosp2p.dht.config import DHTConfig
 from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
+from chaosp2p.protocols.relay.config import RelayConfig
 from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.runtime.status import StatusConfig
 from chaosp2p.transport.config import TransportConfig
@@ -58,6 +59,8 @@ class PeerConfig:
     transfer: TransferConfig = field(default_factory=TransferConfig.local)
     status: StatusConfig = field(default_factory=StatusConfig)
     """Who sees what in this peer's status report (runs: their members, by default)."""
+    relay: RelayConfig = field(default_factory=RelayConfig.local)
+    """Relaying for others and accepting relayed connections (``[relay]``: ``enabled = false`` turns relaying off)."""
 
     def __post_init__(self) -> None:
         require(self.profile in PROFILES, f"profile must be one of {PROFILES} (got {self.profile!r})")
@@ -104,6 +107,7 @@ class PeerConfig:
             membership=MembershipConfig.local(),
             negotiation=NegotiationConfig.local(),
             transfer=TransferConfig.local(),
+            relay=RelayConfig.local(),
         ).replace(**changes)
 
     @classmethod
@@ -117,6 +121,7 @@ class PeerConfig:
             membership=MembershipConfig.lan(),
             negotiation=NegotiationConfig.lan(),
             transfer=TransferConfig.lan(),
+            relay=RelayConfig.lan(),
         ).replace(**changes)
 
     @classmethod
@@ -131,6 +136,7 @@ class PeerConfig:
             membership=MembershipConfig.wan(),
             negotiation=NegotiationConfig.wan(),
             transfer=TransferConfig.wan(),
+            relay=RelayConfig.wan(),
         ).replace(**changes)
 
     @classmethod
@@ -174,7 +180,7 @@ class PeerConfig:
 
 
 def _is_component(f: dataclasses.Field[Any]) -> bool:
-    return f.name in ("transport", "dht", "membership", "negotiation", "transfer", "status")
+    return f.name in ("transport", "dht", "membership", "negotiation", "transfer", "status", "relay")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,4 +197,3 @@ class _PeerScalars:
     @classmethod
     def of(cls, config: PeerConfig) -> _PeerScalars:
         return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
-

@@ -285,7 +285,7 @@ class Node:
         """What this peer sees, in full (the local dashboard shows it); a remote asker of
         ``chaosp2p status`` gets it filtered by ``config.status`` (:func:`report_for`)."""
         connections = []
-        for connection in self.host.connections():
+        for connection in [*self.host.connections(), *self.host.relayed_connections()]:
             stats = connection.statistics()
             connections.append(
                 ConnectionInfo(
@@ -294,6 +294,7 @@ class Node:
                     direction="outbound" if connection.is_dialer else "inbound",
                     rtt_ms=None if stats.rtt_s is None else round(stats.rtt_s * 1e3, 3),
                     open_streams=stats.open_streams,
+                    relayed=connection.relayed,
                 )
             )
         members = tuple(
@@ -391,7 +392,14 @@ async def open_node(
     rng = random.Random(seed)
     with unwrap_single_error():
         async with anyio.create_task_group() as tg:
-            host = Host(identity=identity, config=config.transport, task_group=tg, swarm_key=swarm_key, clock=clock)
+            host = Host(
+                identity=identity,
+                config=config.transport,
+                task_group=tg,
+                swarm_key=swarm_key,
+                clock=clock,
+                relay=config.relay,
+            )
             for addr in config.listen_addrs():
                 await host.listen(addr)  # bound, not yet accepting: the services need the addresses
             peer = node_class(config=config, host=host, task_group=tg, clock=clock, rng=rng)

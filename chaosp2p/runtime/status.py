@@ -47,6 +47,8 @@ class ConnectionInfo:
     direction: str
     rtt_ms: float | None
     open_streams: int
+    relayed: bool = False
+    """A connection through a relay's circuit (``protocols/relay.md``); ``address`` is the relay's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +177,7 @@ class StatusReport(Message):
                     "direction": c.direction,
                     "rtt_ms": c.rtt_ms,
                     "open_streams": c.open_streams,
+                    "relayed": c.relayed,
                 }
                 for c in self.connections
             ],

@@ -93,6 +93,7 @@ from chaosp2p.protocols.averaging.shard_reduce import all_finite, decode, storag
 from chaosp2p.training.averager_config import AveragerConfig
 from chaosp2p.training.owner_role import OwnerRole, as_bytes, send_array
 from chaosp2p.training.pair_watch import unanswered, watch_pairs
+from chaosp2p.training.relayed import Relays, reach
 from chaosp2p.training.round_state import Inbound, RoundState, mismatch
 from chaosp2p.training.waiting import Waiting, log_waits, silent_contributors, waiting_of
 from chaosp2p.transport.groups import unwrap_single_error
@@ -186,6 +187,7 @@ class Averager:
         bandwidth: Mapping[PeerID, float | None] | None = None,
         wire_dtype: str = "float32",
         timeout_s: float,
+        relays: Relays | None = None,
     ) -> RoundStats:
         """Average ``buffer`` in place: ``sum(w_i x_i) / sum(w_i)`` over the valid contributions.
 
@@ -197,7 +199,8 @@ class Averager:
         Raises :class:`RoundAborted` (naming the missing members) if a member fails or does not
         deliver within ``timeout_s``, :class:`RoundMismatch` if members disagree about the round,
         :class:`ContributionRefused` if the owners refused this peer's own contribution. After an
-        error the buffer's contents are unspecified.
+        error the buffer's contents are unspecified. ``relays``: the members to reach an owner through
+        when the agreed link to it is down (:mod:`chaosp2p.training.relayed`).
         """
         me = self.host.peer_id
         wire = WireDtype.from_name(wire_dtype)
@@ -215,6 +218,7 @@ class Averager:
             chunk_elements=chunk_elements,
             max_weights=allowances,
             started=self.clock.now(),
+            relays=relays or {},
         )
         self._active[tag.run] = round_
         self._latest[tag.run] = tag
@@ -423,7 +427,7 @@ class Averager:
     async def _contribute(self, round_: RoundState, shard: Shard, addrs: AddressBook) -> None:
         owner = shard.owner
         try:
-            connection = await self.host.connection_to(owner, list(addrs(owner)))
+            connection = await reach(self.host, owner, addrs, round_.relays)
             stream = connection.open_stream(PROTOCOL)
         except (ChaosError, ProtocolNotSupported) as exc:
             if not isinstance(exc, ProtocolNotSupported):
@@ -606,7 +610,7 @@ class Averager:
             waited = self.clock.now() - round_.started
             self._silent[round_.tag.run] = (round_.tag, silent_contributors(round_), waited, partial)
         self._finished[round_.tag] = notice
-        self._unreachable[round_.tag.run] = (round_.tag, frozenset(round_.unreachable - {round_.me}))
+        self._unreachable[round_.tag.run] = (round_.tag, frozenset(round_.unreachable - {round_.me, *round_.relays}))
         while len(self._finished) > self.config.history_rounds:
             self._finished.popitem(last=False)
         self._excluded_here += len(round_.excluded_here)

@@ -52,8 +52,9 @@ async def watch_pairs(
 
 
 async def answers_ping(host: Host, peer: PeerID, timeout_s: float) -> bool:
-    """Does ``peer`` answer a ping on its open connection within ``timeout_s``? (No connection: no.)"""
-    connection = host.connection(peer)
+    """Does ``peer`` answer a ping on its open connection (direct, else relayed) within ``timeout_s``?
+    (No connection: no.)"""
+    connection = host.connection(peer) or host.relayed_connection(peer)
     if connection is None:
         return False
     with anyio.move_on_after(timeout_s):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import anyio
@@ -83,6 +84,7 @@ class RoundState:
         chunk_elements: int,
         max_weights: dict[PeerID, float],
         started: float,
+        relays: Mapping[PeerID, Sequence[PeerID]] | None = None,
     ) -> None:
         self.tag = tag
         self.me = me
@@ -97,6 +99,8 @@ class RoundState:
         self.max_weights = max_weights
         """Per member, the largest weight the agreed configuration allows its contribution."""
         self.started = started
+        self.relays = relays or {}
+        """Peers whose agreed link with this member is down, with the members to relay through."""
         self.inbound: dict[PeerID, Inbound] = {}
         self.arrived = Beacon()
         """A contribution stream was accepted (wakes the owner role)."""

@@ -47,7 +47,7 @@ from chaosp2p.errors import (
     RunRemoved,
     TrainingError,
 )
-from chaosp2p.protocols.averaging.link_plan import link_bandwidths
+from chaosp2p.protocols.averaging.link_plan import link_bandwidths, relay_routes
 from chaosp2p.protocols.averaging.messages import RoundPhase, RoundTag
 from chaosp2p.protocols.averaging.shard_reduce import all_finite
 from chaosp2p.protocols.averaging.weights import weight_allowances
@@ -178,6 +178,7 @@ class Stepping(CollaborationCore):
                         members=participants(config, step),
                         addrs=self.port.dial_addrs,
                         bandwidth=link_bandwidths(participants(config, step), config.links),
+                        relays=relay_routes(participants(config, step), config.links, self.port.peer_id),
                         wire_dtype=self.config.wire_dtype,
                         timeout_s=timeout_s,
                     ),

@@ -28,7 +28,7 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +50,15 @@ from chaosp2p.errors import (
 from chaosp2p.protocols.channel.handshake import HandshakeState, NoiseHandshake, SessionKeys, psk_for
 from chaosp2p.protocols.channel.hello import MAX_LISTEN_ADDRS, Hello
 from chaosp2p.protocols.channel.replay import ReplayGuard
+from chaosp2p.protocols.relay import RelayConfig
 from chaosp2p.transport.budget import ReceiveBudget
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection, ReplyStatus
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
+from chaosp2p.transport.host_statistics import HostStatistics
 from chaosp2p.transport.interfaces import interface_addresses
+from chaosp2p.transport.quiet_log import QuietLog
+from chaosp2p.transport.relay import RelayService
 from chaosp2p.transport.shaper import LinkShaper, TokenBucket
 from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.transport.stream import Stream
@@ -68,26 +72,6 @@ StreamProtocolHandler = Callable[[Stream], Awaitable[None]]
 RequestHandler = Callable[[Connection, Any], Awaitable[Any]]
 MessageProtocolHandler = Callable[[Connection, bytes], None]
 ConnectionCallback = Callable[[Connection, bool], None]
-
-
-@dataclass(frozen=True, slots=True)
-class HostStatistics:
-    """Counters of a host."""
-
-    connections: int
-    pending_handshakes: int
-    handshakes_failed: int
-    handshakes_timed_out: int
-    connections_refused_at_capacity: int
-    protocol_errors: int
-    handshakes_replayed: int
-    """Inbound first handshake messages refused as replayed or stale (under a swarm key only)."""
-    connections_refused_per_peer: int
-    """Inbound connections closed after the handshake: their identity held ``max_connections_per_peer``."""
-    handshakes_evicted: int = 0
-    """Pending inbound handshakes closed to make room for a newer connection."""
-    handshakes_completed: int = 0
-    """Inbound handshakes that completed."""
 
 
 @dataclass(slots=True, eq=False)
@@ -108,25 +92,6 @@ class IdleTimeout(enum.Enum):
     CONFIG = "config"
 
 
-class _QuietLog:
-    """At most one warning per interval for events an attacker can trigger in bulk; counts the rest."""
-
-    def __init__(self, interval_s: float = 10.0) -> None:
-        self._interval_s = interval_s
-        self._next: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warning(self, kind: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now < self._next.get(kind, 0.0):
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
-            return
-        self._next[kind] = now + self._interval_s
-        suppressed = self._suppressed.pop(kind, 0)
-        suffix = f" (and {suppressed} more like it in the last {self._interval_s:g} s)" if suppressed else ""
-        log.warning(message + suffix, *args)
-
-
 class Host:
     """A peer's network presence: its identity, listeners and connections. Use :func:`open_host`."""
 
@@ -139,6 +104,7 @@ class Host:
         swarm_key: bytes | None = None,
         clock: Clock | None = None,
         agent: str = f"chaosp2p/{__version__}",
+        relay: RelayConfig | None = None,
     ) -> None:
         self.identity = identity
         self.config = config
@@ -172,7 +138,7 @@ class Host:
         self._pending: dict[_PendingHandshake, None] = {}  # insertion order = age
         self._handshakes_evicted = 0
         self._handshakes_completed = 0
-        self._quiet = _QuietLog()
+        self._quiet = QuietLog()
         self._handshakes_failed = 0
         self._handshakes_timed_out = 0
         self._refused_at_capacity = 0
@@ -197,6 +163,9 @@ class Host:
         )
         self.links = LinkShaper.from_environment(self.clock)
         """Per-link shaping, only when the cluster harness asked for it (``CHAOSP2P_LINK_RULES``)."""
+        self._relayed: dict[PeerID, list[Connection]] = {}
+        self.relay = RelayService(self, relay or RelayConfig())
+        """Relaying for others and connecting through relays (``/chaos/relay/1``)."""
 
     # ------------------------------------------------------------------ identity and addresses
     @property
@@ -447,15 +416,7 @@ class Host:
             sock = await connect_tcp(address.host, address.port, buffer_bytes=self.config.socket_buffer_bytes)
         if scope.cancelled_caught:
             raise PeerUnreachable(f"connecting to {address} timed out after {self.config.connect_timeout_s:g} s")
-        try:
-            with anyio.fail_after(self.config.handshake_timeout_s):
-                keys, leftover = await self._handshake(sock, initiator=True, expected=address.peer_id)
-        except TimeoutError:
-            close_socket(sock)
-            raise PeerUnreachable(f"handshake with {address} timed out") from None
-        except BaseException:
-            close_socket(sock)
-            raise
+        keys, leftover = await self._timed_handshake(sock, expected=address.peer_id, what=f"with {address}")
         if keys.remote_peer_id == self.peer_id:
             close_socket(sock)
             raise ConfigError(f"{address} is this peer itself")
@@ -477,11 +438,20 @@ class Host:
             raise PeerUnreachable(f"{address} misbehaved right after the handshake: {exc}") from None
         return connection
 
-    async def connection_to(self, peer: PeerID, addrs: Sequence[Multiaddr] = ()) -> Connection:
-        """An open connection to ``peer``: reuse one, or dial ``addrs`` / the address book in turn."""
+    async def connection_to(self, peer: PeerID, addrs: Sequence[Multiaddr] = (), *, relay: bool = False) -> Connection:
+        """An open connection to ``peer``: reuse one, or dial ``addrs`` / the address book in turn;
+        with ``relay``, then through the peers this host is connected to (:meth:`RelayService.connect`)."""
         existing = self.connection(peer)
         if existing is not None:
             return existing
+        if relay:
+            try:
+                return await self.connection_to(peer, addrs)
+            except PeerUnreachable as direct:
+                try:
+                    return await self.relay.connect(peer)
+                except PeerUnreachable as exc:
+                    raise PeerUnreachable(f"{direct}; {exc}") from None
         candidates = list(addrs) + [a for a in self.address_book.get(peer, []) if a not in addrs]
         # An address we listen on ourselves reaches us, never ``peer``: another host's announced
         # 127.0.0.1:4001 (its own loopback) is ours too when we use the same port. Dialling it cost a
@@ -499,6 +469,20 @@ class Host:
             except PeerUnreachable as exc:
                 errors.append(str(exc))
         raise PeerUnreachable(f"cannot reach {peer}: " + "; ".join(errors))
+
+    async def _timed_handshake(
+        self, sock: socket.socket, *, expected: PeerID | None, what: str, initiator: bool = True
+    ) -> tuple[SessionKeys, bytes]:
+        """:meth:`_handshake` within ``handshake_timeout_s``; ``sock`` is closed if it fails."""
+        try:
+            with anyio.fail_after(self.config.handshake_timeout_s):
+                return await self._handshake(sock, initiator=initiator, expected=expected)
+        except TimeoutError:
+            close_socket(sock)
+            raise PeerUnreachable(f"handshake {what} timed out") from None
+        except BaseException:
+            close_socket(sock)
+            raise
 
     async def _handshake(
         self,
@@ -535,18 +519,61 @@ class Host:
             if pending is not None and handshake.state is not HandshakeState.AWAIT_MESSAGE_1:
                 pending.spoke = True
 
+    # ------------------------------------------------------------------ relayed connections
+    async def secure_relayed(self, sock: socket.socket, *, via: Connection, expected: PeerID | None) -> Connection:
+        """The end-to-end handshake over ``sock`` (our end of a circuit through ``via``'s peer): the
+        dialer names the ``expected`` peer, the answerer ``None``. The connection (marked ``relayed``;
+        the harness's link cuts do not apply to it) is not yet running: :meth:`start_connection`."""
+        what = f"through {via.remote_peer.short()}"
+        keys, leftover = await self._timed_handshake(sock, initiator=expected is not None, expected=expected, what=what)
+        if keys.remote_peer_id == self.peer_id:
+            close_socket(sock)
+            raise PeerUnreachable("a relayed handshake reached this peer itself")
+        address = via.remote_address
+        return self._make_connection(sock, keys, leftover, is_dialer=bool(expected), address=address, relayed=True)
+
+    async def start_connection(self, connection: Connection) -> None:
+        """Run ``connection`` in the host's task group; return once its Hellos are exchanged."""
+        try:
+            await self._task_group.start(self._run_connection, connection)
+        except (ConnectionClosed, RemoteProtocolError) as exc:
+            raise PeerUnreachable(f"{connection.remote_peer.short()}: {exc}") from None
+
+    async def serve_connection(self, connection: Connection) -> None:
+        """Run ``connection`` in the caller's task until it closes."""
+        await self._run_connection(connection)
+
+    def spawn(self, function: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> None:
+        """Run ``function()`` in the host's task group (it ends with the host)."""
+        self._task_group.start_soon(function, name=name)
+
+    def relayed_connection(self, peer: PeerID) -> Connection | None:
+        """An open relayed connection to ``peer``, if there is one (:meth:`connection` gives direct ones)."""
+        return next((c for c in self._relayed.get(peer, []) if not c.closed), None)
+
+    def relayed_connections(self) -> list[Connection]:
+        """Every open relayed connection."""
+        return [c for conns in self._relayed.values() for c in conns if not c.closed]
+
     # ------------------------------------------------------------------ connections
     def _make_connection(
-        self, sock: socket.socket, keys: SessionKeys, leftover: bytes, *, is_dialer: bool, address: tuple[str, int]
+        self,
+        sock: socket.socket,
+        keys: SessionKeys,
+        leftover: bytes,
+        *,
+        is_dialer: bool,
+        address: tuple[str, int],
+        relayed: bool = False,
     ) -> Connection:
-        observed = Multiaddr.from_socket_address(*address)
+        observed = "" if relayed else str(Multiaddr.from_socket_address(*address))
         hello = Hello(
             agent=self.agent[:64],
             protocols=tuple(str(p) for p in self.protocols()),
             listen_addrs=tuple(str(a) for a in self._listen_addrs[:MAX_LISTEN_ADDRS]),
-            observed_addr=str(observed),
+            observed_addr=observed,
         )
-        return Connection(
+        connection = Connection(
             sock,
             remote_peer=keys.remote_peer_id,
             send_key=keys.send_key,
@@ -561,10 +588,12 @@ class Host:
             remote_address=address,
             initial_bytes=leftover,
             shaper=self._shaper,
-            links=self.links,
+            links=None if relayed else self.links,
             budget=self.receive_budget,
             handler_idle_timeout=self._handler_idle_timeout,
         )
+        connection.relayed = relayed
+        return connection
 
     def _handler_idle_timeout(self, protocol: ProtocolId) -> float | None:
         return self._handler_timeouts.get(protocol, self.config.handler_idle_timeout_s)
@@ -574,11 +603,14 @@ class Host:
     ) -> None:
         peer = connection.remote_peer
         registered = False
+        # Relayed connections are kept apart and announced to nobody: elsewhere "connected" means
+        # the direct link (membership's connection-loss hint, the DHT's contacts, PeerConnected).
+        table = self._relayed if connection.relayed else self._connections
 
         def started() -> None:
             nonlocal registered
             registered = True
-            self._connections.setdefault(peer, []).append(connection)
+            table.setdefault(peer, []).append(connection)
             if connection.remote_hello is not None:
                 listen = []
                 for text in connection.remote_hello.listen_addrs:
@@ -587,7 +619,8 @@ class Host:
             log.debug(
                 "connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer, *connection.remote_address
             )
-            self._notify(connection, True)
+            if not connection.relayed:
+                self._notify(connection, True)
 
         class _Status:
             def started(self, value: None = None) -> None:
@@ -616,15 +649,16 @@ class Host:
                 raise
         finally:
             if registered:
-                conns = self._connections.get(peer, [])
+                conns = table.get(peer, [])
                 if connection in conns:
                     conns.remove(connection)
                 if not conns:
-                    self._connections.pop(peer, None)
+                    table.pop(peer, None)
                 if connection.close_reason.startswith("protocol error"):
                     self._protocol_errors += 1
                 log.debug("disconnected %s: %s", peer, connection.close_reason)
-                self._notify(connection, False)
+                if not connection.relayed:
+                    self._notify(connection, False)
 
     def _notify(self, connection: Connection, opened: bool) -> None:
         for callback in list(self._callbacks):
@@ -707,7 +741,7 @@ class Host:
             listener.close()
         with anyio.move_on_after(1.0):
             async with anyio.create_task_group() as tg:
-                for connection in self.connections():
+                for connection in [*self.connections(), *self.relayed_connections()]:
                     tg.start_soon(connection.aclose, "peer shutting down")
 
 
@@ -735,11 +769,12 @@ async def open_host(
     *,
     swarm_key: bytes | None = None,
     clock: Clock | None = None,
+    relay: RelayConfig | None = None,
 ) -> AsyncIterator[Host]:
     """Run a :class:`Host` for the duration of the block; every task it started ends with it."""
     with unwrap_single_error():
         async with anyio.create_task_group() as tg:
-            host = Host(identity=identity, config=config, task_group=tg, swarm_key=swarm_key, clock=clock)
+            host = Host(identity=identity, config=config, task_group=tg, swarm_key=swarm_key, clock=clock, relay=relay)
             host.start()
             try:
                 yield host

@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from chaosp2p.protocols.averaging.link_plan import fully_linked, link_bandwidths, link_owners, plan_on_links
+from chaosp2p.protocols.averaging.link_plan import (
+    fully_linked,
+    link_bandwidths,
+    link_owners,
+    plan_on_links,
+    relay_routes,
+)
 from chaosp2p.protocols.negotiation.run_configuration import LinkEntry
 from chaosp2p.wire.identity import Identity, PeerID
 from tests.spec_blocks import named_lines
@@ -43,9 +49,17 @@ def compute(case: dict[str, Any]) -> dict[str, Any]:
     members = [PEERS[m] for m in case["members"]]
     links = _links(case)
     plan = plan_on_links(members, case["length"], links, align_elements=case["align"])
+    relays = {}
+    for me in members:
+        for peer, through in relay_routes(members, links, me).items():
+            if me.raw < peer.raw:  # each down pair once; its two ends get the same list
+                assert relay_routes(members, links, peer)[me] == through
+                pair = "~".join(sorted((NAMES[me], NAMES[peer])))
+                relays[pair] = [NAMES[p] for p in through]
     return {
         "owners": sorted(NAMES[p] for p in link_owners(members, links)),
         "shards": [[s.start, s.stop] for s in plan.shards],
+        "relays": dict(sorted(relays.items())),
     }
 
 
@@ -97,7 +111,7 @@ def test_link_plan_vector(name: str) -> None:
     case = spec_cases()[name]
     inputs = {k: case[k] for k in ("members", "length", "align", "links")}
     assert inputs == CASES[name]
-    assert compute(case) == {"owners": case["owners"], "shards": case["shards"]}
+    assert compute(case) == {"owners": case["owners"], "shards": case["shards"], "relays": case["relays"]}
 
 
 def test_a_cut_link_leaves_its_two_ends_without_a_shard_and_the_others_with_all_of_it() -> None:

@@ -17,9 +17,11 @@ degree; every other participant owns an empty shard. When some participant is li
 others (the usual case: no link down, or a few down links among members that still have a common
 neighbour), the owners are exactly the participants linked to all others, so every exchange the
 round needs runs over an up link and the round completes. When no participant is linked to all the
-others (two disjoint cuts among four members, say), the round still needs a link that is down and
-fails, naming the unreachable owner; that case is the documented limitation (spec section 10,
-item 8): no relay exists yet.
+others (two disjoint cuts among four members, say), the round still needs a pair whose link is
+down: that pair exchanges through a **relay** (spec section 5.2), a member with a usable agreed link
+to both ends, the first such in ring order (:func:`relays_for`; the others follow as fallbacks).
+The owners' arithmetic does not change: a relayed contribution is the same bytes, so results stay
+bit-identical on every member.
 
 Why maximal degree rather than "linked to all": it needs no special case for the fallback, and it
 bounds what a member that declares its own links down can do. A member that declares *every* one
@@ -40,7 +42,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from chaosp2p.protocols.averaging.plan import DEFAULT_ALIGN_ELEMENTS, ReducePlan, plan_shards
-from chaosp2p.protocols.negotiation.link_graph import fully_linked, link_owners, link_table, pair_key
+from chaosp2p.protocols.negotiation.link_graph import fully_linked, link_owners, link_table, pair_key, usable
 from chaosp2p.protocols.negotiation.run_configuration import LinkEntry
 from chaosp2p.wire.identity import PeerID
 
@@ -82,4 +84,22 @@ def plan_on_links(
     return plan_shards(members, length, link_bandwidths(members, list(links)), align_elements=align_elements)
 
 
-__all__ = ["fully_linked", "link_bandwidths", "link_owners", "plan_on_links"]
+def relays_for(members: Sequence[PeerID], links: Iterable[LinkEntry], a: PeerID, b: PeerID) -> tuple[PeerID, ...]:
+    """The members that may relay between ``a`` and ``b``: usable agreed links to both, in ring order.
+
+    Every member computes the same list from the same (members, links), and so do ``a`` and ``b``.
+    """
+    table = link_table(links)
+    return tuple(peer for peer in members if peer not in (a, b) and usable(table, peer, a) and usable(table, peer, b))
+
+
+def relay_routes(members: Sequence[PeerID], links: Iterable[LinkEntry], me: PeerID) -> dict[PeerID, tuple[PeerID, ...]]:
+    """For every other member whose agreed link with ``me`` is down: the relays to reach it through."""
+    entries = list(links)
+    table = link_table(entries)
+    return {
+        peer: relays_for(members, entries, me, peer) for peer in members if peer != me and not usable(table, me, peer)
+    }
+
+
+__all__ = ["fully_linked", "link_bandwidths", "link_owners", "plan_on_links", "relay_routes", "relays_for"]

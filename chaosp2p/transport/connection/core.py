@@ -98,6 +98,8 @@ class ConnectionCore:
         self.config = config
         self.remote_address = remote_address
         self.remote_hello: Hello | None = None
+        self.relayed = False
+        """True for a connection through a relay's circuit (``/chaos/relay/1``), not a direct link."""
         self._sock = sock
         self._clock = clock
         self._shaper = shaper
