@@ -141,6 +141,13 @@ class Harness:
         )
         return record
 
+    def linger(self, seconds: float) -> None:
+        """Stay up without training (the peer is idle, as during evaluation or checkpointing)."""
+        self.metrics.write({"event": "idle", "time": time.time()})
+        deadline = time.monotonic() + seconds
+        while not self.stop.requested and time.monotonic() < deadline:
+            time.sleep(0.1)
+
     def close(self) -> None:
         if self.stop.requested:
             print(f"{self.stop.signal_name}: leaving the run", flush=True)
@@ -169,6 +176,8 @@ def main() -> None:
                         help="accumulate gradients to the target batch instead (hivemind's default mode)")
     parser.add_argument("--dataset-size", type=int, default=10000, help="images in the local CIFAR-shaped set")
     parser.add_argument("--real-hivemind", action="store_true", help="run on hivemind 1.1.12 (needs it installed)")
+    parser.add_argument("--linger", type=float, default=0.0, metavar="S",
+                        help="after the last epoch, stay up S seconds without calling step() (an idle peer)")
     args = parser.parse_args()
     if args.profile != "local" or args.listen:
         parser.error("the quickstart's DHT listens on loopback: only --profile local applies, and no --listen")
@@ -222,6 +231,7 @@ def main() -> None:
                     break
 
     print(f"finished at epoch {opt.local_epoch}: loss {loss.item():.3f}", flush=True)
+    harness.linger(args.linger)
     harness.close()
     opt.shutdown()
     dht.shutdown()
