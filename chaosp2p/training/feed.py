@@ -58,6 +58,10 @@ class UpdateFeed:
     def __init__(self, *, max_queued: int) -> None:
         self._observers: list[Observer] = []
         self._max_queued = max_queued
+        self.last_published: int | None = None
+        """The newest step whose update was published (None: none yet). An observer registered now
+        gets every update after it -- and only those: tell it this step, not the member's step
+        counter, which moves on only after the update is applied."""
         self.cut_off = 0
         """Observers dropped for falling too far behind."""
         self.skipped = 0
@@ -74,6 +78,7 @@ class UpdateFeed:
         ``update`` is shared by every observer's queue, not copied: the caller must not modify it
         afterwards (the collaboration averages each step into a fresh buffer).
         """
+        self.last_published = step
         if not self._observers:
             return
         shared = update

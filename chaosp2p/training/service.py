@@ -161,7 +161,11 @@ class TrainingService:
                 await stream.send_message(codec, Refused(reason=granted), eof=True)
                 return
             ticket, observer = granted
-            completed = max(collaboration.step_index - 1, 0)
+            # The newest update already published: the observer gets every one after it. Not
+            # step_index - 1: while a completed step's update is applied, step_index still names
+            # that step, its update is already out, and the newcomer would wait for it forever.
+            published = collaboration.feed.last_published
+            completed = published if published is not None else max(collaboration.step_index - 1, 0)
             accepted = ObserveAccepted(completed=completed, numel=collaboration.numel, ticket=ticket)
             try:
                 await stream.send_message(codec, accepted)

@@ -500,6 +500,29 @@ async def test_an_observer_is_told_the_last_completed_step_and_gets_each_update_
     assert len(payload) == 4 * r.collab.numel
 
 
+async def test_an_observer_arriving_while_an_update_is_applied_is_told_that_step() -> None:
+    # A step's update goes to the feed before it is applied, and the step counter moves on only
+    # after: an observer arriving in between was told the step before, and waited forever for the
+    # update it had missed (a drop-in newcomer loading that earlier step: found by albert's e2e).
+    r = _rig()
+    await r.collab.start(found=True)
+    await r.collab.step(4)
+    await r.collab.step(4)
+    update = np.zeros(r.collab.numel, dtype=np.float32)
+    r.collab.feed.publish(step=2, epoch=0, config_digest=r.collab.configuration.digest, update=update)
+    assert r.collab.step_index == 2  # as while step 2's update is applied
+    [(_, handler, _)] = r.port.handlers
+    observer = FakeStream(
+        identities(1, base=131)[0].peer_id, collab.PROTOCOL, [collab.ObserveRequest(run=RUN, layout=r.collab.layout)]
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(handler, observer)
+        await eventually(lambda: len(observer.sent) == 1)
+        tg.cancel_scope.cancel()
+    [accepted] = observer.sent
+    assert accepted.completed == 2
+
+
 # ---------------------------------------------------------------------------------- members only (issue 20)
 NOT_A_MEMBER = "this member serves members of the run and newcomers with a member's ticket only"
 """As ``chaosp2p.protocols.collab.ticket.NOT_A_MEMBER`` (spelled out, and the ticket helpers imported
