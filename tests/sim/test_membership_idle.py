@@ -10,6 +10,7 @@ from typing import Any
 
 from chaosp2p.protocols.membership import MembershipConfig
 from chaosp2p.sim.membership import MembershipSwarm
+from chaosp2p.wire.identity import PeerID
 
 PEERS = 8
 
@@ -46,4 +47,24 @@ def test_an_idle_lan_peer_wakes_about_once_per_probe_interval() -> None:
     # The heartbeats themselves still flow: every link PINGed and ACKed each second.
     links = sum(len(p.machine.links()) for p in swarm.peers.values())
     assert swarm.net.stats.sent - sent >= 2 * links * seconds * 0.9
+    assert swarm.false_suspicions() == 0
+
+
+def test_a_probe_of_a_links_peer_stands_for_that_links_heartbeat() -> None:
+    """The probe and the heartbeats share a tick; a member that is both probed and linked gets one
+    PING in that tick, not two, and its link's timeouts are counted as before (links stay up)."""
+    config = MembershipConfig.lan()
+    swarm = MembershipSwarm(config=config, seed=12, record=True)
+    swarm.grow(PEERS)
+    assert swarm.run_until(swarm.converged, timeout_s=60, step_s=1.0) is not None
+    swarm.net.run_for(30.0)
+    start = swarm.net.now
+    swarm.net.run_for(30.0)
+    pings: Counter[tuple[float, PeerID, PeerID]] = Counter(
+        (d.at, d.sender, d.receiver)
+        for d in swarm.net.deliveries
+        if d.at >= start and type(d.message).__name__ == "Ping"
+    )
+    assert pings and max(pings.values()) == 1, [k for k, v in pings.items() if v > 1][:3]
+    assert all(link.up for p in swarm.peers.values() for link in p.machine.links())
     assert swarm.false_suspicions() == 0
