@@ -291,8 +291,14 @@ class Learning(Joins):
         # Our ring neighbours; a lame duck (no longer a member) uses the place it would sit at.
         i = config.index_of(self.local_peer) if member else bisect.bisect_left(config.peers, self.local_peer)
         message = Sync(run=rec.run, epoch=config.epoch, digest=config.digest)
-        # Plus one random member: both neighbours may be gone (crashed, left) without our knowing.
-        neighbours = {config.peers[(i + 1) % n], config.peers[(i - 1) % n], config.peers[self._rng.randrange(n)]}
+        if rec.sync_quiet == 1:
+            # The first quiet round after a change (typically just after a commit): the ring
+            # successor only -- n SYNCs per decision instead of 3n, and still every member that
+            # missed the COMMIT hears of it from its predecessor within sync_interval_s.
+            neighbours = {config.peers[(i + 1) % n]}
+        else:
+            # Plus one random member: both neighbours may be gone (crashed, left) without our knowing.
+            neighbours = {config.peers[(i + 1) % n], config.peers[(i - 1) % n], config.peers[self._rng.randrange(n)]}
         for peer in neighbours:
             if peer != self.local_peer:
                 self._send(peer, message)
