@@ -634,6 +634,26 @@ def hop_breakdown(trace_dir: Path, sample: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def peer_idle(sizes: list[int], seed: int, *, lan_membership: bool) -> list[dict[str, Any]]:
+    """Idle CPU of the peers alone: the same swarms, but steps 1000 s long, so no stand-in step
+    runs in the measured window (``real`` measures idle CPU with 20 steps per second)."""
+    rows = []
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="chaosp2p-negotiation-idle-") as tmp:
+            swarm = RealSwarm(Path(tmp), pace_s=1000.0, lan_membership=lan_membership, rng=random.Random(seed))
+            try:
+                swarm.start(found=True)
+                for _ in range(n - 1):
+                    swarm.start()
+                time.sleep(4.0)  # as in ``real``: the overlay's links settle first
+                row = {"size": n, **idle_cpu(swarm, 3.0), "load_1m": os.getloadavg()[0]}
+                print(f"  peer idle n={n}: {row}", flush=True)
+                rows.append(row)
+            finally:
+                swarm.stop_all()
+    return rows
+
+
 def real_latency(
     sizes: list[int],
     repeats: int,
@@ -743,7 +763,11 @@ def real_latency(
 # ------------------------------------------------------------------------------------------ main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="local,sim", help="any of local, sim, real (comma-separated)")
+    parser.add_argument(
+        "--parts",
+        default="local,sim",
+        help="any of local, sim, real, idle (comma-separated; idle: the peers' idle CPU without stand-in steps)",
+    )
     parser.add_argument("--sizes", default="8,64,256,1024")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--latency-sizes", default="8,64,256,1024")
@@ -838,6 +862,8 @@ def main() -> None:
             ["n", "op", "trials", "p50", "p99", "max"],
             [[r["members"], r["kind"], r["trials"], r["p50_ms"], r["p99_ms"], r["max_ms"]] for r in latency],
         )
+    if "idle" in parts:
+        out["peer_idle"] = peer_idle(real_sizes, args.seed, lan_membership=not args.local_membership)
     if "real" in parts:
         rows, samples = real_latency(
             real_sizes,

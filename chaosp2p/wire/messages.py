@@ -133,18 +133,35 @@ class MessageCodec:
         return dict(self._classes)
 
 
+_PLAIN = frozenset({bytes, int, str, float, bool, type(None)})
+"""Types msgpack takes as they are, matched exactly (an IntEnum member's type is its enum class)."""
+
+_DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}
+"""Field names per nested dataclass type, looked up once instead of per value encoded."""
+
+
 def _to_wire(value: Any) -> Any:
+    # Most values are plain: one set lookup instead of four isinstance checks and is_dataclass
+    # (every message of every protocol goes through here; heartbeats carry dozens of fields).
+    cls = type(value)
+    if cls in _PLAIN:
+        return value
+    if cls is PeerID:
+        return value.raw
+    if isinstance(value, (tuple, list)):
+        return [_to_wire(v) for v in value]
     if isinstance(value, PeerID):
         return value.raw
     if isinstance(value, enum.IntEnum):
         return int(value)
-    if isinstance(value, (tuple, list)):
-        return [_to_wire(v) for v in value]
     if isinstance(value, dict):
         return {k: _to_wire(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [_to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)]
-    return value
+    names = _DATACLASS_FIELDS.get(cls)
+    if names is None:
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            return value
+        names = _DATACLASS_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(value))
+    return [_to_wire(getattr(value, name)) for name in names]
 
 
 def _fail(where: str, expected: str, value: Any) -> typing.NoReturn:

@@ -115,6 +115,9 @@ class ProbeRecord:
     """Since ``lost``, the driver failed to reach the member directly (a dial refused, a send failed)."""
     nacked_by: set[PeerID] | None = None
     """Relays that answered NACK (a ``lost`` check ends when every current relay is among them)."""
+    heartbeat: bool = False
+    """A SWIM probe of a link's peer that also stands for the link's heartbeat of the same tick
+    (one PING instead of two): its timeout counts against the link as a heartbeat's would."""
 
 
 @dataclass(slots=True)

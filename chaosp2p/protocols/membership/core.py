@@ -188,6 +188,9 @@ class MembershipCore:
         self._info_digest_changed_at = now
 
         self._updates: BroadcastQueue[MemberUpdate] = BroadcastQueue()
+        self._gossip_parked_at: float | None = None
+        """When the GOSSIP tick found no news and stopped (no wake-up per tick while nothing
+        changes); queued news restarts it on the same grid (``dissemination.py``)."""
         self._infos: BroadcastQueue[InfoUpdate] = BroadcastQueue()
         self._limiter = RateLimiter(
             rate_per_s=config.rate_limit_msgs_per_s,
@@ -223,7 +226,13 @@ class MembershipCore:
             (TimerKind.SWEEP, self._sweep_interval()),
         ):
             # Random phases keep a swarm started at one instant from probing in lockstep.
-            self._schedule(now + rng.uniform(0.0, interval), kind, None)
+            at = now + rng.uniform(0.0, interval)
+            if kind is TimerKind.HEARTBEAT and interval == c.probe_interval_s:
+                # ...but our own heartbeats share the probe's tick (and their ACK deadlines its
+                # deadline): one wake-up per interval for both instead of two, or four with the
+                # two timeouts. The draw above still happens, so seeded runs draw as before.
+                at = self._timers[0][0] if self._timers[0][2] is TimerKind.PROBE else at
+            self._schedule(at, kind, None)
         self._queue_update(self._self_record())
         self._infos.put(local_peer.raw, self._self_info(), info_size(self._self_info()))
 

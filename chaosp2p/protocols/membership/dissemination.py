@@ -24,6 +24,8 @@ of them already): news in it that needs one is asked for again, signed.
 
 from __future__ import annotations
 
+import math
+
 from chaosp2p.protocols.membership.bookkeeping import info_size, member_hash, update_size
 from chaosp2p.protocols.membership.core import MembershipCore, TimerKind
 from chaosp2p.protocols.membership.events import MemberState
@@ -56,6 +58,16 @@ class Dissemination(MembershipCore):
     # ------------------------------------------------------------------ queued news
     def _queue_update(self, update: MemberUpdate) -> None:
         self._updates.put(update.peer.raw, update, update_size(update))
+        parked = self._gossip_parked_at
+        if parked is not None:
+            # Resume the parked tick on its old grid (parked + k x interval), so news waits for the
+            # next tick exactly as long as if the tick had kept running.
+            self._gossip_parked_at = None
+            interval = self.config.gossip_interval_s
+            at = parked + interval
+            if at < self._last_now:
+                at += math.ceil((self._last_now - at) / interval) * interval
+            self._schedule(at, TimerKind.GOSSIP, None)
 
     def _publish_info(self, *, past: int = 0) -> None:
         old = self._info_version
@@ -104,12 +116,14 @@ class Dissemination(MembershipCore):
         # fixed; random targets spread faster). Info records ride on PINGs and ACKs (and
         # PUSH_PULL carries them too).
         cfg = self.config
-        if self._updates:
-            for peer in self._sample_alive(cfg.gossip_fanout):
-                updates, infos = self._piggyback(peer)
-                if not updates and not infos:
-                    break
-                self._send(peer, Gossip(updates=updates, infos=infos))
+        if not self._updates:
+            self._gossip_parked_at = now  # nothing to say: no tick until news is queued
+            return
+        for peer in self._sample_alive(cfg.gossip_fanout):
+            updates, infos = self._piggyback(peer)
+            if not updates and not infos:
+                break
+            self._send(peer, Gossip(updates=updates, infos=infos))
         self._schedule(now + cfg.gossip_interval_s, TimerKind.GOSSIP, None)
 
     # ------------------------------------------------------------------ full-state exchanges

@@ -204,10 +204,21 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             self._fill_links(now)
 
     def next_deadline(self) -> float | None:
-        """The earliest timer (possibly a stale one; firing it early is harmless)."""
-        if self._left or not self._timers:
+        """The earliest timer (possibly a stale one; firing it early is harmless).
+
+        The timeouts of probes and relays answered meanwhile are dropped from the front here
+        first: every heartbeat and probe leaves one, and waking up only to find the ACK already
+        in cost a wake-up per interval and link set, for nothing."""
+        if self._left:
             return None
-        return self._timers[0][0]
+        timers, probes, relays = self._timers, self._probes, self._relays
+        while timers:
+            _, _, kind, key = timers[0]
+            if (kind in _PROBE_TIMEOUTS and key not in probes) or (kind is TimerKind.RELAY and key not in relays):
+                heapq.heappop(timers)
+                continue
+            return timers[0][0]
+        return None
 
     def take_outgoing(self) -> list[Outgoing]:
         """Remove and return the queued messages."""
@@ -570,6 +581,9 @@ _HANDLERS: dict[type[Message], _MessageHandler] = {
 """The handler of each message type: ``handler(machine, now, sender, message)``. Plain functions in
 a module-level table, not bound methods kept on each machine (that made every machine a reference
 cycle, which only the cyclic garbage collector frees; simulations drop many machines)."""
+
+_PROBE_TIMEOUTS = (TimerKind.DIRECT, TimerKind.CHECK_END)
+"""Timers keyed by a probe's seq that do nothing once the probe is answered (gone from _probes)."""
 
 _TIMERS: dict[TimerKind, _TimerHandler] = {
     TimerKind.PROBE: Probing._tick_probe,

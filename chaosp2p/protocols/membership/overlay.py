@@ -117,7 +117,17 @@ class Overlay(MembershipCore):
         return False
 
     def _tick_heartbeat(self, now: float, deadline: float, key: None) -> None:
+        # The probe's tick ran just before, at the same instant (core.py aligns them): a link
+        # whose peer it probed already has its PING of this interval, which stands for the
+        # heartbeat (an ACK keeps the link up either way; a timeout now counts against it too).
+        probed = None
+        for probe in self._probes.values():
+            if probe.sent_at == now and probe.purpose is PingPurpose.PROBE:
+                probed = probe
         for peer in list(self._links):
+            if probed is not None and probed.target == peer:
+                probed.heartbeat = True
+                continue
             self._ping(now, peer, PingPurpose.HEARTBEAT)
         self._schedule(now + self.config.heartbeat_interval_s, TimerKind.HEARTBEAT, None)
 

@@ -189,7 +189,7 @@ class Probing(MembershipCore):
         if probe is None:
             return
         target = probe.target
-        if probe.purpose is PingPurpose.HEARTBEAT:
+        if probe.purpose is PingPurpose.HEARTBEAT or probe.heartbeat:
             link = self._links.get(target)
             if link is not None:
                 link.missed += 1

@@ -59,6 +59,11 @@ class NegotiationConfig:
     # --- synchronisation and joins
     sync_interval_s: float = 1.0
     """Every member sends SYNC(epoch, digest) to its two ring neighbours this often."""
+    sync_interval_max_s: float = 8.0
+    """While the run is quiet (no new configuration, nothing pending, no open instance) the SYNC
+    interval doubles each round up to this; any new configuration brings it back to
+    ``sync_interval_s``. An idle run thus costs few messages per member and second, and a member
+    that missed a COMMIT still hears of it within ``sync_interval_s`` of that commit."""
     join_retry_s: float = 1.0
     """A newcomer not admitted after this long resends its JOIN_REQUEST (to the next member)."""
     rebalance_threshold: float = 0.2
@@ -101,6 +106,7 @@ class NegotiationConfig:
             "max_margin_steps",
             "max_step_ahead",
             "sync_interval_s",
+            "sync_interval_max_s",
             "join_retry_s",
             "rebalance_threshold",
             "link_change_threshold",
@@ -145,6 +151,10 @@ class NegotiationConfig:
             "NegotiationConfig.max_pending_ops must be >= max_ops_per_batch",
         )
         require(
+            self.sync_interval_max_s >= self.sync_interval_s,
+            "NegotiationConfig.sync_interval_max_s must be >= sync_interval_s",
+        )
+        require(
             self.decision_timeout_s >= self.phase_timeout_s,
             "NegotiationConfig.decision_timeout_s must be >= phase_timeout_s",
         )
@@ -172,6 +182,7 @@ class NegotiationConfig:
             decision_floor_s=0.005,
             default_rtt_s=0.001,
             sync_interval_s=0.25,
+            sync_interval_max_s=2.0,
             join_retry_s=0.25,
         )
 
@@ -186,6 +197,7 @@ class NegotiationConfig:
             decision_floor_s=0.2,
             default_rtt_s=0.1,
             sync_interval_s=5.0,
+            sync_interval_max_s=40.0,
             join_retry_s=5.0,
             rate_limit_msgs_per_s=500.0,
             rate_limit_burst=2000.0,

@@ -58,6 +58,7 @@ class Joins(MachineCore):
         rec.config = config
         rec.configs.append(config)
         rec.unverifiable_from.clear()
+        rec.sync_quiet = 0
         if certificate is not None:
             rec.certs[config.epoch] = certificate
         if len(rec.configs) > self.config.max_history:

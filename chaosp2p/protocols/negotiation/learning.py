@@ -175,6 +175,7 @@ class Learning(Joins):
         was_gated = rec.accepted_value is not None
         self._abandon(now, rec)  # a decision learned from elsewhere ends our own proposal
         self._install(rec, new_config, record.certificate)
+        self._sync_soon(now, rec)
         rec.history[record.epoch] = record
         rec.history.pop(record.epoch - self.config.max_history, None)
         self._count("configurations_applied")
@@ -275,7 +276,14 @@ class Learning(Joins):
         config = rec.config
         if config is None or not self._learner(rec):
             return
-        rec.sync_at = now + self.config.sync_interval_s * self._rng.uniform(0.75, 1.25)
+        # No work per round while nothing changes: a quiet run doubles the interval each round
+        # (up to sync_interval_max_s); a new configuration resets it (_sync_soon), and anything
+        # pending or an open instance keeps it at the base rate.
+        quiet = not rec.pending and rec.accepted_value is None and not rec.sponsored
+        rec.sync_quiet = rec.sync_quiet + 1 if quiet else 0
+        cfg = self.config
+        interval = min(cfg.sync_interval_s * 2.0 ** min(rec.sync_quiet, 30), cfg.sync_interval_max_s)
+        rec.sync_at = now + interval * self._rng.uniform(0.75, 1.25)
         n = len(config.peers)
         member = config.has_member(self.local_peer)
         if n == 0 or (n == 1 and member):
@@ -283,11 +291,24 @@ class Learning(Joins):
         # Our ring neighbours; a lame duck (no longer a member) uses the place it would sit at.
         i = config.index_of(self.local_peer) if member else bisect.bisect_left(config.peers, self.local_peer)
         message = Sync(run=rec.run, epoch=config.epoch, digest=config.digest)
-        # Plus one random member: both neighbours may be gone (crashed, left) without our knowing.
-        neighbours = {config.peers[(i + 1) % n], config.peers[(i - 1) % n], config.peers[self._rng.randrange(n)]}
+        if rec.sync_quiet == 1:
+            # The first quiet round after a change (typically just after a commit): the ring
+            # successor only -- n SYNCs per decision instead of 3n, and still every member that
+            # missed the COMMIT hears of it from its predecessor within sync_interval_s.
+            neighbours = {config.peers[(i + 1) % n]}
+        else:
+            # Plus one random member: both neighbours may be gone (crashed, left) without our knowing.
+            neighbours = {config.peers[(i + 1) % n], config.peers[(i - 1) % n], config.peers[self._rng.randrange(n)]}
         for peer in neighbours:
             if peer != self.local_peer:
                 self._send(peer, message)
+
+    def _sync_soon(self, now: float, rec: RunRecord) -> None:
+        """A new configuration was installed: back to the base SYNC interval, so that a neighbour
+        that missed its COMMIT hears of it within ``sync_interval_s`` even after a quiet spell."""
+        base = self.config.sync_interval_s
+        if rec.sync_at is not None and rec.sync_at > now + 1.25 * base:  # backed off (else no draw)
+            rec.sync_at = now + base * self._rng.uniform(0.75, 1.25)
 
     def _request_sync(self, rec: RunRecord, peer: PeerID) -> None:
         if rec.config is not None:
@@ -504,6 +525,7 @@ class Learning(Joins):
             # when its participation ends (_config_for); older configurations still tell it who
             # trains the steps before that.
             self._install(rec, config, certificate)
+            self._sync_soon(now, rec)
             self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
             return
         # A member far behind: adopt the snapshot (the history cannot bridge the gap).
@@ -514,6 +536,7 @@ class Learning(Joins):
         rec.history.clear()
         rec.certs.clear()
         self._install(rec, config, certificate)
+        self._sync_soon(now, rec)
         self._events.append(ConfigurationCommitted(run=rec.run, configuration=config, committed_at=now))
         if was_gated:
             self._events.append(GateReleased(run=rec.run))

@@ -160,6 +160,9 @@ class RunRecord:
     activity_at: float | None = None
     """Last time another proposer's PREPARE/ACCEPT for the open instance arrived."""
     sync_at: float | None = None
+    sync_quiet: int = 0
+    """SYNC rounds in a row that found the run quiet (each doubles the next interval; a new
+    configuration resets it)."""
     join: JoinRecord | None = None
     removed_reason: str = ""
     stuck_checked: tuple[int, int, int] | None = None

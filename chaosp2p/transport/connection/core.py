@@ -140,6 +140,8 @@ class ConnectionCore:
         self.last_received = self._created
         self.last_sent = self._created
         self.last_activity = self._created
+        self.keepalive_wakeups = 0
+        """Times the keepalive task woke up (its cost on an idle swarm; tests count it)."""
         self._ping_sent_at: dict[int, float] = {}
         self._ping_waiters: dict[int, anyio.Event] = {}
         self._ping_counter = 0

@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-The keepalive task wakes every half ``keepalive_interval_s``. A connection from which nothing
+The keepalive task sleeps until something can be due (``_keepalive_delay``: the connection quiet
+for ``keepalive_interval_s``, or idle; every half interval while streams are open). A connection from which nothing
 arrived for ``dead_connection_timeout_s`` is closed as dead; one with no open stream and no DATA or
 MESSAGE for ``idle_connection_timeout_s`` is closed with GOAWAY(IDLE); a quiet one is pinged, so
 that a healthy connection always has traffic to prove it alive and the peer measures its RTT for
@@ -47,6 +48,21 @@ class Keepalive(InboundStreams):
             self._ping_sent_at.pop(value, None)
         return self._clock.now() - started
 
+    def _keepalive_delay(self, interval: float) -> float:
+        """How long the keepalive task may sleep: until the connection has been quiet for
+        ``interval`` (a ping is due; the dead timeout is later still) or idle for the idle timeout,
+        whichever comes first. Traffic moves that moment on, so a busy connection's task wakes
+        about once per interval instead of twice, and never just to find nothing to do. With open
+        streams the handlers' idle sweep keeps the half-interval cadence; a ping that is not
+        answered is retried every half interval, as before."""
+        half = interval / 2
+        if self._streams:
+            return half
+        now = self._clock.now()
+        due = min(self.last_received + interval, self.last_activity + self.config.idle_connection_timeout_s)
+        delay = due - now
+        return half if delay <= 0 else min(delay, interval)
+
     def _next_ping(self) -> int:
         self._ping_counter = (self._ping_counter + 1) & 0xFFFFFFFF
         return self._ping_counter
@@ -72,7 +88,8 @@ class Keepalive(InboundStreams):
     async def _keep_alive(self) -> None:
         interval = self.config.keepalive_interval_s
         while True:
-            await anyio.sleep(interval / 2)
+            await anyio.sleep(self._keepalive_delay(interval))
+            self.keepalive_wakeups += 1
             now = self._clock.now()
             if now - self.last_received > self.config.dead_connection_timeout_s:
                 log.info(
@@ -84,7 +101,7 @@ class Keepalive(InboundStreams):
             if not self._streams and now - self.last_activity > self.config.idle_connection_timeout_s:
                 await self.aclose("idle", GoAwayCode.IDLE)
                 return
-            if now - max(self.last_sent, self.last_received) >= interval or (now - self.last_received >= interval):
+            if now - self.last_received >= interval:
                 value = self._next_ping()
                 self._ping_sent_at[value] = now
                 if len(self._ping_sent_at) > _REMEMBERED_PINGS:
