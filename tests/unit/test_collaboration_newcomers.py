@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -214,25 +215,7 @@ async def test_a_newcomer_admitted_at_the_step_under_way_completes_its_join_with
     # admission with the run's change notification, which fires before the task asking for
     # admission records it (as the runtime wakes them): it then waited for a change forever.
     r = _rig(snapshot_ahead_steps=2, join_lag_steps=2)
-    m1, m2 = identities(2, base=150)
-    members = [m1.peer_id, m2.peer_id]
-    held = configuration(members, epoch=1, global_batch=12)
-    numel = r.collab.numel
-    member_model, member_optimizer = _model()
-    info = _offer_snapshot(r, member_model, member_optimizer, members, bytes_by_source=())
-    from chaosp2p.protocols.collab.ticket import issue_ticket
-
-    ticket = issue_ticket(m1, run=RUN, newcomer=r.port.peer_id, until_step=4 + 16)
-    observed: list[Any] = [collab.ObserveAccepted(completed=4, numel=numel, ticket=ticket)]
-    for step in (5, SNAPSHOT_STEP):  # up to the snapshot step, then nothing more
-        header = collab.UpdateHeader(step=step, epoch=1, config_digest=held.digest, numel=numel)
-        observed += [header, np.zeros(numel, dtype=np.float32).tobytes()]
-    r.port.contacts = [m1.peer_id]
-    r.gates.run_infos[m1.peer_id] = RunInfo(run=RUN, configuration=held, step=5, from_peer=m1.peer_id)
-    r.port.answer(m1.peer_id, *observed, HOLD)
-    for identity in (m1, m2):
-        vouch = sign_vouch(identity, run=RUN, step=SNAPSHOT_STEP, state_digest=info.digest, config_digest=held.digest)
-        r.port.answer(identity.peer_id, vouched_reply(vouch, held, asker_config_digest=held.digest))
+    members = _stage_a_join(r, (5, SNAPSHOT_STEP), base=150)  # up to the snapshot step, then nothing
     under_way = SNAPSHOT_STEP + 1
     admitting = configuration(
         [*members, r.port.peer_id], epoch=2, activation_step=under_way, since_steps=[0, 0, under_way]
@@ -259,9 +242,10 @@ async def test_a_newcomer_admitted_at_the_step_under_way_completes_its_join_with
 
 
 # ---------------------------------------------------------------------------------- a failed catch-up
-def _stage_a_join_whose_catch_up_overflows(r: Rig) -> Any:
-    """A run whose sponsor streams more updates than the newcomer queues (max_catchup_updates=1)."""
-    m1, m2 = identities(2, base=160)
+def _stage_a_join(r: Rig, steps: Iterable[int], *, base: int) -> list[PeerID]:
+    """A run of two members whose sponsor (the first) completed step 4, vouched for the snapshot of
+    SNAPSHOT_STEP by both, and streams the updates of ``steps`` (then holds its stream open)."""
+    m1, m2 = identities(2, base=base)
     members = [m1.peer_id, m2.peer_id]
     held = configuration(members, epoch=1, global_batch=12)
     numel = r.collab.numel
@@ -271,7 +255,7 @@ def _stage_a_join_whose_catch_up_overflows(r: Rig) -> Any:
 
     ticket = issue_ticket(m1, run=RUN, newcomer=r.port.peer_id, until_step=4 + 16)
     observed: list[Any] = [collab.ObserveAccepted(completed=4, numel=numel, ticket=ticket)]
-    for step in range(5, 12):  # more than the queue holds, before the newcomer takes any
+    for step in steps:
         header = collab.UpdateHeader(step=step, epoch=1, config_digest=held.digest, numel=numel)
         observed += [header, np.full(numel, step / 10, dtype=np.float32).tobytes()]
     r.port.contacts = [m1.peer_id]
@@ -280,7 +264,13 @@ def _stage_a_join_whose_catch_up_overflows(r: Rig) -> Any:
     for identity in (m1, m2):
         vouch = sign_vouch(identity, run=RUN, step=SNAPSHOT_STEP, state_digest=info.digest, config_digest=held.digest)
         r.port.answer(identity.peer_id, vouched_reply(vouch, held, asker_config_digest=held.digest))
-    return m1.peer_id
+    return members
+
+
+def _stage_a_join_whose_catch_up_overflows(r: Rig) -> Any:
+    """A run whose sponsor streams more updates than the newcomer queues (max_catchup_updates=1)."""
+    members = _stage_a_join(r, range(5, 12), base=160)  # more than the queue holds, before any is taken
+    return members[0]
 
 
 async def test_a_catch_up_that_falls_behind_fails_with_a_transfer_error_not_an_exception_group() -> None:
