@@ -66,17 +66,25 @@ def test_a_stopped_member_is_gone_on_without_and_trains_again_after_sigcont(
     gaps = [_longest_gap(t, stopped_at - 1.0, resumed_at) for t in busy]
     print(f"longest gap between steps of the others while one was stopped {STOPPED_S:.0f} s: {max(gaps):.2f} s")
     assert all(max(t.steps()) > 0 for t in busy)
+
     # It trains again: admitted as a newcomer, it steps with the others, who step as three.
-    # Its steps since SIGCONT. Not "after its last step before SIGSTOP": the step it was finishing
-    # when the signal arrived may be recorded a moment after ``stopped_at`` (seen in CI: that step
-    # was then taken for the rejoin, and only 3 steps were common since).
-    last_before = max(s for s, r in stopped.steps().items() if r["time"] <= resumed_at)
+    # The rejoin is the admission step of its second "joined" record (the first is its join at the
+    # start). Not a step found by time: the step it was finishing when SIGSTOP came is recorded
+    # either just before stopped_at or just after SIGCONT (both seen in CI), and taking it for the
+    # rejoin left only 3 steps common to all three when the check ran.
+    def rejoins() -> list[int]:
+        return [int(r["admitted_step"]) for r in stopped.records() if r.get("event") == "joined"]
+
     wait_until(
-        lambda: any(s > last_before + 5 for s in stopped.steps()) and all(t.members() == 3 for t in trainers),
+        lambda: (
+            len(rejoins()) >= 2
+            and any(s > rejoins()[-1] + 5 for s in stopped.steps())
+            and all(t.members() == 3 for t in trainers)
+        ),
         timeout_s=120,
         what="the stopped member training again",
     )
-    rejoined = min(s for s, r in stopped.steps().items() if r["time"] > resumed_at)
+    rejoined = rejoins()[-1]
     wait_until(lambda: all(max(t.steps()) > rejoined + 10 for t in trainers), timeout_s=60, what="progress")
     assert _agree(trainers, rejoined) >= 5
     removal = [
