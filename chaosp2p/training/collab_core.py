@@ -106,7 +106,6 @@ class CollaborationCore:
         self.feed = UpdateFeed(max_queued=config.max_catchup_updates)
         self.snapshots = SnapshotWaiters()
         self._local = self.flat.host_array()
-        self._local.fill(0.0)
         self._step_times: deque[float] = deque(maxlen=_STEP_TIME_WINDOW)
         # Rounds that failed, per (step, configuration digest): a failed round is final, so a retry
         # under the same configuration is a new round (the count is its attempt number).

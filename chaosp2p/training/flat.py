@@ -57,7 +57,6 @@ class FlatParameters:
         # Synchronising a device waits only for that device: remember every one the model uses.
         self._devices = sorted({p.device for p in self.parameters if p.is_cuda}, key=str)
         self.buffer = self.host_array()
-        self.buffer.fill(0.0)
         self._host = torch.from_numpy(self.buffer)
 
     @property
@@ -66,11 +65,11 @@ class FlatParameters:
         return self._force_staging or bool(self._devices)
 
     def host_array(self) -> np.ndarray:
-        """A new flat float32 array (uninitialised) for this model's gradients or values: page-locked
+        """A new flat float32 array of zeros for this model's gradients or values: page-locked
         when the parameters live on a CUDA device, so copies to and from it run asynchronously."""
         torch = _torch()
         pinned = bool(self._devices) and torch.cuda.is_available()
-        tensor = torch.empty(self.numel, dtype=torch.float32, pin_memory=pinned)
+        tensor = torch.zeros(self.numel, dtype=torch.float32, pin_memory=pinned)
         array: np.ndarray = tensor.numpy()  # the array keeps the tensor (and its pinned memory) alive
         return array
 
