@@ -28,7 +28,7 @@ HARNESS_TIMEOUT_S = 300.0
 
 SCENARIO = """\
 [cluster]
-duration_s = 45
+duration_s = 33
 profile = "local"
 startup_timeout_s = 120
 stop_timeout_s = 20
@@ -51,7 +51,7 @@ args = ["--steps", "1000000", "--pace", "0.05"]
 
 CUT = """
 [[event]]
-at_s = 12
+at_s = 10
 action = "cut"
 link = ["{0}", "{1}"]
 """
@@ -84,7 +84,7 @@ def test_four_processes_train_on_through_relays_after_two_disjoint_permanent_cut
 
 
 def _train_through_cuts(tmp_path: Path, cuts: list[tuple[str, str]]) -> list[str]:
-    """Run the scenario with ``cuts`` at 12 s; check that all four trained on with equal digests
+    """Run the scenario with ``cuts`` at 10 s; check that all four trained on with equal digests
     and that a LINK_DOWN was committed; return the members last seen in a smaller configuration."""
     pytest.importorskip("torch")
     scenario = tmp_path / "cut.toml"
