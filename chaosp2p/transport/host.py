@@ -524,13 +524,20 @@ class Host:
         """The end-to-end handshake over ``sock`` (our end of a circuit through ``via``'s peer): the
         dialer names the ``expected`` peer, the answerer ``None``. The connection (marked ``relayed``;
         the harness's link cuts do not apply to it) is not yet running: :meth:`start_connection`."""
-        what = f"through {via.remote_peer.short()}"
-        keys, leftover = await self._timed_handshake(sock, initiator=expected is not None, expected=expected, what=what)
+        return await self.secure_socket(sock, expected=expected, initiator=expected is not None, via=via)
+
+    async def secure_socket(
+        self, sock: socket.socket, *, expected: PeerID | None, initiator: bool, via: Connection | None = None
+    ) -> Connection:
+        """The handshake over a socket someone else opened (a circuit's end through ``via``, a hole
+        punch's or a dial-back's socket without it), in the role given; not yet running."""
+        what = f"through {via.remote_peer.short()}" if via else "on a punched or dial-back socket"
+        keys, leftover = await self._timed_handshake(sock, initiator=initiator, expected=expected, what=what)
         if keys.remote_peer_id == self.peer_id:
             close_socket(sock)
-            raise PeerUnreachable("a relayed handshake reached this peer itself")
-        address = via.remote_address
-        return self._make_connection(sock, keys, leftover, is_dialer=bool(expected), address=address, relayed=True)
+            raise PeerUnreachable(f"a handshake {what} reached this peer itself")
+        address = via.remote_address if via else sock.getpeername()[:2]
+        return self._make_connection(sock, keys, leftover, is_dialer=initiator, address=address, relayed=bool(via))
 
     async def start_connection(self, connection: Connection) -> None:
         """Run ``connection`` in the host's task group; return once its Hellos are exchanged."""
