@@ -49,6 +49,7 @@ from chaosp2p.runtime.status import (
 )
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import unwrap_single_error
+from chaosp2p.transport.holepunch import HolePunchService
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key
 from chaosp2p.transport.reachability import ReachabilityService
@@ -138,6 +139,8 @@ class Node:
         )
         self.reachability = ReachabilityService(host, config.reachability)
         """Dial-back checks of this peer's reachability (``protocols/reachability.md``)."""
+        self.holepunch = HolePunchService(host, config.holepunch)
+        """Upgrading relayed connections to direct ones: ``await node.holepunch.punch(peer)``."""
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
