@@ -50,10 +50,11 @@ async def echo(connection: Connection, request: Any) -> Any:
 
 
 async def wait_for(path: Path) -> str:
+    file = anyio.Path(path)
     with anyio.fail_after(60):
-        while not path.exists():  # noqa: ASYNC110 - another process writes it
+        while not await file.exists():  # noqa: ASYNC110 - another process writes it
             await anyio.sleep(0.05)
-    return path.read_text()
+    return await file.read_text()
 
 
 async def main(role: str, ip: str, folder: Path) -> None:
