@@ -141,6 +141,7 @@ class Node:
         """Dial-back checks of this peer's reachability (``protocols/reachability.md``)."""
         self.holepunch = HolePunchService(host, config.holepunch)
         """Upgrading relayed connections to direct ones: ``await node.holepunch.punch(peer)``."""
+        host.relay.opened.append(self.holepunch.upgrade_soon)
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""

@@ -33,11 +33,12 @@ bucket) and few at once.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -114,6 +115,10 @@ class PunchHost(Protocol):
         """Run a connection in the host's task group."""
         ...
 
+    def spawn(self, function: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> None:
+        """Run a task in the host's task group."""
+        ...
+
 
 async def punch(host: PunchHost, peer: PeerID, config: HolePunchConfig | None = None) -> Connection:
     """A direct connection to ``peer`` punched through our relayed connection to it (module docstring).
@@ -130,6 +135,8 @@ async def punch(host: PunchHost, peer: PeerID, config: HolePunchConfig | None = 
     relayed = host.relayed_connection(peer)
     if relayed is None:
         raise PeerUnreachable(f"hole punch with {peer.short()}: no relayed connection to punch through")
+    if not relayed.supports(PROTOCOL):
+        raise PeerUnreachable(f"hole punch with {peer.short()}: it does not speak {PROTOCOL_ID}")
     machine = PunchMachine(
         initiator=True,
         local_peer=host.peer_id,
@@ -169,6 +176,19 @@ class HolePunchService:
             raise
         self.punched += 1
         return connection
+
+    def upgrade_soon(self, relayed: Connection) -> None:
+        """Punch in the background towards the peer of a relayed connection we just opened (with
+        ``auto_upgrade``; a failure is logged and the relayed connection stays)."""
+        if not self.config.auto_upgrade or not relayed.supports(PROTOCOL):
+            return
+        peer = relayed.remote_peer
+
+        async def upgrade() -> None:
+            with contextlib.suppress(PeerUnreachable):  # said in the log by punch()
+                await self.punch(peer)
+
+        self.host.spawn(upgrade, name=f"chaosp2p hole punch with {peer.short()}")
 
     async def _serve(self, stream: Stream) -> None:
         peer = stream.remote_peer

@@ -119,6 +119,9 @@ class RelayService:
         """Circuits this peer relays for others."""
         self.accepted = CircuitTable(config, enabled=config.accept_relayed, count_target=False)
         """Connections this peer accepted through relays (as the target)."""
+        self.opened: list[Callable[[Connection], None]] = []
+        """Called with each relayed connection this host opens as the source (the node's hole
+        punching starts its upgrade to a direct connection there)."""
         host.set_stream_handler(PROTOCOL_ID, self._serve)
 
     # ------------------------------------------------------------------ source
@@ -175,6 +178,8 @@ class RelayService:
         except (RemoteProtocolError, AdmissionDenied, PeerUnreachable) as exc:
             raise PeerUnreachable(f"{name}: end-to-end handshake failed: {exc}") from None
         log.debug("relayed connection to %s", name)
+        for callback in list(self.opened):
+            callback(connection)
         return connection
 
     # ------------------------------------------------------------------ relay and target

@@ -44,8 +44,9 @@ class Trio:
 
 
 @asynccontextmanager
-async def relayed_pair(b_punch: HolePunchConfig = PUNCH) -> AsyncIterator[Trio]:
-    """A and B connected to R, and A~B relayed through R; every host serves hole punching."""
+async def relayed_pair(b_punch: HolePunchConfig = PUNCH, *, auto: bool = False) -> AsyncIterator[Trio]:
+    """A and B connected to R, and A~B relayed through R; every host serves hole punching (and
+    with ``auto`` A punches as soon as its relayed connection opens)."""
     async with AsyncExitStack() as stack:
         hosts, services = [], []
         for index in range(3):
@@ -57,8 +58,10 @@ async def relayed_pair(b_punch: HolePunchConfig = PUNCH) -> AsyncIterator[Trio]:
         a, b, r = hosts
         for host in (a, b):
             await host.connect(r.addrs[0])
+        if auto:
+            a.relay.opened.append(services[0].upgrade_soon)
         relayed = await a.relay.connect(b.peer_id)
-        assert relayed.relayed and a.connection(b.peer_id) is None
+        assert relayed.relayed and (auto or a.connection(b.peer_id) is None)
         yield Trio(a=a, b=b, r=r, services=services)
 
 
@@ -113,3 +116,26 @@ async def test_a_punch_needs_a_relayed_connection() -> None:
         a = await stack.enter_async_context(open_host(Identity.generate(), CONFIG))
         with pytest.raises(PeerUnreachable, match="no relayed connection"):
             await punch(a, Identity.generate().peer_id, PUNCH)
+
+
+async def test_a_relayed_connection_is_upgraded_at_once_when_the_service_watches_the_relay() -> None:
+    async with relayed_pair(auto=True) as t:  # as a node wires it
+        await eventually(lambda: t.services[0].punched == 1)  # counted once punch() returned
+        assert t.a.connection(t.b.peer_id) is not None
+        relayed = t.a.relayed_connection(t.b.peer_id)
+        assert relayed is not None and await relayed.request("echo", "relayed") == "relayed"  # it stays
+
+
+async def test_no_punch_towards_a_peer_that_does_not_speak_the_protocol() -> None:
+    async with AsyncExitStack() as stack:
+        a, b, r = [await stack.enter_async_context(open_host(Identity.generate(), CONFIG)) for _ in "abr"]
+        service = HolePunchService(a, PUNCH)  # B and R have none: older peers
+        for host in (a, b, r):
+            await host.listen("/ip4/127.0.0.1/tcp/0")
+        for host in (a, b):
+            await host.connect(r.addrs[0])
+        a.relay.opened.append(service.upgrade_soon)
+        await a.relay.connect(b.peer_id)
+        with pytest.raises(PeerUnreachable, match="does not speak"):
+            await punch(a, b.peer_id, PUNCH)
+        assert service.failed == 0  # the automatic upgrade did not even try

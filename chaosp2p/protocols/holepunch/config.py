@@ -18,6 +18,9 @@ class HolePunchConfig:
 
     enabled: bool = True
     """Take part when a peer asks. ``False``: answer ``REFUSED``."""
+    auto_upgrade: bool = True
+    """Punch at once when this peer opens a relayed connection (as a node does); ``False``: only
+    when asked (``await node.holepunch.punch(peer)``)."""
     max_dial_addrs: int = 4
     """Candidate addresses of the other side dialed per punch (in the order it named them)."""
     answer_timeout_s: float = 5.0
