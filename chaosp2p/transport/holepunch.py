@@ -38,7 +38,7 @@ import errno
 import ipaddress
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -270,7 +270,7 @@ async def _coordinate(host: PunchHost, machine: PunchMachine, stream: Stream, vi
                     machine.remote_addrs, loopback=_is_loopback(via), limit=machine.config.max_dial_addrs
                 )
                 outcome, sock = await simultaneous_open(
-                    _listen_port(host, targets),
+                    _listen_ports(host),
                     targets,
                     timeout_s=machine.config.connect_timeout_s,
                     buffer_bytes=host.config.socket_buffer_bytes,
@@ -321,9 +321,10 @@ async def _finish(host: PunchHost, peer: PeerID, role: Role, sock: socket.socket
 
 
 async def simultaneous_open(
-    port: int, targets: Sequence[Multiaddr], *, timeout_s: float, buffer_bytes: int
+    ports: Mapping[str, int], targets: Sequence[Multiaddr], *, timeout_s: float, buffer_bytes: int
 ) -> tuple[Outcome, socket.socket | None]:
-    """Connect from local ``port`` to every target at once, within ``timeout_s``.
+    """Connect to every target at once from our listen port of its family (``ports``: ``ip4``/``ip6``
+    to port; a family without one is skipped), within ``timeout_s``.
 
     ``CONNECTED`` with the first socket that connected (the others are closed), ``TAKEN`` when a
     connect found its connection already accepted by our listener, else ``FAILED``.
@@ -334,7 +335,11 @@ async def simultaneous_open(
     async def attempt(target: Multiaddr, tg: anyio.abc.TaskGroup) -> None:
         nonlocal winner, taken
         family = socket.AF_INET6 if target.host_kind == "ip6" else socket.AF_INET
-        sock = bound_socket(family, port, buffer_bytes=buffer_bytes)
+        try:
+            sock = bound_socket(family, ports[target.host_kind], buffer_bytes=buffer_bytes)
+        except PeerUnreachable as exc:
+            log.debug("hole punch: %s", exc)
+            return
         try:
             code = sock.connect_ex((target.host, target.port))
             if code in (errno.EINPROGRESS, errno.EWOULDBLOCK):
@@ -348,15 +353,18 @@ async def simultaneous_open(
                 tg.cancel_scope.cancel()
             else:
                 log.debug("hole punch: connect to %s: %s", target, errno.errorcode.get(code, code))
+        except (OSError, ValueError) as exc:  # an address this stack cannot use
+            log.debug("hole punch: connect to %s: %s", target, exc)
         finally:
             if sock is not winner:
                 close_socket(sock)
 
-    if not targets or port == 0:
+    usable = [t for t in targets if ports.get(t.host_kind)]
+    if not usable:
         return Outcome.FAILED, None
     with anyio.move_on_after(timeout_s):
         async with anyio.create_task_group() as tg:
-            for target in targets:
+            for target in usable:
                 tg.start_soon(attempt, target, tg)
     if taken:
         if winner is not None:
@@ -405,10 +413,12 @@ def _is_loopback(via: Connection) -> bool:
         return False
 
 
-def _listen_port(host: PunchHost, targets: Sequence[Multiaddr]) -> int:
-    """Our listen port for the targets' address family (0: none, nothing to punch from)."""
-    kind = targets[0].host_kind if targets else "ip4"
-    return next((a.port for a in host.listen_addrs if a.host_kind == kind), 0)
+def _listen_ports(host: PunchHost) -> dict[str, int]:
+    """Our listen port per address family (``ip4``, ``ip6``): where our punches connect from."""
+    ports: dict[str, int] = {}
+    for addr in host.listen_addrs:
+        ports.setdefault(addr.host_kind, addr.port)
+    return ports
 
 
 def _name(outcome: Outcome | None) -> str:

@@ -139,3 +139,19 @@ async def test_no_punch_towards_a_peer_that_does_not_speak_the_protocol() -> Non
         with pytest.raises(PeerUnreachable, match="does not speak"):
             await punch(a, b.peer_id, PUNCH)
         assert service.failed == 0  # the automatic upgrade did not even try
+
+
+async def test_simultaneous_open_skips_what_it_cannot_dial_and_reports_failure() -> None:
+    from chaosp2p.protocols.holepunch import Outcome
+    from chaosp2p.transport.holepunch import simultaneous_open
+    from chaosp2p.wire.multiaddr import Multiaddr
+
+    async with open_host(Identity.generate(), CONFIG) as host:
+        own = await host.listen("/ip4/127.0.0.1/tcp/0")
+        closed = Multiaddr.parse("/ip4/127.0.0.1/tcp/1")  # nothing listens on port 1: refused at once
+        v6_only = Multiaddr.parse("/ip6/::1/tcp/4001")  # no ip6 listen port to punch from: skipped
+        outcome, sock = await simultaneous_open(
+            {"ip4": own.port}, [closed, v6_only], timeout_s=2.0, buffer_bytes=1 << 16
+        )
+        assert (outcome, sock) == (Outcome.FAILED, None)
+        assert await simultaneous_open({}, [closed], timeout_s=2.0, buffer_bytes=1 << 16) == (Outcome.FAILED, None)
