@@ -155,3 +155,22 @@ async def test_simultaneous_open_skips_what_it_cannot_dial_and_reports_failure()
         )
         assert (outcome, sock) == (Outcome.FAILED, None)
         assert await simultaneous_open({}, [closed], timeout_s=2.0, buffer_bytes=1 << 16) == (Outcome.FAILED, None)
+
+
+def test_the_listen_port_is_shared_with_punch_sockets_only() -> None:
+    import socket
+
+    from chaosp2p.transport.sockets import Listener, bound_socket
+
+    listener = Listener("127.0.0.1", 0, buffer_bytes=1 << 16)
+    try:
+        port = listener.address[1]
+        with pytest.raises(PeerUnreachable, match="cannot listen"):
+            Listener("127.0.0.1", port, buffer_bytes=1 << 16)  # a second peer on the port still fails
+        plain = socket.socket()
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))  # and so does anyone without SO_REUSEPORT
+        plain.close()
+        bound_socket(socket.AF_INET, port, buffer_bytes=1 << 16).close()  # a punch socket may share it
+    finally:
+        listener.close()
