@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.protocols.relay import MAX_REASON_CHARS, Hop, Status, StatusCode, Stop, codec
+from chaosp2p.protocols.relay import MAX_REASON_CHARS, Hop, Reservation, Reserve, Status, StatusCode, Stop, codec
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.messages import Message
@@ -26,6 +26,10 @@ def vector_messages() -> dict[str, Message]:
         "Stop": Stop(source=IA.peer_id),
         "StatusOk": Status(code=StatusCode.OK),
         "StatusNoConnection": Status(code=StatusCode.NO_CONNECTION, reason="the relay has no connection to the target"),
+        "Reserve": Reserve(),
+        "Reservation": Reservation(
+            ttl_s=3600.0, addrs=(f"/ip4/198.18.0.1/tcp/4001/p2p/{IA.peer_id}/p2p-circuit/p2p/{IB.peer_id}",)
+        ),
     }
 
 
@@ -52,6 +56,10 @@ def test_vector_encodes_and_decodes(name: str) -> None:
         [3, 0, "x" * (MAX_REASON_CHARS + 1)],  # reason too long
         [1, b"not a peer id"],
         [9, b""],  # unknown message type
+        [5, 0.0, []],  # a reservation without a lifetime
+        [5, float("inf"), []],
+        [5, 60.0, ["x"] * 9],  # too many addresses
+        [3, 6, "x" * 300],  # reason too long (the new code itself is fine)
     ],
 )
 def test_bad_messages_are_refused(obj: list[object]) -> None:
