@@ -5,13 +5,9 @@ Run ``python tests/unit/test_holepunch_vectors.py`` to print the vectors block f
 
 from __future__ import annotations
 
-import pytest
-
-from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.protocols.holepunch import MAX_PUNCH_ADDRS, Connect, Outcome, Result, Sync, codec
-from chaosp2p.wire.framing import pack
 from chaosp2p.wire.messages import Message
-from tests.spec_blocks import named_lines
+from tests.spec_blocks import message_vector_tests, print_vectors
 
 SPEC = "holepunch.md"
 
@@ -26,36 +22,16 @@ def vector_messages() -> dict[str, Message]:
     }
 
 
-def test_spec_lists_exactly_the_known_vectors() -> None:
-    assert set(named_lines(SPEC, "vectors")) == set(vector_messages())
+BAD: list[list[object]] = [
+    [1, ["/ip4/1.2.3.4/tcp/1"] * (MAX_PUNCH_ADDRS + 1)],  # too many addresses
+    [1, ["/ip4/1.2.3.4/tcp/" + "1" * 300]],  # an address too long
+    [3, 99],  # unknown outcome
+    [9],  # unknown message type
+]
+"""Messages (as msgpack arrays) the codec must refuse."""
 
-
-def test_every_message_type_has_a_vector() -> None:
-    assert {m.TYPE for m in vector_messages().values()} == set(codec.message_classes())
-
-
-@pytest.mark.parametrize("name", sorted(vector_messages()))
-def test_vector_encodes_and_decodes(name: str) -> None:
-    expected = vector_messages()[name]
-    data = bytes.fromhex(named_lines(SPEC, "vectors")[name])
-    assert codec.encode(expected) == data
-    assert codec.decode(data, max_bytes=1 << 16) == expected
-
-
-@pytest.mark.parametrize(
-    "obj",
-    [
-        [1, ["/ip4/1.2.3.4/tcp/1"] * (MAX_PUNCH_ADDRS + 1)],  # too many addresses
-        [1, ["/ip4/1.2.3.4/tcp/" + "1" * 300]],  # an address too long
-        [3, 99],  # unknown outcome
-        [9],  # unknown message type
-    ],
-)
-def test_bad_messages_are_refused(obj: list[object]) -> None:
-    with pytest.raises(RemoteProtocolError):
-        codec.decode(pack(obj), max_bytes=1 << 16)
+globals().update(message_vector_tests(SPEC, codec, vector_messages, BAD))
 
 
 if __name__ == "__main__":
-    for vector_name, message in vector_messages().items():
-        print(vector_name, codec.encode(message).hex())
+    print_vectors(codec, vector_messages())

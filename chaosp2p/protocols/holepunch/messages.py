@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.wire.messages import Message, MessageCodec
+from chaosp2p.wire.multiaddr import check_addr_texts
 from chaosp2p.wire.protocol_ids import ProtocolId
 
 PROTOCOL = "holepunch"
@@ -65,10 +66,7 @@ class Connect(Message):
 
     def validate(self) -> None:
         """Bounded count and lengths."""
-        if len(self.addrs) > MAX_PUNCH_ADDRS:
-            raise RemoteProtocolError(f"{PROTOCOL}: more than {MAX_PUNCH_ADDRS} addresses")
-        if any(len(a) > MAX_ADDR_CHARS for a in self.addrs):
-            raise RemoteProtocolError(f"{PROTOCOL}: an address longer than {MAX_ADDR_CHARS} characters")
+        check_addr_texts(self.addrs, max_count=MAX_PUNCH_ADDRS, max_chars=MAX_ADDR_CHARS, what=PROTOCOL)
 
 
 @codec.register(PunchMessageType.SYNC)

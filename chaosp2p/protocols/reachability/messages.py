@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.wire.messages import Message, MessageCodec
+from chaosp2p.wire.multiaddr import check_addr_texts
 from chaosp2p.wire.protocol_ids import ProtocolId
 
 PROTOCOL = "dialback"
@@ -67,10 +68,7 @@ class DialRequest(Message):
 
     def validate(self) -> None:
         """Bounded count and lengths (checked before any address is parsed)."""
-        if len(self.addrs) > MAX_REQUEST_ADDRS:
-            raise RemoteProtocolError(f"{PROTOCOL}: more than {MAX_REQUEST_ADDRS} addresses")
-        if any(len(a) > MAX_ADDR_CHARS for a in self.addrs):
-            raise RemoteProtocolError(f"{PROTOCOL}: an address longer than {MAX_ADDR_CHARS} characters")
+        check_addr_texts(self.addrs, max_count=MAX_REQUEST_ADDRS, max_chars=MAX_ADDR_CHARS, what=PROTOCOL)
 
 
 @codec.register(DialBackMessageType.RESPONSE)

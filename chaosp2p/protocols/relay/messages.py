@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message, MessageCodec
+from chaosp2p.wire.multiaddr import check_addr_texts
 from chaosp2p.wire.protocol_ids import ProtocolId
 
 PROTOCOL = "relay"
@@ -122,8 +123,7 @@ class Reservation(Message):
         """A positive, finite lifetime; bounded addresses."""
         if not 0 < self.ttl_s < float("inf"):
             raise RemoteProtocolError(f"{PROTOCOL}: reservation lifetime {self.ttl_s!r} is not positive and finite")
-        if len(self.addrs) > MAX_RESERVATION_ADDRS or any(len(a) > MAX_ADDR_CHARS for a in self.addrs):
-            raise RemoteProtocolError(f"{PROTOCOL}: too many or too long relay addresses")
+        check_addr_texts(self.addrs, max_count=MAX_RESERVATION_ADDRS, max_chars=MAX_ADDR_CHARS, what=PROTOCOL)
 
 
 def refusal(code: StatusCode, reason: str) -> Status:
