@@ -119,7 +119,8 @@ class ReachabilityService:
             await self._ask_all(servers)
 
     async def check(self, servers: Sequence[PeerID] | None = None) -> Reachability:
-        """One check now (of ``servers``, default: the peers the machine picks); the classification after it."""
+        """One check now (of ``servers``, default: the peers the machine picks); the classification
+        after it. :class:`LocalProtocolError` while another check (the background one) is under way."""
         chosen = self.machine.start_check(self.host.clock.now(), self.servers() if servers is None else servers)
         await self._ask_all(chosen)
         return self.machine.reachability

@@ -88,6 +88,10 @@ class RelayHost(Protocol):
         """Serve inbound streams of ``protocol``."""
         ...
 
+    def on_connection_change(self, callback: Callable[[Connection, bool], None]) -> None:
+        """Call ``callback(connection, opened)`` when a direct connection opens or closes."""
+        ...
+
     def connection(self, peer: PeerID) -> Connection | None:
         """An open direct connection."""
         ...
@@ -133,6 +137,7 @@ class RelayService:
         """Connections this peer accepted through relays (as the target)."""
         self.reservations = ReservationTable(config, enabled=config.enabled)
         """Slots this peer keeps for peers nobody can dial (as a relay)."""
+        host.on_connection_change(self._connection_changed)
         self.opened: list[Callable[[Connection], None]] = []
         """Called with each relayed connection this host opens as the source (the node's hole
         punching starts its upgrade to a direct connection there)."""
@@ -238,6 +243,11 @@ class RelayService:
             await self._reserve(stream)
         elif message is not None:
             raise RemoteProtocolError(f"relay: expected HOP, STOP or RESERVE, got {type(message).__name__}")
+
+    def _connection_changed(self, connection: Connection, opened: bool) -> None:
+        peer = connection.remote_peer
+        if not opened and self.host.connection(peer) is None:
+            self.reservations.release(peer)  # a slot is for a peer we can reach: it must reserve again
 
     async def _reserve(self, stream: Stream) -> None:
         peer = stream.remote_peer

@@ -22,6 +22,8 @@ from chaosp2p.transport.host import Host, open_host
 from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.identity import Identity
 
+from ..conditions import eventually
+
 pytestmark = pytest.mark.anyio
 
 CONFIG = TransportConfig(handshake_timeout_s=2.0, connect_timeout_s=1.0, request_timeout_s=5.0)
@@ -94,3 +96,13 @@ async def test_a_relay_that_relays_for_nobody_grants_no_reservation() -> None:
     async with hosts(2, dataclasses.replace(RELAY, enabled=False)) as [b, r]:
         with pytest.raises(PeerUnreachable, match="DISABLED"):
             await b.relay.reserve(r.peer_id)
+
+
+async def test_a_slot_ends_with_the_holders_connection_to_the_relay() -> None:
+    async with hosts(2) as [b, r]:
+        await b.relay.reserve(r.peer_id)
+        assert r.relay.reservations.holds(b.peer_id, r.clock.now())
+        connection = b.connection(r.peer_id)
+        assert connection is not None
+        await connection.aclose("leaving")
+        await eventually(lambda: not r.relay.reservations.holds(b.peer_id, r.clock.now()))
