@@ -151,6 +151,10 @@ def print_status(report: StatusReport, out: Console) -> None:
     out.print(f"[bold]peer[/] {report.peer_id}  [dim]{report.agent}, up {report.uptime_s:.1f} s[/]")
     for addr in report.addrs:
         out.print(f"  {addr}")
+    reach = report.reachability
+    if reach is not None:
+        reached = f"reached at {', '.join(reach.addrs)}" if reach.addrs else "no address confirmed"
+        out.print(f"  reachability: {reach.status} ({reach.reached} reached, {reach.not_reached} not; {reached})")
     table = Table(title=f"connections ({len(report.connections)})", title_justify="left")
     for column in ("peer", "address", "direction", "rtt ms", "streams"):
         table.add_column(column)

@@ -23,8 +23,10 @@ from typing import Any
 from chaosp2p.configbase import from_table, require, require_positive
 from chaosp2p.dht.config import DHTConfig
 from chaosp2p.errors import ConfigError
+from chaosp2p.protocols.holepunch.config import HolePunchConfig
 from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
+from chaosp2p.protocols.reachability.config import ReachabilityConfig
 from chaosp2p.protocols.relay.config import RelayConfig
 from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.runtime.status import StatusConfig
@@ -61,6 +63,10 @@ class PeerConfig:
     """Who sees what in this peer's status report (runs: their members, by default)."""
     relay: RelayConfig = field(default_factory=RelayConfig.local)
     """Relaying for others and accepting relayed connections (``[relay]``: ``enabled = false`` turns relaying off)."""
+    reachability: ReachabilityConfig = field(default_factory=ReachabilityConfig.local)
+    """Dial-back checks of this peer's reachability and dialing others back (``[reachability]``)."""
+    holepunch: HolePunchConfig = field(default_factory=HolePunchConfig.local)
+    """Upgrading relayed connections to direct ones (``[holepunch]``: ``enabled = false`` refuses)."""
 
     def __post_init__(self) -> None:
         require(self.profile in PROFILES, f"profile must be one of {PROFILES} (got {self.profile!r})")
@@ -108,6 +114,8 @@ class PeerConfig:
             negotiation=NegotiationConfig.local(),
             transfer=TransferConfig.local(),
             relay=RelayConfig.local(),
+            reachability=ReachabilityConfig.local(),
+            holepunch=HolePunchConfig.local(),
         ).replace(**changes)
 
     @classmethod
@@ -122,6 +130,8 @@ class PeerConfig:
             negotiation=NegotiationConfig.lan(),
             transfer=TransferConfig.lan(),
             relay=RelayConfig.lan(),
+            reachability=ReachabilityConfig.lan(),
+            holepunch=HolePunchConfig.lan(),
         ).replace(**changes)
 
     @classmethod
@@ -137,6 +147,8 @@ class PeerConfig:
             negotiation=NegotiationConfig.wan(),
             transfer=TransferConfig.wan(),
             relay=RelayConfig.wan(),
+            reachability=ReachabilityConfig.wan(),
+            holepunch=HolePunchConfig.wan(),
         ).replace(**changes)
 
     @classmethod
@@ -180,7 +192,17 @@ class PeerConfig:
 
 
 def _is_component(f: dataclasses.Field[Any]) -> bool:
-    return f.name in ("transport", "dht", "membership", "negotiation", "transfer", "status", "relay")
+    return f.name in (
+        "transport",
+        "dht",
+        "membership",
+        "negotiation",
+        "transfer",
+        "status",
+        "relay",
+        "reachability",
+        "holepunch",
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,6 +41,7 @@ from chaosp2p.runtime.status import (
     LinkInfo,
     MemberInfo,
     PendingInfo,
+    ReachabilityInfo,
     RunStatusInfo,
     StatusReport,
     StatusRequest,
@@ -48,8 +49,10 @@ from chaosp2p.runtime.status import (
 )
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import unwrap_single_error
+from chaosp2p.transport.holepunch import HolePunchService
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key
+from chaosp2p.transport.reachability import ReachabilityService
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -134,6 +137,11 @@ class Node:
             link_settle_s=LINK_SETTLE_INTERVALS * config.membership.heartbeat_interval_s,
             trusted=[a.peer_id for a in config.bootstrap_addrs() if a.peer_id is not None],
         )
+        self.reachability = ReachabilityService(host, config.reachability)
+        """Dial-back checks of this peer's reachability (``protocols/reachability.md``)."""
+        self.holepunch = HolePunchService(host, config.holepunch)
+        """Upgrading relayed connections to direct ones: ``await node.holepunch.punch(peer)``."""
+        host.relay.opened.append(self.holepunch.upgrade_soon)
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
@@ -141,6 +149,7 @@ class Node:
         self.membership.start()
         self.negotiation.start()
         self.task_group.start_soon(self._bootstrap_loop, name="chaosp2p bootstrap")
+        self.task_group.start_soon(self.reachability.run, name="chaosp2p reachability")
 
     def _dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
         return list(self.membership.machine.dial_addrs(peer))
@@ -334,6 +343,19 @@ class Node:
             members=members,
             links=links,
             runs=runs,
+            reachability=self._reachability_info(),
+        )
+
+    def _reachability_info(self) -> ReachabilityInfo:
+        machine = self.reachability.machine
+        answers = machine.answers()
+        reached = sum(1 for a in answers if a.reached)
+        return ReachabilityInfo(
+            status=machine.reachability.value,
+            addrs=tuple(machine.confirmed_addrs()),
+            reached=reached,
+            not_reached=len(answers) - reached,
+            checked_s_ago=None if machine.last_check_at is None else self.clock.now() - machine.last_check_at,
         )
 
     async def _serve_status(self, connection: Connection, request: Any) -> Any:

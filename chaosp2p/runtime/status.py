@@ -129,6 +129,32 @@ class RunStatusInfo:
     older peer ignores it, and a report from one decodes with None."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReachabilityInfo:
+    """What the reporting peer concluded about inbound connections to it (``protocols/reachability.md``)."""
+
+    status: str
+    """``public``, ``private`` or ``unknown``."""
+    addrs: tuple[str, ...] = ()
+    """Addresses peers dialed it back at, newest first."""
+    reached: int = 0
+    """Peers whose newest answer says they reached it."""
+    not_reached: int = 0
+    """Peers whose newest answer says they could not."""
+    checked_s_ago: float | None = None
+    """Seconds since its last check started (None: none yet)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``reachability`` object of ``chaosp2p status --json``."""
+        return {
+            "status": self.status,
+            "addrs": list(self.addrs),
+            "reached": self.reached,
+            "not_reached": self.not_reached,
+            "checked_s_ago": None if self.checked_s_ago is None else round(self.checked_s_ago, 3),
+        }
+
+
 @STATUS_CODEC.register(StatusMessageType.REQUEST)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatusRequest(Message):
@@ -148,12 +174,16 @@ class StatusReport(Message):
     members: tuple[MemberInfo, ...] = ()
     links: tuple[LinkInfo, ...] = ()
     runs: tuple[RunStatusInfo, ...] = ()
+    reachability: ReachabilityInfo | None = None
+    """Appended last: an older peer's report decodes with None (``"reachability": null`` in JSON)."""
 
     def validate(self) -> None:
         """Bound the lists so a hostile peer cannot make the CLI render millions of rows."""
         for name in ("addrs", "connections", "members", "links", "runs"):
             if len(getattr(self, name)) > MAX_STATUS_ENTRIES:
                 raise RemoteProtocolError(f"status report has more than {MAX_STATUS_ENTRIES} {name}")
+        if self.reachability is not None and len(self.reachability.addrs) > MAX_STATUS_ENTRIES:
+            raise RemoteProtocolError(f"status report has more than {MAX_STATUS_ENTRIES} reachability addrs")
         for run in self.runs:
             waiting = run.waiting_for
             too_many = waiting is not None and any(
@@ -207,6 +237,7 @@ class StatusReport(Message):
                 }
                 for r in self.runs
             ],
+            "reachability": None if self.reachability is None else self.reachability.to_json(),
         }
 
 

@@ -62,6 +62,7 @@ from chaosp2p.transport.relay import RelayService
 from chaosp2p.transport.shaper import LinkShaper, TokenBucket
 from chaosp2p.transport.sockets import Listener, close_socket, connect_tcp, receive_some, send_all
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable, is_circuit
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 from chaosp2p.wire.protocol_ids import ProtocolId
@@ -382,12 +383,15 @@ class Host:
                 del self._inbound[peer]
 
     # ------------------------------------------------------------------ dialing
-    async def connect(self, addr: Multiaddr | str) -> Connection:
-        """Connect to ``addr`` (reusing an open connection to its peer when the address names one).
+    async def connect(self, addr: Multiaddr | CircuitAddr | str) -> Connection:
+        """Connect to ``addr`` (reusing an open connection to its peer when the address names one;
+        a relay address ``…/p2p-circuit/p2p/<id>`` gives a relayed connection through that relay).
 
         Raises :class:`PeerIdMismatch` if ``/p2p/<id>`` is given and someone else answers,
         :class:`AdmissionDenied` if the swarm keys differ, :class:`PeerUnreachable` otherwise.
         """
+        if isinstance(addr, CircuitAddr) or (isinstance(addr, str) and is_circuit(addr)):
+            return await self.relay.connect_addr(addr)
         address = Multiaddr.parse(addr) if isinstance(addr, str) else addr
         if address.peer_id == self.peer_id:
             raise ConfigError("refusing to dial ourselves")
@@ -438,7 +442,7 @@ class Host:
             raise PeerUnreachable(f"{address} misbehaved right after the handshake: {exc}") from None
         return connection
 
-    async def connection_to(self, peer: PeerID, addrs: Sequence[Multiaddr] = (), *, relay: bool = False) -> Connection:
+    async def connection_to(self, peer: PeerID, addrs: Sequence[Dialable] = (), *, relay: bool = False) -> Connection:
         """An open connection to ``peer``: reuse one, or dial ``addrs`` / the address book in turn;
         with ``relay``, then through the peers this host is connected to (:meth:`RelayService.connect`)."""
         existing = self.connection(peer)
@@ -452,7 +456,7 @@ class Host:
                     return await self.relay.connect(peer)
                 except PeerUnreachable as exc:
                     raise PeerUnreachable(f"{direct}; {exc}") from None
-        candidates = list(addrs) + [a for a in self.address_book.get(peer, []) if a not in addrs]
+        candidates: list[Dialable] = [*addrs, *(a for a in self.address_book.get(peer, []) if a not in addrs)]
         # An address we listen on ourselves reaches us, never ``peer``: another host's announced
         # 127.0.0.1:4001 (its own loopback) is ours too when we use the same port. Dialling it cost a
         # handshake with ourselves per try (issue 21: 22 per peer in 4 minutes behind NAT).
@@ -524,13 +528,20 @@ class Host:
         """The end-to-end handshake over ``sock`` (our end of a circuit through ``via``'s peer): the
         dialer names the ``expected`` peer, the answerer ``None``. The connection (marked ``relayed``;
         the harness's link cuts do not apply to it) is not yet running: :meth:`start_connection`."""
-        what = f"through {via.remote_peer.short()}"
-        keys, leftover = await self._timed_handshake(sock, initiator=expected is not None, expected=expected, what=what)
+        return await self.secure_socket(sock, expected=expected, initiator=expected is not None, via=via)
+
+    async def secure_socket(
+        self, sock: socket.socket, *, expected: PeerID | None, initiator: bool, via: Connection | None = None
+    ) -> Connection:
+        """The handshake over a socket someone else opened (a circuit's end through ``via``, a hole
+        punch's or a dial-back's socket without it), in the role given; not yet running."""
+        what = f"through {via.remote_peer.short()}" if via else "on a punched or dial-back socket"
+        keys, leftover = await self._timed_handshake(sock, initiator=initiator, expected=expected, what=what)
         if keys.remote_peer_id == self.peer_id:
             close_socket(sock)
-            raise PeerUnreachable("a relayed handshake reached this peer itself")
-        address = via.remote_address
-        return self._make_connection(sock, keys, leftover, is_dialer=bool(expected), address=address, relayed=True)
+            raise PeerUnreachable(f"a handshake {what} reached this peer itself")
+        address = via.remote_address if via else sock.getpeername()[:2]
+        return self._make_connection(sock, keys, leftover, is_dialer=initiator, address=address, relayed=bool(via))
 
     async def start_connection(self, connection: Connection) -> None:
         """Run ``connection`` in the host's task group; return once its Hellos are exchanged."""

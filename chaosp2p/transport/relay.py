@@ -47,13 +47,16 @@ from chaosp2p.protocols.relay import (
     Stop,
 )
 from chaosp2p.protocols.relay import codec as relay_codec
-from chaosp2p.protocols.relay.messages import StatusCode, refusal
+from chaosp2p.protocols.relay.messages import MAX_RESERVATION_ADDRS, Reservation, Reserve, StatusCode, refusal
+from chaosp2p.protocols.relay.reservations import ReservationTable
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.groups import unwrap_single_error
 from chaosp2p.transport.sockets import close_socket, receive_some, send_all
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.transport")
 
@@ -72,8 +75,21 @@ class RelayHost(Protocol):
         """This host's PeerID."""
         ...
 
+    @property
+    def addrs(self) -> list[Multiaddr]:
+        """This host's addresses, each ending in ``/p2p/<its id>``."""
+        ...
+
+    async def connect(self, addr: Multiaddr) -> Connection:
+        """A direct connection to ``addr``: reuse or dial."""
+        ...
+
     def set_stream_handler(self, protocol: Any, handler: Callable[[Stream], Awaitable[None]]) -> None:
         """Serve inbound streams of ``protocol``."""
+        ...
+
+    def on_connection_change(self, callback: Callable[[Connection, bool], None]) -> None:
+        """Call ``callback(connection, opened)`` when a direct connection opens or closes."""
         ...
 
     def connection(self, peer: PeerID) -> Connection | None:
@@ -119,6 +135,12 @@ class RelayService:
         """Circuits this peer relays for others."""
         self.accepted = CircuitTable(config, enabled=config.accept_relayed, count_target=False)
         """Connections this peer accepted through relays (as the target)."""
+        self.reservations = ReservationTable(config, enabled=config.enabled)
+        """Slots this peer keeps for peers nobody can dial (as a relay)."""
+        host.on_connection_change(self._connection_changed)
+        self.opened: list[Callable[[Connection], None]] = []
+        """Called with each relayed connection this host opens as the source (the node's hole
+        punching starts its upgrade to a direct connection there)."""
         host.set_stream_handler(PROTOCOL_ID, self._serve)
 
     # ------------------------------------------------------------------ source
@@ -175,7 +197,38 @@ class RelayService:
         except (RemoteProtocolError, AdmissionDenied, PeerUnreachable) as exc:
             raise PeerUnreachable(f"{name}: end-to-end handshake failed: {exc}") from None
         log.debug("relayed connection to %s", name)
+        for callback in list(self.opened):
+            callback(connection)
         return connection
+
+    async def connect_addr(self, addr: CircuitAddr | str) -> Connection:
+        """A relayed connection to ``addr``'s target through its relay, dialing the relay if needed."""
+        addr = CircuitAddr.parse(addr) if isinstance(addr, str) else addr
+        existing = self.host.relayed_connection(addr.target)
+        if existing is not None:
+            return existing
+        await self.host.connect(addr.relay)
+        return await self.connect_via(addr.relay_peer, addr.target)
+
+    async def reserve(self, relay: PeerID) -> Reservation:
+        """Reserve (or renew) a slot at ``relay``, a peer this host reaches directly; the answer
+        says for how long and the relay addresses to hand out. :class:`PeerUnreachable` if refused."""
+        via = await self.host.connection_to(relay)
+        try:
+            async with via.open_stream(PROTOCOL) as stream:
+                await stream.send_message(relay_codec, Reserve(), eof=True)
+                answer = None
+                with anyio.move_on_after(self.config.answer_timeout_s):
+                    answer = await stream.receive_message(relay_codec)
+        except ChaosError as exc:
+            raise PeerUnreachable(f"reservation at {relay.short()}: {exc}") from None
+        if isinstance(answer, Reservation):
+            return answer
+        if isinstance(answer, Status) and not answer.ok:
+            raise PeerUnreachable(
+                f"reservation at {relay.short()} refused ({StatusCode(answer.code).name}: {answer.reason})"
+            )
+        raise PeerUnreachable(f"reservation at {relay.short()}: no answer within {self.config.answer_timeout_s:g} s")
 
     # ------------------------------------------------------------------ relay and target
     async def _serve(self, stream: Stream) -> None:
@@ -186,13 +239,40 @@ class RelayService:
             await self._hop(stream, message.target)
         elif isinstance(message, Stop):
             await self._stop(stream, message.source)
+        elif isinstance(message, Reserve):
+            await self._reserve(stream)
         elif message is not None:
-            raise RemoteProtocolError(f"relay: expected HOP or STOP, got {type(message).__name__}")
+            raise RemoteProtocolError(f"relay: expected HOP, STOP or RESERVE, got {type(message).__name__}")
+
+    def _connection_changed(self, connection: Connection, opened: bool) -> None:
+        peer = connection.remote_peer
+        if not opened and self.host.connection(peer) is None:
+            self.reservations.release(peer)  # a slot is for a peer we can reach: it must reserve again
+
+    async def _reserve(self, stream: Stream) -> None:
+        peer = stream.remote_peer
+        via = stream.connection
+        if isinstance(via, Connection) and via.relayed:
+            answer: Status | Reservation = refusal(StatusCode.MALFORMED, "reserve over a direct connection")
+        else:
+            now = self.host.clock.now()
+            granted = self.reservations.reserve(peer, now)
+            if isinstance(granted, Refusal):
+                answer = refusal(granted.code, granted.reason)
+            else:
+                addrs = tuple(str(CircuitAddr(a, peer)) for a in self.host.addrs[:MAX_RESERVATION_ADDRS])
+                answer = Reservation(ttl_s=granted - now, addrs=addrs)
+                log.debug("relay: reservation for %s until +%.0f s", peer.short(), granted - now)
+        await stream.send_message(relay_codec, answer, eof=True)
 
     async def _hop(self, stream: Stream, target: PeerID) -> None:
         source = stream.remote_peer
         if target == self.host.peer_id:
             await stream.send_message(relay_codec, refusal(StatusCode.MALFORMED, "a circuit to the relay itself"))
+            return
+        if self.config.require_reservation and not self.reservations.holds(target, self.host.clock.now()):
+            reason = f"{target.short()} holds no reservation at this relay"
+            await stream.send_message(relay_codec, refusal(StatusCode.NO_RESERVATION, reason), eof=True)
             return
         circuit = self.circuits.admit(source, target, self.host.clock.now())
         if isinstance(circuit, Refusal):

@@ -61,6 +61,22 @@ async def connect_tcp(host: str, port: int, *, buffer_bytes: int) -> socket.sock
     raise PeerUnreachable(f"cannot connect to {host}:{port}: {last_error}")
 
 
+def bound_socket(family: socket.AddressFamily, port: int, *, buffer_bytes: int) -> socket.socket:
+    """A tuned, non-blocking TCP socket bound to ``port`` on every address, sharing the port with
+    this peer's listener (SO_REUSEADDR and SO_REUSEPORT): hole punching connects out from the port
+    that others know as ours, so that a NAT maps it as it maps the listener's."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        _tune(sock, buffer_bytes)
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    except OSError as exc:
+        sock.close()
+        raise PeerUnreachable(f"cannot bind an outgoing socket to port {port}: {exc}") from None
+    return sock
+
+
 async def receive_into(sock: socket.socket, view: memoryview, *, checkpoint: bool = True) -> None:
     """Fill ``view`` completely from ``sock``; :class:`ConnectionClosed` on EOF or reset.
 
@@ -155,6 +171,9 @@ class Listener:
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._sock.bind((host, port))
+            # Set after the bind, so a port someone else holds still fails the bind as before; from
+            # now on our own hole-punching sockets (bound_socket) may share the port to connect out.
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             self._sock.listen(backlog)
             self._sock.setblocking(False)
         except OSError as exc:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chaosp2p.errors import ConfigError
+from chaosp2p.errors import ConfigError, RemoteProtocolError
 from chaosp2p.wire.identity import PeerID
 
 _HOST_KINDS = ("ip4", "ip6", "dns", "dns4", "dns6")
@@ -91,3 +92,12 @@ def _check_host(kind: str, host: str) -> None:
         labels = host.rstrip(".").split(".")
         if not host or len(host) > 253 or not all(_DNS_LABEL.match(label) for label in labels):
             raise ConfigError(f"{host!r} is not a valid DNS name")
+
+
+def check_addr_texts(addrs: Sequence[str], *, max_count: int, max_chars: int, what: str) -> None:
+    """Bound a list of address texts a peer sent (before any is parsed): at most ``max_count``,
+    each at most ``max_chars`` characters; :class:`RemoteProtocolError` naming ``what`` otherwise."""
+    if len(addrs) > max_count:
+        raise RemoteProtocolError(f"{what}: more than {max_count} addresses")
+    if any(len(a) > max_chars for a in addrs):
+        raise RemoteProtocolError(f"{what}: an address longer than {max_chars} characters")

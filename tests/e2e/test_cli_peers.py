@@ -30,6 +30,7 @@ def test_three_peers_bootstrapped_from_one_another_see_each_other(swarm: Swarm) 
     assert report["peer_id"] == c.peer_id
     assert report["addrs"] == c.addrs
     assert report["uptime_s"] > 0
+    assert report["reachability"]["status"] == "unknown"  # the local profile does not check
     assert {a.peer_id, b.peer_id} <= {conn["peer_id"] for conn in report["connections"]}
     assert "connected" in a.log()  # the peer logs who connects
 
@@ -39,6 +40,7 @@ def test_status_prints_tables(swarm: Swarm) -> None:
     result = cli("status", a.addr)
     assert result.returncode == 0, result.stderr
     assert a.peer_id in result.stdout and "connections" in result.stdout
+    assert "reachability: unknown" in result.stdout
 
 
 def test_sigterm_shuts_down_cleanly_and_says_goodbye(swarm: Swarm) -> None:

@@ -101,7 +101,7 @@ def test_waiting_for_travels_in_the_status_report_and_an_older_peers_report_deco
     }
     # A peer from before the field sends each run without it: it decodes, with nothing waited for.
     wire = unpack(pack(STATUS_CODEC.to_obj(_report(None))), max_bytes=1 << 20)
-    run = wire[-1][0]
+    run = wire[8][0]  # [type, peer_id, addrs, agent, uptime_s, connections, members, links, runs, reachability]
     assert run[-1] is None
     del run[-1]
     assert STATUS_CODEC.from_obj(wire).runs[0].waiting_for is None

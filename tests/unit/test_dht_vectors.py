@@ -50,8 +50,11 @@ def vector_objects() -> dict[str, Message | bytes]:
     signed = make_record(
         signed_key(ALICE.peer_id, "cfg"), b"v1", version=1, ttl_ms=60_000, issued_at_ms=ISSUED_AT_MS, identity=ALICE
     )
-    served = Value(request_id=4, record=signed.__class__(**{**_fields(signed), "remaining_ms": 59_500}),
-                   closer=(Contact(peer_id=BOB.peer_id, addrs=(BOB_ADDR,)),))
+    served = Value(
+        request_id=4,
+        record=signed.__class__(**{**_fields(signed), "remaining_ms": 59_500}),
+        closer=(Contact(peer_id=BOB.peer_id, addrs=(BOB_ADDR,)),),
+    )
     plain = make_record(b"plain-key", b"hello", version=ISSUED_AT_MS, ttl_ms=3_600_000, issued_at_ms=ISSUED_AT_MS)
     provider = make_provider_record(
         ALICE, b"/prov/state/run1/7", (ALICE_ADDR,), seq=0, ttl_ms=600_000, issued_at_ms=ISSUED_AT_MS

@@ -5,14 +5,10 @@ Run ``python tests/unit/test_relay_vectors.py`` to print the vectors block for t
 
 from __future__ import annotations
 
-import pytest
-
-from chaosp2p.errors import RemoteProtocolError
-from chaosp2p.protocols.relay import MAX_REASON_CHARS, Hop, Status, StatusCode, Stop, codec
-from chaosp2p.wire.framing import pack
+from chaosp2p.protocols.relay import MAX_REASON_CHARS, Hop, Reservation, Reserve, Status, StatusCode, Stop, codec
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.messages import Message
-from tests.spec_blocks import named_lines
+from tests.spec_blocks import message_vector_tests, print_vectors
 
 SPEC = "relay.md"
 
@@ -26,39 +22,27 @@ def vector_messages() -> dict[str, Message]:
         "Stop": Stop(source=IA.peer_id),
         "StatusOk": Status(code=StatusCode.OK),
         "StatusNoConnection": Status(code=StatusCode.NO_CONNECTION, reason="the relay has no connection to the target"),
+        "Reserve": Reserve(),
+        "Reservation": Reservation(
+            ttl_s=3600.0, addrs=(f"/ip4/198.18.0.1/tcp/4001/p2p/{IA.peer_id}/p2p-circuit/p2p/{IB.peer_id}",)
+        ),
     }
 
 
-def test_spec_lists_exactly_the_known_vectors() -> None:
-    assert set(named_lines(SPEC, "vectors")) == set(vector_messages())
+BAD: list[list[object]] = [
+    [3, 99, ""],  # unknown status code
+    [3, 0, "x" * (MAX_REASON_CHARS + 1)],  # reason too long
+    [1, b"not a peer id"],
+    [9, b""],  # unknown message type
+    [5, 0.0, []],  # a reservation without a lifetime
+    [5, float("inf"), []],
+    [5, 60.0, ["x"] * 9],  # too many addresses
+    [3, 6, "x" * 300],  # reason too long (the new code itself is fine)
+]
+"""Messages (as msgpack arrays) the codec must refuse."""
 
-
-def test_every_message_type_has_a_vector() -> None:
-    assert {m.TYPE for m in vector_messages().values()} == set(codec.message_classes())
-
-
-@pytest.mark.parametrize("name", sorted(vector_messages()))
-def test_vector_encodes_and_decodes(name: str) -> None:
-    expected = vector_messages()[name]
-    data = bytes.fromhex(named_lines(SPEC, "vectors")[name])
-    assert codec.encode(expected) == data
-    assert codec.decode(data, max_bytes=1 << 16) == expected
-
-
-@pytest.mark.parametrize(
-    "obj",
-    [
-        [3, 99, ""],  # unknown status code
-        [3, 0, "x" * (MAX_REASON_CHARS + 1)],  # reason too long
-        [1, b"not a peer id"],
-        [9, b""],  # unknown message type
-    ],
-)
-def test_bad_messages_are_refused(obj: list[object]) -> None:
-    with pytest.raises(RemoteProtocolError):
-        codec.decode(pack(obj), max_bytes=1 << 16)
+globals().update(message_vector_tests(SPEC, codec, vector_messages, BAD))
 
 
 if __name__ == "__main__":
-    for vector_name, message in vector_messages().items():
-        print(vector_name, codec.encode(message).hex())
+    print_vectors(codec, vector_messages())

@@ -35,6 +35,13 @@ class RelayConfig:
     """How long a relay waits for the target's STATUS (and a source for the relay's)."""
     window_bytes: int = 4 << 20
     """Receive window of each spliced stream (bounds the bytes a circuit holds in memory)."""
+    max_reservations: int = 64
+    """Peers holding a reservation at this relay at once (one slot per peer; asking again renews it)."""
+    reservation_duration_s: float = 3600.0
+    """Life of a reservation; the holder renews it before then."""
+    require_reservation: bool = False
+    """Relay only to targets holding a reservation (``NO_RESERVATION`` otherwise). Off by default:
+    members relay for members (``protocols/averaging.md`` §5.2) without reserving."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -45,6 +52,8 @@ class RelayConfig:
             "max_circuit_duration_s",
             "answer_timeout_s",
             "window_bytes",
+            "max_reservations",
+            "reservation_duration_s",
         )
 
     @classmethod

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message, MessageCodec
+from chaosp2p.wire.multiaddr import check_addr_texts
 from chaosp2p.wire.protocol_ids import ProtocolId
 
 PROTOCOL = "relay"
@@ -35,6 +36,8 @@ class RelayMessageType(enum.IntEnum):
     HOP = 1
     STOP = 2
     STATUS = 3
+    RESERVE = 4
+    RESERVATION = 5
 
 
 class StatusCode(enum.IntEnum):
@@ -51,6 +54,8 @@ class StatusCode(enum.IntEnum):
     """The target refused the STOP, did not answer in time, or does not speak the protocol."""
     MALFORMED = 5
     """The request makes no sense (a circuit to oneself, or to the relay itself)."""
+    NO_RESERVATION = 6
+    """The relay takes circuits only to peers holding a reservation, and the target holds none."""
 
 
 codec = MessageCodec(PROTOCOL, RelayMessageType)
@@ -92,6 +97,33 @@ class Status(Message):
     def ok(self) -> bool:
         """True for an ``OK``."""
         return self.code == StatusCode.OK
+
+
+MAX_RESERVATION_ADDRS = 8
+"""Most relay addresses one :class:`Reservation` lists."""
+MAX_ADDR_CHARS = 512
+"""Longest relay address text (two PeerIDs and the relay's address)."""
+
+
+@codec.register(RelayMessageType.RESERVE)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reserve(Message):
+    """Peer to relay: keep a slot for circuits to me (or renew mine)."""
+
+
+@codec.register(RelayMessageType.RESERVATION)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reservation(Message):
+    """Relay to peer: the slot is yours for ``ttl_s`` seconds; others reach you at ``addrs``."""
+
+    ttl_s: float
+    addrs: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """A positive, finite lifetime; bounded addresses."""
+        if not 0 < self.ttl_s < float("inf"):
+            raise RemoteProtocolError(f"{PROTOCOL}: reservation lifetime {self.ttl_s!r} is not positive and finite")
+        check_addr_texts(self.addrs, max_count=MAX_RESERVATION_ADDRS, max_chars=MAX_ADDR_CHARS, what=PROTOCOL)
 
 
 def refusal(code: StatusCode, reason: str) -> Status:

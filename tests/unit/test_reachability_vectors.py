@@ -1,0 +1,39 @@
+"""protocols/reachability.md: its msgpack vectors match the codec both ways; bad messages are refused.
+
+Run ``python tests/unit/test_reachability_vectors.py`` to print the vectors block for the spec.
+"""
+
+from __future__ import annotations
+
+from chaosp2p.protocols.reachability import MAX_REQUEST_ADDRS, DialBackCode, DialRequest, DialResponse, codec
+from chaosp2p.wire.messages import Message
+from tests.spec_blocks import message_vector_tests, print_vectors
+
+SPEC = "reachability.md"
+
+
+def vector_messages() -> dict[str, Message]:
+    """Every message vector by name."""
+    return {
+        "DialRequest": DialRequest(addrs=("/ip4/198.18.0.11/tcp/4001", "/ip4/198.19.1.10/tcp/4001")),
+        "DialResponseOk": DialResponse(code=DialBackCode.OK, addr="/ip4/198.18.0.11/tcp/4001"),
+        "DialResponseBadRequest": DialResponse(
+            code=DialBackCode.BAD_REQUEST, reason="no address at your observed IP 198.18.0.11"
+        ),
+    }
+
+
+BAD: list[list[object]] = [
+    [1, ["/ip4/1.2.3.4/tcp/1"] * (MAX_REQUEST_ADDRS + 1)],  # too many addresses
+    [1, ["/ip4/1.2.3.4/tcp/" + "1" * 300]],  # an address too long
+    [2, 99, "", ""],  # unknown code
+    [2, 0, "", "x" * 300],  # reason too long
+    [9],  # unknown message type
+]
+"""Messages (as msgpack arrays) the codec must refuse."""
+
+globals().update(message_vector_tests(SPEC, codec, vector_messages, BAD))
+
+
+if __name__ == "__main__":
+    print_vectors(codec, vector_messages())
