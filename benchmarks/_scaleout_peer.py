@@ -12,12 +12,22 @@ a fixed seed; every other process starts with zeros, so a newcomer holds the fou
 its state load delivered them. Each step record with a parameter digest, and each process's first
 step record, also carries ``buffer_digest`` (xxh3-128 of the buffer) so the harness can check every
 join bit for bit.
+
+With ``CHAOSP2P_TRACEMALLOC=DIR`` in the environment the process traces its allocations and writes,
+every 60 s, the 25 call sites whose memory grew most since the end of its warm-up
+(``CHAOSP2P_TRACEMALLOC_WARMUP_S``, default 180 s: imports and the first joins are done) to
+``DIR/<pid>.txt``, for finding what a soak's RSS growth is made of.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import _elastic_peer as peer
@@ -39,7 +49,32 @@ def _split_arguments() -> tuple[float, bool]:
     return known.train_mb, founder
 
 
+def _trace_growth(folder: Path, warmup_s: float) -> None:
+    """Every 60 s, the call sites that grew most since the warm-up (a daemon thread)."""
+    tracemalloc.start(12)
+    # Imports and the tracer's own source-line cache are not what a soak is looking for.
+    ignored = [
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap*>", all_frames=True),
+        tracemalloc.Filter(False, "*linecache.py", all_frames=True),
+    ]
+    time.sleep(warmup_s)
+    first = tracemalloc.take_snapshot().filter_traces(ignored)
+    out = folder / f"{os.getpid()}.txt"
+    while True:
+        time.sleep(60)
+        now = tracemalloc.take_snapshot().filter_traces(ignored)
+        lines = [f"# {time.strftime('%H:%M:%S')} traced {tracemalloc.get_traced_memory()[0] / 1e6:.1f} MB"]
+        for diff in now.compare_to(first, "traceback")[:25]:
+            lines.append(f"{diff.size_diff / 1e6:+.2f} MB {diff.count_diff:+d} blocks")
+            lines += [f"    {frame}" for frame in diff.traceback.format()[-12:]]
+        out.write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
+    folder = os.environ.get("CHAOSP2P_TRACEMALLOC")
+    if folder:
+        warmup_s = float(os.environ.get("CHAOSP2P_TRACEMALLOC_WARMUP_S", "180"))
+        threading.Thread(target=_trace_growth, args=(Path(folder), warmup_s), daemon=True).start()
     train_mb, founder = _split_arguments()
     make_model, step_record = peer.make_model, peer.step_record
 
