@@ -25,6 +25,7 @@ from chaosp2p.protocols.negotiation.messages import (
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, op_id, sign_operation
+from chaosp2p.protocols.negotiation.paxos import coordinator
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration
 from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
@@ -223,7 +224,7 @@ def test_sync_requests_get_answers_only_when_asked() -> None:
     assert net.machines[a].take_outgoing()  # it answers requests
 
 
-# ================================================================================== not defended
+# ========================================================================= a dishonest proposer
 def _accept_and_collect(net: ManualNet, liar: PeerID, targets: list[PeerID], ballot: Ballot, rate: float) -> Commit:
     """The liar has ``targets`` accept a value of its own at ``ballot``, and certifies it with their
     acceptances and its own signature (what a dishonest proposer can do with good-faith answers)."""
@@ -241,29 +242,41 @@ def _accept_and_collect(net: ManualNet, liar: PeerID, targets: list[PeerID], bal
     return dataclasses.replace(commit, certificate=make_certificate(config, ballot, shares))
 
 
-@pytest.mark.xfail(strict=True, reason="not defended: equivocation at one ballot splits a run of odd size (spec §9)")
-def test_not_defended_a_proposer_equivocating_at_its_ballot_splits_an_odd_run() -> None:
-    net, peers = make_net(3)
-    liar = peers[2]
-    a, b = peers[0], peers[1]
-    ballot = Ballot(round=9, proposer=liar)
-    for target, rate in ((a, 40.0), (b, 60.0)):
-        commit = _accept_and_collect(net, liar, [target], ballot, rate)
-        net.machines[target].receive(net.now, liar, PROTOCOL, commit)
-    assert conf(net, a).digest == conf(net, b).digest
+def _coordinator_liar(n: int) -> tuple[ManualNet, PeerID, list[PeerID]]:
+    """A run of ``n`` whose epoch coordinator is the liar: its round-0 ACCEPTs need no phase 1."""
+    net, peers = make_net(n)
+    liar = coordinator(conf(net, peers[0]))
+    assert liar is not None
+    return net, liar, [p for p in peers if p != liar]
 
 
-@pytest.mark.xfail(strict=True, reason="not defended: a withheld COMMIT and an unjustified higher ballot (spec §9)")
-def test_not_defended_a_proposer_withholding_its_commit_splits_a_run() -> None:
-    net, peers = make_net(4)
-    liar = peers[3]
-    a, b, c = peers[:3]
-    first = _accept_and_collect(net, liar, [a, b, c], Ballot(round=9, proposer=liar), 40.0)
-    net.machines[a].receive(net.now, liar, PROTOCOL, first)  # only a learns the decision
-    second = _accept_and_collect(net, liar, [b, c], Ballot(round=10, proposer=liar), 60.0)
-    for target in (b, c):
-        net.machines[target].receive(net.now, liar, PROTOCOL, second)
-    assert conf(net, a).digest == conf(net, b).digest
+def _equivocate(net: ManualNet, liar: PeerID, halves: list[list[PeerID]], ballot: Ballot) -> None:
+    for half, rate in zip(halves, (40.0, 60.0), strict=True):
+        commit = _accept_and_collect(net, liar, half, ballot, rate)
+        for target in half:
+            net.machines[target].receive(net.now, liar, PROTOCOL, commit)
+
+
+def test_the_documented_limit_a_proposer_equivocating_splits_a_run_of_three() -> None:
+    """Spec section 9: a run of three keeps crash tolerance (quorum 2), so one dishonest member can
+    split it -- {liar, a} and {liar, b} are both quorums. This test shows the limit; it is stated in
+    the spec and the README's security model (n >= 3f + 1: three members cannot have both)."""
+    net, liar, (a, b) = _coordinator_liar(3)
+    _equivocate(net, liar, [[a], [b]], Ballot(round=0, proposer=liar))
+    assert conf(net, a).epoch == conf(net, b).epoch
+    assert conf(net, a).digest != conf(net, b).digest
+
+
+@pytest.mark.parametrize("n", [5, 7])
+def test_a_proposer_equivocating_at_its_ballot_cannot_split_an_odd_run(n: int) -> None:
+    """Issue 20, finding 3 (the gap left): with majority quorums, (n - 1) / 2 honest acceptances
+    plus the liar's own signature were a quorum for each of two values. An odd run of five or more
+    now needs a majority + 1, so two quorums share two members, one of them honest."""
+    net, liar, honest = _coordinator_liar(n)
+    before = conf(net, honest[0])
+    half = len(honest) // 2
+    _equivocate(net, liar, [honest[:half], honest[half:]], Ballot(round=0, proposer=liar))
+    assert {conf(net, p).digest for p in honest} == {before.digest}
 
 
 def test_a_long_catch_up_comes_in_frames_that_fit() -> None:

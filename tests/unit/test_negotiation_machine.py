@@ -176,7 +176,7 @@ def scenario_gated_member_learns_late() -> None:
 def scenario_commit_without_accept() -> None:
     # Announcements go to the coordinator only, so members learn operations from ACCEPT/COMMIT.
     config = NegotiationConfig.local().__class__(**{**_fields(CFG), "announce_fanout": 1})
-    net, peers = make_net(7, config=config)
+    net, peers = make_net(8, config=config)  # 5 of 8 accept: a quorum (of 7 it would take 5 of 7)
     coord, others = roles(net, peers)
     quiet, busy, leaver = others[0], others[1], others[2]
     net.call(busy, lambda m, now: m.set_throughput(now, RUN, 3.0))
@@ -241,7 +241,7 @@ def scenario_takeover_after_coordinator_crash() -> None:
 
 
 def scenario_false_failure_removes_a_live_member() -> None:
-    net, peers = make_net(5)
+    net, peers = make_net(6)  # four remain: a quorum of six (of five, four are needed)
     coord, others = roles(net, peers)
     quiet, busy = others[0], others[1]
     net.call(busy, lambda m, now: m.set_throughput(now, RUN, 9.0))
@@ -255,7 +255,7 @@ def scenario_false_failure_removes_a_live_member() -> None:
     for victim in (quiet, busy):
         assert state(net, victim) is RunState.REMOVED
         assert [r.reason for r in of_type(net.take(victim), RemovedFromRun)] == ["failed"]
-    assert len(conf(net, coord)) == 3
+    assert len(conf(net, coord)) == 4
 
 
 def scenario_duelling_proposers() -> None:
