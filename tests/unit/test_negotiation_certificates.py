@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -30,7 +31,7 @@ from chaosp2p.protocols.negotiation.run_configuration import Configuration, make
 from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
 
-from .test_negotiation_machine import CFG, PARAMS, RUN, conf, make_net, state
+from .test_negotiation_machine import CFG, PARAMS, RUN, conf, justify, make_net, state
 
 MEMBERS = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(6)]
 OUTSIDER = Identity.from_seed(bytes([77]) * 32)
@@ -152,7 +153,8 @@ def test_an_acceptor_accepts_one_value_per_ballot() -> None:
     from chaosp2p.protocols.negotiation.messages import Accept, Accepted
 
     for value in values:
-        m.receive(net.now, b, PROTOCOL, Accept(run=RUN, epoch=config.epoch + 1, ballot=ballot, value=value))
+        accept = justify(net, Accept(run=RUN, epoch=config.epoch + 1, ballot=ballot, value=value), peers)
+        m.receive(net.now, b, PROTOCOL, accept)
     answers = [o.message for o in m.take_outgoing() if isinstance(o.message, Accepted)]
     assert len(answers) == 1
     assert dict(m.statistics().rejected_by_reason).get("equivocation") == 1
@@ -225,17 +227,26 @@ def test_sync_requests_get_answers_only_when_asked() -> None:
 
 
 # ========================================================================= a dishonest proposer
-def _accept_and_collect(net: ManualNet, liar: PeerID, targets: list[PeerID], ballot: Ballot, rate: float) -> Commit:
-    """The liar has ``targets`` accept a value of its own at ``ballot``, and certifies it with their
-    acceptances and its own signature (what a dishonest proposer can do with good-faith answers)."""
+def _accept_and_collect(
+    net: ManualNet,
+    liar: PeerID,
+    targets: list[PeerID],
+    ballot: Ballot,
+    rate: float,
+    promisers: Sequence[PeerID] = (),
+) -> Commit:
+    """The liar has ``targets`` accept a value of its own at ``ballot`` (with the signed promises of
+    ``promisers`` claiming nothing accepted), and certifies it with their acceptances and its own
+    signature (what a dishonest proposer can do with good-faith answers)."""
     from chaosp2p.protocols.negotiation.messages import Accept, Accepted
 
     config = conf(net, targets[0])
     commit = throughput_commit(net, liar, rate=rate, step=config.activation_step + 3)
     shares = {liar.raw: identity_of(liar).sign(statement(RUN, commit.epoch, ballot, commit.digest))}
+    accept = justify(net, Accept(run=RUN, epoch=commit.epoch, ballot=ballot, value=commit.value), promisers)
     for target in targets:
         m = net.machines[target]
-        m.receive(net.now, liar, PROTOCOL, Accept(run=RUN, epoch=commit.epoch, ballot=ballot, value=commit.value))
+        m.receive(net.now, liar, PROTOCOL, accept)
         for out in m.take_outgoing():
             if isinstance(out.message, Accepted) and out.to == liar:
                 shares[target.raw] = out.message.signature
@@ -277,6 +288,107 @@ def test_a_proposer_equivocating_at_its_ballot_cannot_split_an_odd_run(n: int) -
     half = len(honest) // 2
     _equivocate(net, liar, [honest[:half], honest[half:]], Ballot(round=0, proposer=liar))
     assert {conf(net, p).digest for p in honest} == {before.digest}
+
+
+def _no_split(net: ManualNet, peers: Sequence[PeerID]) -> None:
+    by_epoch: dict[int, set[bytes]] = {}
+    for p in peers:
+        for c in net.machines[p]._runs[RUN].configs:
+            by_epoch.setdefault(c.epoch, set()).add(c.digest)
+    assert all(len(d) == 1 for d in by_epoch.values()), by_epoch
+
+
+def test_a_proposer_withholding_its_commit_cannot_split_a_run() -> None:
+    """Issue 20 (the gap left): the liar got v accepted by a quorum, showed the certified COMMIT to
+    one member only, then sent ACCEPT(w) at a higher ballot without phase 1 to the others, who
+    accepted w (a higher ballot replaces an accepted value) and signed: two certified values.
+    Above round 0 an ACCEPT now needs a quorum of signed promises, and the value they force."""
+    from chaosp2p.protocols.negotiation.messages import Accepted, Prepare, Promise, SignedPromise
+
+    net, liar, (a, b, c) = _coordinator_liar(4)
+    first = _accept_and_collect(net, liar, [a, b, c], Ballot(round=0, proposer=liar), 40.0)
+    net.machines[a].receive(net.now, liar, PROTOCOL, first)  # only a learns the decision
+    assert conf(net, a).digest == first.digest
+    # Without phase 1: no promises, or only its own (short of a quorum of signed promises).
+    for promisers in ((), (liar,)):
+        second = _accept_and_collect(net, liar, [b, c], Ballot(round=10, proposer=liar), 60.0, promisers)
+        for target in (b, c):
+            net.machines[target].receive(net.now, liar, PROTOCOL, second)
+        _no_split(net, [a, b, c])
+        assert dataclasses.replace(second, certificate=None).digest != first.digest
+        assert len(second.certificate.signatures) == 1 if second.certificate else False
+    # With a real phase 1: b's and c's signed promises report v (backed by the liar's own signed
+    # ACCEPT), so they force v, whatever the liar's own promise claims.
+    ballot = Ballot(round=11, proposer=liar)
+    proofs: list[SignedPromise] = []
+    for target in (b, c):
+        net.machines[target].receive(net.now, liar, PROTOCOL, Prepare(run=RUN, epoch=first.epoch, ballot=ballot))
+        promise = next(o.message for o in net.machines[target].take_outgoing() if isinstance(o.message, Promise))
+        assert promise.signature and promise.accepted_digest == first.digest and promise.backer == liar
+        proofs.append(
+            SignedPromise(
+                signer=target,
+                accepted_ballot=promise.accepted_ballot,
+                accepted_digest=promise.accepted_digest,
+                backer=promise.backer,
+                backing=promise.backing,
+                completed=promise.completed,
+                signature=promise.signature,
+            )
+        )
+    w = throughput_commit(net, liar, rate=60.0, step=conf(net, b).activation_step + 3)
+    from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
+    from chaosp2p.protocols.negotiation.messages import Accept
+
+    # The liar's own promise claims it accepted w at a ballot of its own, backed by itself.
+    own_ballot = Ballot(round=10, proposer=liar)
+    body = promise_statement(RUN, w.epoch, ballot, own_ballot, w.digest, -1)
+    lie = SignedPromise(
+        signer=liar,
+        accepted_ballot=own_ballot,
+        accepted_digest=w.digest,
+        backer=liar,
+        backing=identity_of(liar).sign(propose_statement(RUN, w.epoch, own_ballot, w.digest)),
+        signature=identity_of(liar).sign(body),
+    )
+    accept = Accept(
+        run=RUN,
+        epoch=w.epoch,
+        ballot=ballot,
+        value=w.value,
+        adopted=True,
+        proposer_signature=identity_of(liar).sign(propose_statement(RUN, w.epoch, ballot, w.digest)),
+        justification=(*proofs, lie),
+    )
+    for target in (b, c):
+        m = net.machines[target]
+        m.receive(net.now, liar, PROTOCOL, accept)
+        assert not [o for o in m.take_outgoing() if isinstance(o.message, Accepted)]
+        assert dict(m.statistics().rejected_by_reason).get("unjustified", 0) >= 2
+    _no_split(net, [a, b, c])
+    # The honest way on: the next proposer's phase 1 finds v and commits it everywhere.
+    net.advance(3.0)
+    assert {conf(net, p).digest for p in (a, b, c)} == {first.digest}
+    _no_split(net, [a, b, c])
+
+
+def test_a_promise_without_a_signature_justifies_nothing() -> None:
+    """What an old peer sends: a PROMISE without a signature is not counted (``bad_signature``);
+    an ACCEPT above round 0 without promises is refused (``unjustified``)."""
+    from chaosp2p.protocols.negotiation.messages import Accept, Promise
+
+    net, peers = make_net(4)
+    a, b = peers[0], peers[1]
+    epoch = conf(net, a).epoch + 1
+    net.call(a, lambda m, now: m._start_proposal(now, m._runs[RUN], fast=False))
+    ballot = net.machines[a]._runs[RUN].proposer.ballot
+    assert ballot is not None
+    net.machines[a].receive(net.now, b, PROTOCOL, Promise(run=RUN, epoch=epoch, ballot=ballot))
+    assert dict(net.machines[a].statistics().rejected_by_reason).get("bad_signature") == 1
+    value = throughput_commit(net, b, rate=9.0, step=conf(net, a).activation_step + 3).value
+    unproven = Accept(run=RUN, epoch=epoch, ballot=Ballot(round=50, proposer=b), value=value)
+    net.machines[a].receive(net.now, b, PROTOCOL, unproven)
+    assert dict(net.machines[a].statistics().rejected_by_reason).get("unjustified") == 1
 
 
 def test_a_long_catch_up_comes_in_frames_that_fit() -> None:

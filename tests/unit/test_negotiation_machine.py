@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -74,6 +74,24 @@ def conf(net: ManualNet, peer: PeerID):  # type: ignore[no-untyped-def]
     config = net.machines[peer].configuration(RUN)
     assert config is not None
     return config
+
+
+def justify(net: ManualNet, accept: Accept, promisers: Sequence[PeerID] = ()) -> Accept:
+    """``accept`` as an honest proposer sends it: signed by the ballot's proposer and, above round
+    0, with the signed promises of ``promisers`` (each claiming nothing accepted, nothing completed)."""
+    from chaosp2p.protocols.negotiation.configuration_change import next_configuration
+    from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
+    from chaosp2p.protocols.negotiation.messages import SignedPromise
+    from chaosp2p.protocols.negotiation.operations import op_id
+
+    ballot, epoch = accept.ballot, accept.epoch
+    config = conf(net, ballot.proposer)
+    value = accept.value
+    new, _ = next_configuration(config, [(op_id(o), o) for o in value.ops], value.activation_step)
+    signed = net.machines[ballot.proposer].identity.sign(propose_statement(RUN, epoch, ballot, new.digest))
+    body = promise_statement(RUN, epoch, ballot, None, b"", -1)
+    proofs = tuple(SignedPromise(signer=p, signature=net.machines[p].identity.sign(body)) for p in promisers)
+    return dataclasses.replace(accept, proposer_signature=signed, justification=proofs)
 
 
 def roles(net: ManualNet, members: list[PeerID]) -> tuple[PeerID, list[PeerID]]:
