@@ -257,8 +257,9 @@ class PaxosRoles(MachineCore):
         choice = choose_value(prop.promises, config)
         if choice == WAIT or isinstance(choice, str):
             # The highest ballot is equivocated (or its value's content missing): more promises
-            # are needed. On a timeout, start over with a higher ballot rather than spin.
-            if force and len(prop.promises) >= len(config.peers):
+            # are needed. Once everyone answered or the phase timed out, start over with a
+            # higher ballot (a new phase 1 may hear from the members missing now).
+            if force and len(config.peers) > 1:
                 self._start_proposal(now, rec, fast=False)
             return
         _, value, skipped_value = choice
