@@ -82,6 +82,8 @@ except ImportError:  # pragma: no cover - only when run against an older checkou
 
     def statement(run: str, epoch: int, ballot: Any, digest: bytes) -> bytes:
         return b""
+
+
 try:  # justified ballots (issue 20): signed promises; absent from the code before them
     from chaosp2p.protocols.negotiation.justification import promise_statement
 
@@ -246,7 +248,6 @@ class LocalBench:
         assert acceptor.configuration(RUN) == new
         # Every trial starts from the same formed run (fresh machines), so removals do not shrink it.
         return times
-
 
     def phase1_trial(self) -> dict[str, Any]:
         """A proposer that is not the coordinator (a takeover, or any proposal after round 0):
