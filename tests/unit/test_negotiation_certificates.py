@@ -373,7 +373,7 @@ def test_a_proposer_withholding_its_commit_cannot_split_a_run() -> None:
 
 
 def test_a_promise_without_a_signature_justifies_nothing() -> None:
-    """What an old peer sends: a PROMISE without a signature is not counted (``bad_signature``);
+    """What an old peer sends: a PROMISE without a signature is not counted (``bad_promise``);
     an ACCEPT above round 0 without promises is refused (``unjustified``)."""
     from chaosp2p.protocols.negotiation.messages import Accept, Promise
 
@@ -384,7 +384,7 @@ def test_a_promise_without_a_signature_justifies_nothing() -> None:
     ballot = net.machines[a]._runs[RUN].proposer.ballot
     assert ballot is not None
     net.machines[a].receive(net.now, b, PROTOCOL, Promise(run=RUN, epoch=epoch, ballot=ballot))
-    assert dict(net.machines[a].statistics().rejected_by_reason).get("bad_signature") == 1
+    assert dict(net.machines[a].statistics().rejected_by_reason).get("bad_promise") == 1
     value = throughput_commit(net, b, rate=9.0, step=conf(net, a).activation_step + 3).value
     unproven = Accept(run=RUN, epoch=epoch, ballot=Ballot(round=50, proposer=b), value=value)
     net.machines[a].receive(net.now, b, PROTOCOL, unproven)

@@ -119,6 +119,7 @@ class PaxosRoles(MachineCore):
             prop.phase = proposer_transition(prop.phase, ProposerEvent.FAST_ACCEPT)
             prop.fast_used = True
             prop.adopted = False
+            prop.skipped = None
             prop.ballot = Ballot(round=0, proposer=self.local_peer)
             prop.value, prop.value_ids = value, ids
             self._count("proposals")
@@ -664,7 +665,7 @@ class PaxosRoles(MachineCore):
             return
         info = promise_info(self._sigs, rec, sender, msg, self._digest_of)
         if info is None:
-            self._reject(msg.run, "bad_signature", sender)
+            self._reject(msg.run, "bad_promise", sender)
             return
         self._heard_from(rec, sender)
         self._note_progress(rec, msg.entered, msg.completed)
