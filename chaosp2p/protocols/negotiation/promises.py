@@ -48,14 +48,15 @@ def promise_info(
     sigs: SignatureCache, rec: RunRecord, sender: PeerID, msg: Promise, digest_of: DigestOf
 ) -> PromiseInfo | None:
     """What ``msg`` counts for at its proposer, or None if its signature is missing or bad, or it
-    claims a ballot not below its own (it could not justify our ACCEPT). An accepted claim counts only with another member's backing, and its
-    value only if it makes the digest claimed (a liar cannot pass off other content)."""
+    claims a ballot not below its own (it could not justify our ACCEPT). An accepted claim counts
+    only with another member's backing, and its value only if it makes the digest claimed (a liar
+    cannot pass off other content)."""
     config = rec.config
     assert config is not None
     accepted = msg.accepted_ballot if msg.accepted_digest else None
     digest = msg.accepted_digest if accepted is not None else b""
     if accepted is not None and accepted.key() >= msg.ballot.key():
-        return None  # no acceptor accepts at or above a ballot before promising it: acceptors would refuse it
+        return None  # nobody accepts at a ballot before promising it: acceptors would refuse the ACCEPT
     body = promise_statement(rec.run, msg.epoch, msg.ballot, accepted, digest, msg.completed)
     if not msg.signature or not sigs.verify(sender, msg.signature, body):
         return None
