@@ -1,9 +1,9 @@
 """Per-run bookkeeping of the negotiation machine and the pure rules of its Paxos instances.
 
 One single-decree Paxos instance decides each epoch: instance e+1 chooses the *value* (operations,
-activation step S) that turns C_e into C_{e+1}; its acceptors are the members of C_e and a quorum is
-a majority of them. This module holds the mutable records (:class:`RunRecord`, the acceptor and
-proposer state inside it) and the two decisions a proposer makes -- which value it may propose
+activation step S) that turns C_e into C_{e+1}; its acceptors are the members of C_e, and a quorum
+is ``run_configuration.quorum`` of them. This module holds the mutable records (:class:`RunRecord`,
+the acceptor and proposer state inside it) and the two decisions a proposer makes -- which value it may propose
 after phase 1 (:func:`choose_value`) and from which step a fresh value applies
 (:func:`activation_step`). The machine (``machine.py``) moves messages; the reasoning is here.
 

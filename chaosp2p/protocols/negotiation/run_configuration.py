@@ -237,7 +237,7 @@ class Configuration:
 
     @property
     def quorum(self) -> int:
-        """Majority of the members."""
+        """How many members make a quorum (:func:`quorum`)."""
         return quorum(self)
 
     # ------------------------------------------------------------------ encoding
