@@ -17,8 +17,8 @@ fail, link up/down, throughput) and the activation step S from which C_{e+1} gov
   above round 0 an ACCEPT carries a quorum of signed promises (``justification.py``). There is no
   standing leader: the proposer ranking of an epoch is the member list rotated by the
   configuration's seed, skipping members believed down or about to be removed. The first of
-  that order (the *coordinator*) may skip phase 1 at ballot round 0 -- the smallest ballot, so nothing can have been accepted before it -- and decides in one round trip;
-  anyone else runs phase 1 after a backoff proportional to its rank, and any member that accepted
+  that order (the *coordinator*) may skip phase 1 at ballot round 0 -- the smallest ballot, so
+  nothing can have been accepted before it -- and decides in one round trip; anyone else runs phase 1 after a backoff proportional to its rank, and any member that accepted
   a value or saw a proposal takes over after ``decision_timeout_s`` if no decision arrives.
 * **Step gating.** An acceptor accepts a value only if it has not completed S, and from then on it
   does not begin (or finish) step S until the instance is decided: ``config_for_step`` returns None
