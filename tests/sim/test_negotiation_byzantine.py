@@ -51,6 +51,7 @@ from chaosp2p.protocols.negotiation.messages import (
 )
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, Operation, op_id, sign_operation
 from chaosp2p.protocols.negotiation.paxos import coordinator
+from chaosp2p.protocols.negotiation.promises import proof_of
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.sim.negotiation import NegotiationSwarm, sim_identity
 from chaosp2p.sim.network import LinkProfile
@@ -265,17 +266,7 @@ class ByzantineMember(RuleBasedStateMachine):
         proofs = [SignedPromise(signer=self.liar, signature=own)]
         for sender, m in self.answers:
             if isinstance(m, Promise) and m.ballot == ballot and m.epoch == epoch and m.signature:
-                proofs.append(
-                    SignedPromise(
-                        signer=sender,
-                        accepted_ballot=m.accepted_ballot if m.accepted_digest else None,
-                        accepted_digest=m.accepted_digest,
-                        backer=m.backer,
-                        backing=m.backing,
-                        completed=m.completed,
-                        signature=m.signature,
-                    )
-                )
+                proofs.append(proof_of(sender, m))
         return tuple(proofs)
 
     def _certify(

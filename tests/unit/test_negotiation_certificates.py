@@ -27,6 +27,7 @@ from chaosp2p.protocols.negotiation.messages import (
 )
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, op_id, sign_operation
 from chaosp2p.protocols.negotiation.paxos import coordinator
+from chaosp2p.protocols.negotiation.promises import proof_of
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration
 from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
@@ -325,17 +326,7 @@ def test_a_proposer_withholding_its_commit_cannot_split_a_run() -> None:
         net.machines[target].receive(net.now, liar, PROTOCOL, Prepare(run=RUN, epoch=first.epoch, ballot=ballot))
         promise = next(o.message for o in net.machines[target].take_outgoing() if isinstance(o.message, Promise))
         assert promise.signature and promise.accepted_digest == first.digest and promise.backer == liar
-        proofs.append(
-            SignedPromise(
-                signer=target,
-                accepted_ballot=promise.accepted_ballot,
-                accepted_digest=promise.accepted_digest,
-                backer=promise.backer,
-                backing=promise.backing,
-                completed=promise.completed,
-                signature=promise.signature,
-            )
-        )
+        proofs.append(proof_of(target, promise))
     w = throughput_commit(net, liar, rate=60.0, step=conf(net, b).activation_step + 3)
     from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
     from chaosp2p.protocols.negotiation.messages import Accept

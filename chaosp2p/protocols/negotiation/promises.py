@@ -44,6 +44,20 @@ def signed_promise(identity: Identity, rec: RunRecord, ballot: Ballot) -> Signed
     )
 
 
+def proof_of(sender: PeerID, msg: Promise) -> SignedPromise:
+    """``msg`` (from ``sender``) as an ACCEPT carries it: the signed fields only."""
+    accepted = msg.accepted_ballot if msg.accepted_digest else None
+    return SignedPromise(
+        signer=sender,
+        accepted_ballot=accepted,
+        accepted_digest=msg.accepted_digest if accepted is not None else b"",
+        backer=msg.backer,
+        backing=msg.backing,
+        completed=msg.completed,
+        signature=msg.signature,
+    )
+
+
 def promise_info(
     sigs: SignatureCache, rec: RunRecord, sender: PeerID, msg: Promise, digest_of: DigestOf
 ) -> PromiseInfo | None:
@@ -60,15 +74,7 @@ def promise_info(
     body = promise_statement(rec.run, msg.epoch, msg.ballot, accepted, digest, msg.completed)
     if not msg.signature or not sigs.verify(sender, msg.signature, body):
         return None
-    proof = SignedPromise(
-        signer=sender,
-        accepted_ballot=accepted,
-        accepted_digest=digest,
-        backer=msg.backer,
-        backing=msg.backing,
-        completed=msg.completed,
-        signature=msg.signature,
-    )
+    proof = proof_of(sender, msg)
     value = msg.accepted_value
     if accepted is None or not backing_valid(
         sigs, config, msg.epoch, sender, accepted, digest, msg.backer, msg.backing
@@ -110,4 +116,4 @@ def justified(
     return check_justification(sigs, config, msg.epoch, ballot, msg.justification, digest, skipped)
 
 
-__all__ = ["DigestOf", "justified", "promise_info", "signed_promise"]
+__all__ = ["DigestOf", "justified", "promise_info", "proof_of", "signed_promise"]
