@@ -363,6 +363,44 @@ def test_a_proposer_withholding_its_commit_cannot_split_a_run() -> None:
     _no_split(net, [a, b, c])
 
 
+def test_a_promise_claiming_a_value_it_does_not_show_is_not_counted() -> None:
+    """A liar's promise may claim, with a real backing, a value honest members accepted, yet send
+    other content (or none): counted, it would leave the proposer unable to propose the value it
+    claims. Such a promise is not counted (``bad_promise``); the same claim with its content is."""
+    from chaosp2p.protocols.negotiation.justification import sign_promise
+    from chaosp2p.protocols.negotiation.messages import Promise
+
+    net, liar, (a, b, c) = _coordinator_liar(4)
+    v = _accept_and_collect(net, liar, [a], Ballot(round=0, proposer=liar), 40.0)
+    claimed = Ballot(round=0, proposer=liar)
+    # The acceptance a sent the liar (Ed25519 is deterministic: the same bytes a signed).
+    share_of_a = identity_of(a).sign(statement(RUN, v.epoch, claimed, v.digest))
+    m = net.machines[b]
+    m._start_proposal(net.now, m._runs[RUN], fast=False)
+    m.take_outgoing()  # its PREPAREs are lost: only the liar's promise arrives
+    ballot = m._runs[RUN].proposer.ballot
+    assert ballot is not None
+    other = throughput_commit(net, liar, rate=99.0, step=conf(net, b).activation_step + 3).value
+    signature = sign_promise(identity_of(liar), RUN, v.epoch, ballot, claimed, v.digest, -1)
+    reasons = net.machines[b].statistics
+    for content, counted in ((other, False), (v.value, True)):
+        before = dict(reasons().rejected_by_reason).get("bad_promise", 0)
+        promise = Promise(
+            run=RUN,
+            epoch=v.epoch,
+            ballot=ballot,
+            accepted_ballot=claimed,
+            accepted_value=content,
+            accepted_digest=v.digest,
+            backer=a,
+            backing=share_of_a,
+            signature=signature,
+        )
+        net.machines[b].receive(net.now, liar, PROTOCOL, promise)
+        assert (dict(reasons().rejected_by_reason).get("bad_promise", 0) == before) is counted
+        assert (liar.raw in net.machines[b]._runs[RUN].proposer.promises) is counted
+
+
 def test_a_promise_without_a_signature_justifies_nothing() -> None:
     """What an old peer sends: a PROMISE without a signature is not counted (``bad_promise``);
     an ACCEPT above round 0 without promises is refused (``unjustified``)."""

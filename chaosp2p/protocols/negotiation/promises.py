@@ -61,10 +61,10 @@ def proof_of(sender: PeerID, msg: Promise) -> SignedPromise:
 def promise_info(
     sigs: SignatureCache, rec: RunRecord, sender: PeerID, msg: Promise, digest_of: DigestOf
 ) -> PromiseInfo | None:
-    """What ``msg`` counts for at its proposer, or None if its signature is missing or bad, or it
-    claims a ballot not below its own (it could not justify our ACCEPT). An accepted claim counts
-    only with another member's backing, and its value only if it makes the digest claimed (a liar
-    cannot pass off other content)."""
+    """What ``msg`` counts for at its proposer, or None if its signature is missing or bad, it
+    claims a ballot not below its own (it could not justify our ACCEPT), or it claims a backed
+    value whose content does not make the digest claimed. An accepted claim without another
+    member's backing counts as no claim."""
     config = rec.config
     assert config is not None
     accepted = msg.accepted_ballot if msg.accepted_digest else None
@@ -80,8 +80,11 @@ def promise_info(
         sigs, config, msg.epoch, sender, accepted, digest, msg.backer, msg.backing
     ):
         accepted, digest, value = None, b"", None
-    elif value is not None and digest_of(rec, value) != digest:
-        value = None
+    elif value is None or digest_of(rec, value) != digest:
+        # A backed claim whose content is missing or makes another configuration: only a liar
+        # sends one. Not counted at all, so that it cannot leave us unable to propose the value
+        # it claims (any quorum of promises justifies a ballot; we wait for another).
+        return None
     return PromiseInfo(
         accepted_ballot=accepted,
         accepted_value=value,
