@@ -370,7 +370,7 @@ def test_a_promise_claiming_a_value_it_does_not_show_is_not_counted() -> None:
     from chaosp2p.protocols.negotiation.justification import sign_promise
     from chaosp2p.protocols.negotiation.messages import Promise
 
-    net, liar, (a, b, c) = _coordinator_liar(4)
+    net, liar, (a, b, _) = _coordinator_liar(4)
     v = _accept_and_collect(net, liar, [a], Ballot(round=0, proposer=liar), 40.0)
     claimed = Ballot(round=0, proposer=liar)
     # The acceptance a sent the liar (Ed25519 is deterministic: the same bytes a signed).
