@@ -106,6 +106,9 @@ class Claim:
     ballot: Ballot | None
     digest: bytes
     completed: int
+    said: bytes = b""
+    """The digest it claims, backed or not: an unbacked claim forces nothing, but it still says the
+    signer accepted that value (so it does not count as refusing it, see :func:`dead`)."""
 
 
 def forced(claims: Sequence[Claim], config: Configuration) -> tuple[Ballot, bytes] | Literal["wait"] | None:
@@ -142,9 +145,7 @@ def dead(value: Value, digest: bytes, claims: Iterable[Claim], config: Configura
     it and did not report it: n - q + 1, one more where one liar is tolerated (its claim may be false)."""
     n = len(config.peers)
     need = n - quorum(config) + 1 + (1 if liar_tolerant(n) else 0)
-    refusing = sum(
-        1 for c in claims if refuses(value, c.signer, c.completed) and (c.ballot is None or c.digest != digest)
-    )
+    refusing = sum(1 for c in claims if refuses(value, c.signer, c.completed) and c.said != digest)
     return refusing >= need
 
 
@@ -170,9 +171,9 @@ def claims_of(
         if accepted is not None and backing_valid(
             cache, config, epoch, signer, accepted, p.accepted_digest, p.backer, p.backing
         ):
-            out.append(Claim(signer.raw, accepted, p.accepted_digest, p.completed))
+            out.append(Claim(signer.raw, accepted, p.accepted_digest, p.completed, p.accepted_digest))
         else:
-            out.append(Claim(signer.raw, None, b"", p.completed))
+            out.append(Claim(signer.raw, None, b"", p.completed, p.accepted_digest))
     return out
 
 

@@ -3,8 +3,8 @@
 One single-decree Paxos instance decides each epoch: instance e+1 chooses the *value* (operations,
 activation step S) that turns C_e into C_{e+1}; its acceptors are the members of C_e, and a quorum
 is ``run_configuration.quorum`` of them. This module holds the mutable records (:class:`RunRecord`,
-the acceptor and proposer state inside it) and the two decisions a proposer makes -- which value it may propose
-after phase 1 (:func:`choose_value`) and from which step a fresh value applies
+the acceptor and proposer state inside it) and the two decisions a proposer makes -- which value
+it may propose after phase 1 (:func:`choose_value`) and from which step a fresh value applies
 (:func:`activation_step`). The machine (``machine.py``) moves messages; the reasoning is here.
 
 Safety of skipping an accepted value ("dead" values). Paxos obliges a proposer to re-propose the
@@ -222,7 +222,10 @@ def choose_value(
     third item is the forced value skipped as dead (None if none). :data:`~.justification.WAIT`
     if the promises cannot tell yet (``justification.forced``), or the forced value's content is
     not among them. Every acceptor recomputes this from the signed promises the ACCEPT carries."""
-    claims = [Claim(raw, p.accepted_ballot, p.accepted_digest, p.completed) for raw, p in promises.items()]
+    claims = [
+        Claim(raw, p.accepted_ballot, p.accepted_digest, p.completed, p.proof.accepted_digest if p.proof else b"")
+        for raw, p in promises.items()
+    ]
     verdict = forced(claims, config)
     if verdict is None:
         return None, None, None

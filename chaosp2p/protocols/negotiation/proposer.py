@@ -22,7 +22,7 @@ from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
     GateRaised,
 )
-from chaosp2p.protocols.negotiation.justification import WAIT, propose_statement, refuses
+from chaosp2p.protocols.negotiation.justification import propose_statement, refuses
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
     Accepted,
@@ -256,7 +256,7 @@ class PaxosRoles(MachineCore):
         assert config is not None
         prop = rec.proposer
         choice = choose_value(prop.promises, config)
-        if choice == WAIT or isinstance(choice, str):
+        if isinstance(choice, str):
             # The highest ballot is equivocated (or its value's content missing): more promises
             # are needed. Once everyone answered or the phase timed out, start over with a
             # higher ballot (a new phase 1 may hear from the members missing now).
