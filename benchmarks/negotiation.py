@@ -82,8 +82,17 @@ except ImportError:  # pragma: no cover - only when run against an older checkou
 
     def statement(run: str, epoch: int, ballot: Any, digest: bytes) -> bytes:
         return b""
+
+
+try:  # justified ballots (issue 20): signed promises; absent from the code before them
+    from chaosp2p.protocols.negotiation.justification import promise_statement
+
+    JUSTIFIED = True
+except ImportError:  # pragma: no cover - only when run against an older checkout
+    JUSTIFIED = False
+from chaosp2p.protocols.negotiation.messages import Promise
 from chaosp2p.protocols.negotiation.paxos import coordinator
-from chaosp2p.protocols.negotiation.run_configuration import make_configuration
+from chaosp2p.protocols.negotiation.run_configuration import make_configuration, quorum
 from chaosp2p.sim.negotiation import NegotiationSwarm, install_configuration
 from chaosp2p.sim.network import LinkProfile
 from chaosp2p.wire.identity import Identity, PeerID
@@ -213,8 +222,7 @@ class LocalBench:
         timed("acceptor_accept", lambda: acceptor.receive(self.now, proposer_id, PROTOCOL, accept))
         reply = _only(acceptor.take_outgoing(), proposer_id)
         assert isinstance(reply, Accepted), reply
-        quorum = len(config) // 2 + 1
-        voters = [acceptor_id, *[p for p in others if p not in (acceptor_id, subject_id)][: quorum - 2]]
+        voters = [acceptor_id, *[p for p in others if p not in (acceptor_id, subject_id)][: quorum(config) - 2]]
         replies: list[float] = []
         body = _acceptance(accept, proposer.configuration(RUN), accept.value) if CERTIFIED else b""
         for voter in voters:
@@ -240,6 +248,76 @@ class LocalBench:
         assert acceptor.configuration(RUN) == new
         # Every trial starts from the same formed run (fresh machines), so removals do not shrink it.
         return times
+
+    def phase1_trial(self) -> dict[str, Any]:
+        """A proposer that is not the coordinator (a takeover, or any proposal after round 0):
+        PREPARE, a quorum of PROMISEs (signed, each verified, with justified ballots), ACCEPT
+        carrying them; one acceptor handles that ACCEPT (it checks every promise)."""
+        config = self.config
+        coord = coordinator(config)
+        members = [p for p in config.peers if p != coord]
+        self.rng.shuffle(members)
+        proposer_id, acceptor_id = members[0], members[1]
+        proposer = self.machine(proposer_id)
+        self.now += 1.0
+        proposer.set_throughput(self.now, RUN, 3.0)
+        proposer.take_outgoing()
+        rec = proposer._runs[RUN]  # type: ignore[attr-defined]
+        proposer._start_proposal(self.now, rec, fast=False)  # type: ignore[attr-defined]
+        prepare = next(o.message for o in proposer.take_outgoing())
+        ballot, epoch = prepare.ballot, prepare.epoch  # type: ignore[attr-defined]
+        promisers = [p for p in members if p != proposer_id][: quorum(config) - 1]
+        times: list[float] = []
+        step = max(STEP, config.activation_step) - 1
+        for peer in promisers:
+            extra: dict[str, Any] = {}
+            if JUSTIFIED:  # each promiser signs its own (outside the measured call)
+                body = promise_statement(RUN, epoch, ballot, None, b"", step)
+                extra["signature"] = self.identities[peer].sign(body)
+            promise = Promise(run=RUN, epoch=epoch, ballot=ballot, entered=step + 1, completed=step, **extra)
+            start = time.thread_time_ns()
+            proposer.receive(self.now, peer, PROTOCOL, promise)
+            times.append((time.thread_time_ns() - start) / 1000.0)
+        accept = next(o.message for o in proposer.take_outgoing() if isinstance(o.message, Accept))
+        acceptor = self.machine(acceptor_id)
+        start = time.thread_time_ns()
+        acceptor.receive(self.now, proposer_id, PROTOCOL, accept)
+        accept_us = (time.thread_time_ns() - start) / 1000.0
+        reply = _only(acceptor.take_outgoing(), proposer_id)
+        assert isinstance(reply, Accepted), reply
+        return {
+            "promise": times[:-1],
+            "phase1_done": times[-1],
+            "acceptor_accept": accept_us,
+            "accept_bytes": len(codec.encode(accept.relayed(()))),
+        }
+
+
+def phase1_handling(sizes: list[int], trials: int, seed: int) -> list[dict[str, Any]]:
+    """``LocalBench.phase1_trial`` at each size: CPU per PROMISE at the proposer, of the PROMISE
+    that completes the quorum (value choice, ACCEPT to n - 1 members), and of the justified ACCEPT
+    at an acceptor; the ACCEPT's bytes."""
+    rows = []
+    for n in sizes:
+        bench = LocalBench(n, seed)
+        samples = [bench.phase1_trial() for _ in range(trials)]
+        promises = [v for s in samples for v in s["promise"]]
+
+        def stat(values: list[float]) -> dict[str, float]:
+            return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99)}
+
+        rows.append(
+            {
+                "members": n,
+                "trials": trials,
+                "proposer_promise_us": stat(promises),
+                "proposer_phase1_done_us": stat([s["phase1_done"] for s in samples]),
+                "acceptor_accept_us": stat([s["acceptor_accept"] for s in samples]),
+                "accept_bytes": statistics.median(s["accept_bytes"] for s in samples),
+            }
+        )
+        print(f"  phase1 n={n}: done", flush=True)
+    return rows
 
 
 def _acceptance(accept: Any, config: Any, value: Any) -> bytes:
@@ -766,7 +844,8 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="local,sim",
-        help="any of local, sim, real, idle (comma-separated; idle: the peers' idle CPU without stand-in steps)",
+        help="any of local, phase1, sim, real, idle (comma-separated; phase1: a proposal after round 0, "
+        "with signed promises; idle: the peers' idle CPU without stand-in steps)",
     )
     parser.add_argument("--sizes", default="8,64,256,1024")
     parser.add_argument("--trials", type=int, default=20)
@@ -852,6 +931,23 @@ def main() -> None:
                     f"{r['certificate_bytes']:.0f}",
                 ]
                 for r in local
+            ],
+        )
+    if "phase1" in parts:
+        phase1 = phase1_handling(sizes, args.trials, args.seed)
+        out["phase1_handling"] = phase1
+        print_table(
+            "(a') A proposal after round 0: CPU per call, microseconds (p50 / p99; thread CPU time)",
+            ["n", "proposer: PROMISE", "proposer: quorum -> ACCEPT", "acceptor: ACCEPT", "ACCEPT bytes"],
+            [
+                [
+                    r["members"],
+                    _pp(r["proposer_promise_us"]),
+                    _pp(r["proposer_phase1_done_us"]),
+                    _pp(r["acceptor_accept_us"]),
+                    f"{r['accept_bytes']:.0f}",
+                ]
+                for r in phase1
             ],
         )
     if "sim" in parts:

@@ -15,11 +15,13 @@ leave and crash. After every step:
   honest member is committed only about a crashed one, a leaver, or by a quorum's EVICTs (which
   honest members never sign here).
 
-Not exercised, because the protocol does not defend it (spec section 9, "Byzantine members"): the
-liar collecting the acceptances its equivocating ACCEPTs earn and certifying each value with them
-(a fork when the run has an odd number of members), and the liar withholding a COMMIT it certified
-while proposing another value at a higher ballot. ``tests/unit/test_negotiation_certificates.py``
-shows both as expected failures.
+It also plays the two strategies that split an epoch before quorums of odd runs grew to a
+majority + 1 and ballots above round 0 needed signed promises (spec sections 4b and 9): the liar
+certifying two values at one ballot of its own with the acceptances its equivocating ACCEPTs earn
+(at round 0 when it is the coordinator, else after a phase 1 whose promises it shows), and the
+liar withholding a COMMIT it certified while proposing another value at a higher ballot (with or
+without phase 1). Runs start with four members or more: at three, one liar can split an epoch
+(the documented limit, ``test_negotiation_certificates.py``).
 """
 
 from __future__ import annotations
@@ -34,15 +36,22 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from chaosp2p.protocols.negotiation import NegotiationConfig, OpKind, RunParams
 from chaosp2p.protocols.negotiation.certificates import make_certificate, statement
 from chaosp2p.protocols.negotiation.configuration_change import next_configuration
+from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
+    Accepted,
     Ballot,
     Commit,
     OpsAnnounce,
+    Prepare,
+    Promise,
+    SignedPromise,
     SyncReply,
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, Operation, op_id, sign_operation
+from chaosp2p.protocols.negotiation.paxos import coordinator
+from chaosp2p.protocols.negotiation.promises import proof_of
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.sim.negotiation import NegotiationSwarm, sim_identity
 from chaosp2p.sim.network import LinkProfile
@@ -73,6 +82,8 @@ class ByzantineMember(RuleBasedStateMachine):
         self.liar = formed.peers[seed % size]
         self.identity = self.swarm.peers[self.liar].identity
         self.heard: list[tuple[PeerID, Message]] = []
+        self.answers: list[tuple[PeerID, Promise | Accepted]] = []
+        """PROMISEs and ACCEPTEDs sent to the liar: what it certifies its own values with."""
         self.crashed: set[PeerID] = set()
         self.leavers: set[PeerID] = set()
         self.round = 1000
@@ -84,6 +95,8 @@ class ByzantineMember(RuleBasedStateMachine):
             # a copy of what it hears, to replay.
             if len(self.heard) < 400:
                 self.heard.append((sender, message))
+            if isinstance(message, (Promise, Accepted)) and len(self.answers) < 400:
+                self.answers.append((sender, message))
             honest_receive(now, sender, protocol, message)
 
         node.receive = receive  # type: ignore[method-assign]
@@ -232,6 +245,105 @@ class ByzantineMember(RuleBasedStateMachine):
         for _ in range(count):
             _, message = data.draw(st.sampled_from(self.heard))
             self._send(data.draw(st.sampled_from(honest)), message)
+
+    def _value(self, config: Configuration, rate: float) -> tuple[Value, bytes]:
+        op = self._own_op(config, rate)
+        step = config.activation_step + 2
+        new, _ = next_configuration(config, [(op_id(op), op)], step)
+        return Value(ops=(op,), activation_step=step), new.digest
+
+    def _phase1(self, config: Configuration, honest: list[PeerID], ballot: Ballot) -> tuple[SignedPromise, ...]:
+        """The promises the liar can show for ``ballot``: round 0 needs none (if it is the
+        coordinator); otherwise it asks every honest member and adds its own (claiming nothing)."""
+        if ballot.round == 0:
+            return ()
+        epoch = config.epoch + 1
+        self.answers.clear()
+        for target in honest:
+            self._send(target, Prepare(run=config.run, epoch=epoch, ballot=ballot))
+        self.swarm.run_for(0.02)
+        own = self.identity.sign(promise_statement(config.run, epoch, ballot, None, b"", -1))
+        proofs = [SignedPromise(signer=self.liar, signature=own)]
+        for sender, m in self.answers:
+            if isinstance(m, Promise) and m.ballot == ballot and m.epoch == epoch and m.signature:
+                proofs.append(proof_of(sender, m))
+        return tuple(proofs)
+
+    def _certify(
+        self,
+        config: Configuration,
+        targets: list[PeerID],
+        ballot: Ballot,
+        rate: float,
+        proofs: tuple[SignedPromise, ...],
+    ) -> Commit:
+        """Have ``targets`` accept a value of the liar's at ``ballot``; certify it with whatever
+        acceptances come back and the liar's own signature."""
+        value, digest = self._value(config, rate)
+        epoch = config.epoch + 1
+        self.answers.clear()
+        signed = self.identity.sign(propose_statement(config.run, epoch, ballot, digest))
+        accept = Accept(
+            run=config.run,
+            epoch=epoch,
+            ballot=ballot,
+            value=value,
+            adopted=True,
+            proposer_signature=signed,
+            justification=proofs,
+        )
+        for target in targets:
+            self._send(target, accept)
+        self.swarm.run_for(0.02)
+        body = statement(config.run, epoch, ballot, digest)
+        shares = {self.liar.raw: self.identity.sign(body)}
+        for sender, m in self.answers:
+            if isinstance(m, Accepted) and m.ballot == ballot and m.signature:
+                shares[sender.raw] = m.signature
+        cert = make_certificate(config, ballot, shares)
+        return Commit(run=config.run, epoch=epoch, value=value, digest=digest, certificate=cert)
+
+    def _own_ballot(self, config: Configuration, round_zero: bool) -> Ballot:
+        self.round += 1
+        if round_zero and coordinator(config) == self.liar:
+            return Ballot(round=0, proposer=self.liar)
+        return Ballot(round=self.round, proposer=self.liar)
+
+    @rule(data=st.data(), round_zero=st.booleans())
+    def equivocation_at_own_ballot(self, data: st.DataObject, round_zero: bool) -> None:
+        """Different values to two halves at one ballot of its own, each certified with the
+        acceptances it earned (issue 20: split an odd run with majority quorums)."""
+        config = self._current()
+        honest = [p for p in self._honest() if config is not None and config.has_member(p)]
+        if config is None or len(honest) < 2:
+            return
+        ballot = self._own_ballot(config, round_zero)
+        proofs = self._phase1(config, honest, ballot)
+        cut = data.draw(st.integers(min_value=1, max_value=len(honest) - 1))
+        for half, rate in ((honest[:cut], 31.0), (honest[cut:], 32.0)):
+            commit = self._certify(config, half, ballot, rate, proofs)
+            for target in half:
+                self._send(target, commit)
+
+    @rule(data=st.data(), round_zero=st.booleans(), phase1=st.booleans())
+    def withheld_commit_then_higher_ballot(self, data: st.DataObject, round_zero: bool, phase1: bool) -> None:
+        """Certify v, show the COMMIT to one member only, then propose w at a higher ballot to the
+        others -- without phase 1, or with a phase 1 whose promises it shows (issue 20)."""
+        config = self._current()
+        honest = [p for p in self._honest() if config is not None and config.has_member(p)]
+        if config is None or len(honest) < 2:
+            return
+        ballot = self._own_ballot(config, round_zero)
+        first = self._certify(config, honest, ballot, 41.0, self._phase1(config, honest, ballot))
+        told = data.draw(st.sampled_from(honest))
+        self._send(told, first)
+        others = [p for p in honest if p != told]
+        higher = Ballot(round=self.round + 1, proposer=self.liar)
+        self.round += 1
+        proofs = self._phase1(config, others, higher) if phase1 else ()
+        second = self._certify(config, others, higher, 42.0, proofs)
+        for target in others:
+            self._send(target, second)
 
     # ------------------------------------------------------------------ invariants
     @invariant()

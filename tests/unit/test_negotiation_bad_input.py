@@ -29,7 +29,7 @@ from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
 
-from .test_negotiation_machine import RUN, conf, make_net, report_all
+from .test_negotiation_machine import RUN, conf, justify, make_net, report_all
 
 ID = {bytes([i + 1]) * 32: Identity.from_seed(bytes([i + 1]) * 32) for i in range(6)}
 
@@ -156,6 +156,7 @@ def test_steps_in_the_past_or_absurdly_far_ahead() -> None:
     rejected(net, a, c, far, "step_too_far")
     # Within bounds it is accepted (the gate rises), which shows the two refusals were about S.
     ok = Accept(run=RUN, epoch=current.epoch + 1, ballot=ballot, value=Value(ops=(op,), activation_step=60))
+    ok = justify(net, ok, peers)
     net.machines[a].receive(net.now, c, PROTOCOL, ok)
     assert net.machines[a].run_status(RUN).gate_step == 60
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -25,11 +26,13 @@ from chaosp2p.protocols.negotiation.messages import (
     Value,
 )
 from chaosp2p.protocols.negotiation.operations import PROTOCOL, op_id, sign_operation
+from chaosp2p.protocols.negotiation.paxos import coordinator
+from chaosp2p.protocols.negotiation.promises import proof_of
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration
 from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.identity import Identity, PeerID
 
-from .test_negotiation_machine import CFG, PARAMS, RUN, conf, make_net, state
+from .test_negotiation_machine import CFG, PARAMS, RUN, conf, justify, make_net, state
 
 MEMBERS = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(6)]
 OUTSIDER = Identity.from_seed(bytes([77]) * 32)
@@ -151,7 +154,8 @@ def test_an_acceptor_accepts_one_value_per_ballot() -> None:
     from chaosp2p.protocols.negotiation.messages import Accept, Accepted
 
     for value in values:
-        m.receive(net.now, b, PROTOCOL, Accept(run=RUN, epoch=config.epoch + 1, ballot=ballot, value=value))
+        accept = justify(net, Accept(run=RUN, epoch=config.epoch + 1, ballot=ballot, value=value), peers)
+        m.receive(net.now, b, PROTOCOL, accept)
     answers = [o.message for o in m.take_outgoing() if isinstance(o.message, Accepted)]
     assert len(answers) == 1
     assert dict(m.statistics().rejected_by_reason).get("equivocation") == 1
@@ -223,47 +227,197 @@ def test_sync_requests_get_answers_only_when_asked() -> None:
     assert net.machines[a].take_outgoing()  # it answers requests
 
 
-# ================================================================================== not defended
-def _accept_and_collect(net: ManualNet, liar: PeerID, targets: list[PeerID], ballot: Ballot, rate: float) -> Commit:
-    """The liar has ``targets`` accept a value of its own at ``ballot``, and certifies it with their
-    acceptances and its own signature (what a dishonest proposer can do with good-faith answers)."""
+# ========================================================================= a dishonest proposer
+def _accept_and_collect(
+    net: ManualNet,
+    liar: PeerID,
+    targets: list[PeerID],
+    ballot: Ballot,
+    rate: float,
+    promisers: Sequence[PeerID] = (),
+) -> Commit:
+    """The liar has ``targets`` accept a value of its own at ``ballot`` (with the signed promises of
+    ``promisers`` claiming nothing accepted), and certifies it with their acceptances and its own
+    signature (what a dishonest proposer can do with good-faith answers)."""
     from chaosp2p.protocols.negotiation.messages import Accept, Accepted
 
     config = conf(net, targets[0])
     commit = throughput_commit(net, liar, rate=rate, step=config.activation_step + 3)
     shares = {liar.raw: identity_of(liar).sign(statement(RUN, commit.epoch, ballot, commit.digest))}
+    accept = justify(net, Accept(run=RUN, epoch=commit.epoch, ballot=ballot, value=commit.value), promisers)
     for target in targets:
         m = net.machines[target]
-        m.receive(net.now, liar, PROTOCOL, Accept(run=RUN, epoch=commit.epoch, ballot=ballot, value=commit.value))
+        m.receive(net.now, liar, PROTOCOL, accept)
         for out in m.take_outgoing():
             if isinstance(out.message, Accepted) and out.to == liar:
                 shares[target.raw] = out.message.signature
     return dataclasses.replace(commit, certificate=make_certificate(config, ballot, shares))
 
 
-@pytest.mark.xfail(strict=True, reason="not defended: equivocation at one ballot splits a run of odd size (spec §9)")
-def test_not_defended_a_proposer_equivocating_at_its_ballot_splits_an_odd_run() -> None:
-    net, peers = make_net(3)
-    liar = peers[2]
-    a, b = peers[0], peers[1]
-    ballot = Ballot(round=9, proposer=liar)
-    for target, rate in ((a, 40.0), (b, 60.0)):
-        commit = _accept_and_collect(net, liar, [target], ballot, rate)
-        net.machines[target].receive(net.now, liar, PROTOCOL, commit)
-    assert conf(net, a).digest == conf(net, b).digest
+def _coordinator_liar(n: int) -> tuple[ManualNet, PeerID, list[PeerID]]:
+    """A run of ``n`` whose epoch coordinator is the liar: its round-0 ACCEPTs need no phase 1."""
+    net, peers = make_net(n)
+    liar = coordinator(conf(net, peers[0]))
+    assert liar is not None
+    return net, liar, [p for p in peers if p != liar]
 
 
-@pytest.mark.xfail(strict=True, reason="not defended: a withheld COMMIT and an unjustified higher ballot (spec §9)")
-def test_not_defended_a_proposer_withholding_its_commit_splits_a_run() -> None:
-    net, peers = make_net(4)
-    liar = peers[3]
-    a, b, c = peers[:3]
-    first = _accept_and_collect(net, liar, [a, b, c], Ballot(round=9, proposer=liar), 40.0)
+def _equivocate(net: ManualNet, liar: PeerID, halves: list[list[PeerID]], ballot: Ballot) -> None:
+    for half, rate in zip(halves, (40.0, 60.0), strict=True):
+        commit = _accept_and_collect(net, liar, half, ballot, rate)
+        for target in half:
+            net.machines[target].receive(net.now, liar, PROTOCOL, commit)
+
+
+def test_the_documented_limit_a_proposer_equivocating_splits_a_run_of_three() -> None:
+    """Spec section 9: a run of three keeps crash tolerance (quorum 2), so one dishonest member can
+    split it -- {liar, a} and {liar, b} are both quorums. This test shows the limit; it is stated in
+    the spec and the README's security model (n >= 3f + 1: three members cannot have both)."""
+    net, liar, (a, b) = _coordinator_liar(3)
+    _equivocate(net, liar, [[a], [b]], Ballot(round=0, proposer=liar))
+    assert conf(net, a).epoch == conf(net, b).epoch
+    assert conf(net, a).digest != conf(net, b).digest
+
+
+@pytest.mark.parametrize("n", [5, 7])
+def test_a_proposer_equivocating_at_its_ballot_cannot_split_an_odd_run(n: int) -> None:
+    """Issue 20, finding 3 (the gap left): with majority quorums, (n - 1) / 2 honest acceptances
+    plus the liar's own signature were a quorum for each of two values. An odd run of five or more
+    now needs a majority + 1, so two quorums share two members, one of them honest."""
+    net, liar, honest = _coordinator_liar(n)
+    before = conf(net, honest[0])
+    half = len(honest) // 2
+    _equivocate(net, liar, [honest[:half], honest[half:]], Ballot(round=0, proposer=liar))
+    assert {conf(net, p).digest for p in honest} == {before.digest}
+
+
+def _no_split(net: ManualNet, peers: Sequence[PeerID]) -> None:
+    by_epoch: dict[int, set[bytes]] = {}
+    for p in peers:
+        for c in net.machines[p]._runs[RUN].configs:
+            by_epoch.setdefault(c.epoch, set()).add(c.digest)
+    assert all(len(d) == 1 for d in by_epoch.values()), by_epoch
+
+
+def test_a_proposer_withholding_its_commit_cannot_split_a_run() -> None:
+    """Issue 20 (the gap left): the liar got v accepted by a quorum, showed the certified COMMIT to
+    one member only, then sent ACCEPT(w) at a higher ballot without phase 1 to the others, who
+    accepted w (a higher ballot replaces an accepted value) and signed: two certified values.
+    Above round 0 an ACCEPT now needs a quorum of signed promises, and the value they force."""
+    from chaosp2p.protocols.negotiation.messages import Accepted, Prepare, Promise, SignedPromise
+
+    net, liar, (a, b, c) = _coordinator_liar(4)
+    first = _accept_and_collect(net, liar, [a, b, c], Ballot(round=0, proposer=liar), 40.0)
     net.machines[a].receive(net.now, liar, PROTOCOL, first)  # only a learns the decision
-    second = _accept_and_collect(net, liar, [b, c], Ballot(round=10, proposer=liar), 60.0)
+    assert conf(net, a).digest == first.digest
+    # Without phase 1: no promises, or only its own (short of a quorum of signed promises).
+    for promisers in ((), (liar,)):
+        second = _accept_and_collect(net, liar, [b, c], Ballot(round=10, proposer=liar), 60.0, promisers)
+        for target in (b, c):
+            net.machines[target].receive(net.now, liar, PROTOCOL, second)
+        _no_split(net, [a, b, c])
+        assert dataclasses.replace(second, certificate=None).digest != first.digest
+        assert len(second.certificate.signatures) == 1 if second.certificate else False
+    # With a real phase 1: b's and c's signed promises report v (backed by the liar's own signed
+    # ACCEPT), so they force v, whatever the liar's own promise claims.
+    ballot = Ballot(round=11, proposer=liar)
+    proofs: list[SignedPromise] = []
     for target in (b, c):
-        net.machines[target].receive(net.now, liar, PROTOCOL, second)
-    assert conf(net, a).digest == conf(net, b).digest
+        net.machines[target].receive(net.now, liar, PROTOCOL, Prepare(run=RUN, epoch=first.epoch, ballot=ballot))
+        promise = next(o.message for o in net.machines[target].take_outgoing() if isinstance(o.message, Promise))
+        assert promise.signature and promise.accepted_digest == first.digest and promise.backer == liar
+        proofs.append(proof_of(target, promise))
+    w = throughput_commit(net, liar, rate=60.0, step=conf(net, b).activation_step + 3)
+    from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
+    from chaosp2p.protocols.negotiation.messages import Accept
+
+    # The liar's own promise claims it accepted w at a ballot of its own, backed by itself.
+    own_ballot = Ballot(round=10, proposer=liar)
+    body = promise_statement(RUN, w.epoch, ballot, own_ballot, w.digest, -1)
+    lie = SignedPromise(
+        signer=liar,
+        accepted_ballot=own_ballot,
+        accepted_digest=w.digest,
+        backer=liar,
+        backing=identity_of(liar).sign(propose_statement(RUN, w.epoch, own_ballot, w.digest)),
+        signature=identity_of(liar).sign(body),
+    )
+    accept = Accept(
+        run=RUN,
+        epoch=w.epoch,
+        ballot=ballot,
+        value=w.value,
+        adopted=True,
+        proposer_signature=identity_of(liar).sign(propose_statement(RUN, w.epoch, ballot, w.digest)),
+        justification=(*proofs, lie),
+    )
+    for target in (b, c):
+        m = net.machines[target]
+        m.receive(net.now, liar, PROTOCOL, accept)
+        assert not [o for o in m.take_outgoing() if isinstance(o.message, Accepted)]
+        assert dict(m.statistics().rejected_by_reason).get("unjustified", 0) >= 2
+    _no_split(net, [a, b, c])
+    # The honest way on: the next proposer's phase 1 finds v and commits it everywhere.
+    net.advance(3.0)
+    assert {conf(net, p).digest for p in (a, b, c)} == {first.digest}
+    _no_split(net, [a, b, c])
+
+
+def test_a_promise_claiming_a_value_it_does_not_show_is_not_counted() -> None:
+    """A liar's promise may claim, with a real backing, a value honest members accepted, yet send
+    other content (or none): counted, it would leave the proposer unable to propose the value it
+    claims. Such a promise is not counted (``bad_promise``); the same claim with its content is."""
+    from chaosp2p.protocols.negotiation.justification import sign_promise
+    from chaosp2p.protocols.negotiation.messages import Promise
+
+    net, liar, (a, b, _) = _coordinator_liar(4)
+    v = _accept_and_collect(net, liar, [a], Ballot(round=0, proposer=liar), 40.0)
+    claimed = Ballot(round=0, proposer=liar)
+    # The acceptance a sent the liar (Ed25519 is deterministic: the same bytes a signed).
+    share_of_a = identity_of(a).sign(statement(RUN, v.epoch, claimed, v.digest))
+    m = net.machines[b]
+    m._start_proposal(net.now, m._runs[RUN], fast=False)
+    m.take_outgoing()  # its PREPAREs are lost: only the liar's promise arrives
+    ballot = m._runs[RUN].proposer.ballot
+    assert ballot is not None
+    other = throughput_commit(net, liar, rate=99.0, step=conf(net, b).activation_step + 3).value
+    signature = sign_promise(identity_of(liar), RUN, v.epoch, ballot, claimed, v.digest, -1)
+    reasons = net.machines[b].statistics
+    for content, counted in ((other, False), (v.value, True)):
+        before = dict(reasons().rejected_by_reason).get("bad_promise", 0)
+        promise = Promise(
+            run=RUN,
+            epoch=v.epoch,
+            ballot=ballot,
+            accepted_ballot=claimed,
+            accepted_value=content,
+            accepted_digest=v.digest,
+            backer=a,
+            backing=share_of_a,
+            signature=signature,
+        )
+        net.machines[b].receive(net.now, liar, PROTOCOL, promise)
+        assert (dict(reasons().rejected_by_reason).get("bad_promise", 0) == before) is counted
+        assert (liar.raw in net.machines[b]._runs[RUN].proposer.promises) is counted
+
+
+def test_a_promise_without_a_signature_justifies_nothing() -> None:
+    """What an old peer sends: a PROMISE without a signature is not counted (``bad_promise``);
+    an ACCEPT above round 0 without promises is refused (``unjustified``)."""
+    from chaosp2p.protocols.negotiation.messages import Accept, Promise
+
+    net, peers = make_net(4)
+    a, b = peers[0], peers[1]
+    epoch = conf(net, a).epoch + 1
+    net.call(a, lambda m, now: m._start_proposal(now, m._runs[RUN], fast=False))
+    ballot = net.machines[a]._runs[RUN].proposer.ballot
+    assert ballot is not None
+    net.machines[a].receive(net.now, b, PROTOCOL, Promise(run=RUN, epoch=epoch, ballot=ballot))
+    assert dict(net.machines[a].statistics().rejected_by_reason).get("bad_promise") == 1
+    value = throughput_commit(net, b, rate=9.0, step=conf(net, a).activation_step + 3).value
+    unproven = Accept(run=RUN, epoch=epoch, ballot=Ballot(round=50, proposer=b), value=value)
+    net.machines[a].receive(net.now, b, PROTOCOL, unproven)
+    assert dict(net.machines[a].statistics().rejected_by_reason).get("unjustified") == 1
 
 
 def test_a_long_catch_up_comes_in_frames_that_fit() -> None:

@@ -105,7 +105,7 @@ def test_lookups_bisect_the_sorted_members() -> None:
     assert [c.index_of(p) for p in P[:5]] == [0, 1, 2, 3, 4]
     assert c.index_of(P[6]) == -1 and not c.has_member(P[6])
     assert c.incarnation_of(P[2]) == 1 and c.member(P[7]) is None
-    assert quorum(c) == 3 and c.quorum == 3
+    assert quorum(c) == 4 and c.quorum == 4  # 5 members: a majority + 1 (two quorums share 2)
 
 
 # ------------------------------------------------------------------------------------------ validity

@@ -74,7 +74,7 @@ def test_who_may_sign_an_evict() -> None:
     assert check_operation(dataclasses.replace(evict(a, b), epoch=4), config) == "future_epoch"
 
 
-@pytest.mark.parametrize(("n", "need"), [(3, 2), (4, 3), (5, 3), (6, 4)])
+@pytest.mark.parametrize(("n", "need"), [(3, 2), (4, 3), (5, 4), (6, 4)])
 def test_one_signer_is_not_enough_a_quorum_is(n: int, need: int) -> None:
     config = config_of(n)
     subject, others = IDS[0], IDS[1:n]

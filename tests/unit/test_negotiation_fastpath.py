@@ -57,7 +57,9 @@ def test_a_member_that_accepted_a_fail_holds_its_own_announcement() -> None:
 
 
 def test_held_fail_announcements_still_decide_when_the_proposer_dies() -> None:
-    net, coord, victim, observers = fail_accepted_unanswered(5)
+    # Six members: two crashes leave four, a quorum of six (of five, they would not be: an odd run
+    # needs a majority + 1, so that two quorums share two members, spec section 9).
+    net, coord, victim, observers = fail_accepted_unanswered(6)
     for p in observers:
         net.call(p, lambda m, now: m.observe_member(now, victim, MemberState.FAILED, 0))
     # The coordinator dies before deciding: the held FAILs must not be lost.
@@ -68,7 +70,7 @@ def test_held_fail_announcements_still_decide_when_the_proposer_dies() -> None:
     digests = {conf(net, p).digest for p in observers}
     assert len(digests) == 1
     final = conf(net, observers[0])
-    assert not final.has_member(victim) and not final.has_member(coord) and len(final) == 3
+    assert not final.has_member(victim) and not final.has_member(coord) and len(final) == 4
 
 
 def test_the_failed_subject_counts_towards_the_restart_threshold() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -74,6 +74,24 @@ def conf(net: ManualNet, peer: PeerID):  # type: ignore[no-untyped-def]
     config = net.machines[peer].configuration(RUN)
     assert config is not None
     return config
+
+
+def justify(net: ManualNet, accept: Accept, promisers: Sequence[PeerID] = ()) -> Accept:
+    """``accept`` as an honest proposer sends it: signed by the ballot's proposer and, above round
+    0, with the signed promises of ``promisers`` (each claiming nothing accepted, nothing completed)."""
+    from chaosp2p.protocols.negotiation.configuration_change import next_configuration
+    from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
+    from chaosp2p.protocols.negotiation.messages import SignedPromise
+    from chaosp2p.protocols.negotiation.operations import op_id
+
+    ballot, epoch = accept.ballot, accept.epoch
+    config = conf(net, ballot.proposer)
+    value = accept.value
+    new, _ = next_configuration(config, [(op_id(o), o) for o in value.ops], value.activation_step)
+    signed = net.machines[ballot.proposer].identity.sign(propose_statement(RUN, epoch, ballot, new.digest))
+    body = promise_statement(RUN, epoch, ballot, None, b"", -1)
+    proofs = tuple(SignedPromise(signer=p, signature=net.machines[p].identity.sign(body)) for p in promisers)
+    return dataclasses.replace(accept, proposer_signature=signed, justification=proofs)
 
 
 def roles(net: ManualNet, members: list[PeerID]) -> tuple[PeerID, list[PeerID]]:
@@ -176,7 +194,7 @@ def scenario_gated_member_learns_late() -> None:
 def scenario_commit_without_accept() -> None:
     # Announcements go to the coordinator only, so members learn operations from ACCEPT/COMMIT.
     config = NegotiationConfig.local().__class__(**{**_fields(CFG), "announce_fanout": 1})
-    net, peers = make_net(7, config=config)
+    net, peers = make_net(8, config=config)  # 5 of 8 accept: a quorum (of 7 it would take 5 of 7)
     coord, others = roles(net, peers)
     quiet, busy, leaver = others[0], others[1], others[2]
     net.call(busy, lambda m, now: m.set_throughput(now, RUN, 3.0))
@@ -241,7 +259,7 @@ def scenario_takeover_after_coordinator_crash() -> None:
 
 
 def scenario_false_failure_removes_a_live_member() -> None:
-    net, peers = make_net(5)
+    net, peers = make_net(6)  # four remain: a quorum of six (of five, four are needed)
     coord, others = roles(net, peers)
     quiet, busy = others[0], others[1]
     net.call(busy, lambda m, now: m.set_throughput(now, RUN, 9.0))
@@ -255,7 +273,7 @@ def scenario_false_failure_removes_a_live_member() -> None:
     for victim in (quiet, busy):
         assert state(net, victim) is RunState.REMOVED
         assert [r.reason for r in of_type(net.take(victim), RemovedFromRun)] == ["failed"]
-    assert len(conf(net, coord)) == 3
+    assert len(conf(net, coord)) == 4
 
 
 def scenario_duelling_proposers() -> None:

@@ -11,6 +11,7 @@ import pytest
 from chaosp2p.protocols.negotiation.certificates import statement
 from chaosp2p.protocols.negotiation.configuration_change import next_configuration
 from chaosp2p.protocols.negotiation.configuration_decode import decode_configuration
+from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
     Accepted,
@@ -27,6 +28,7 @@ from chaosp2p.protocols.negotiation.messages import (
     RefusePast,
     RunInfoReply,
     RunInfoRequest,
+    SignedPromise,
     Sync,
     SyncReply,
     SyncRequest,
@@ -83,6 +85,18 @@ _C0 = genesis_configuration(RUN, A, incarnation=0, throughput=100.0, params=RunP
 _JOIN_B = sign_operation(
     IB, kind=OpKind.JOIN, run=RUN, epoch=0, subject=B, incarnation=2, detected_at=1.0, throughput_samples_per_s=50.0
 )
+PROMISED = promise_statement(RUN, 5, BALLOT, Ballot(round=1, proposer=B), bytes(range(32)), 117)
+SIGNED_PROMISE = SignedPromise(
+    signer=C,
+    accepted_ballot=Ballot(round=1, proposer=B),
+    accepted_digest=bytes(range(32)),
+    backer=B,
+    backing=IB.sign(propose_statement(RUN, 5, Ballot(round=1, proposer=B), bytes(range(32)))),
+    completed=117,
+    signature=IC.sign(PROMISED),
+)
+"""C promised BALLOT; it had accepted, at B's ballot 1, the value making digest 00..1f, which B
+signed it proposed (issue 20, justified ballots)."""
 CONFIG_1, _ = next_configuration(_C0, [(op_id(_JOIN_B), _JOIN_B)], 10)
 CONFIG_BYTES = CONFIG_1.encode()
 
@@ -102,11 +116,24 @@ EXPECTED: dict[str, Message] = {
         entered=118,
         completed=117,
         step_time_s=0.25,
+        accepted_digest=SIGNED_PROMISE.accepted_digest,
+        backer=B,
+        backing=SIGNED_PROMISE.backing,
+        signature=SIGNED_PROMISE.signature,
     ),
     "promise-empty": Promise(run=RUN, epoch=5, ballot=BALLOT),
     "nack": Nack(run=RUN, epoch=5, ballot=BALLOT, promised=Ballot(round=4, proposer=C), known_epoch=4),
     "accept": Accept(run=RUN, epoch=5, ballot=BALLOT, value=VALUE),
     "accept-adopted": Accept(run=RUN, epoch=5, ballot=BALLOT, value=VALUE, adopted=True),
+    "accept-justified": Accept(
+        run=RUN,
+        epoch=5,
+        ballot=BALLOT,
+        value=VALUE,
+        adopted=True,
+        proposer_signature=IA.sign(propose_statement(RUN, 5, BALLOT, bytes(range(32)))),
+        justification=(SIGNED_PROMISE,),
+    ),
     "accepted": Accepted(
         run=RUN, epoch=5, ballot=BALLOT, entered=118, completed=117, step_time_s=0.25, signature=IB.sign(ACCEPTANCE)
     ),

@@ -12,13 +12,15 @@ fail, link up/down, throughput) and the activation step S from which C_{e+1} gov
   member through ``request_join``). Every receiver checks the signature (cached) and the
   deterministic rule of ``check_operation``; valid ones become *pending* and are announced to the
   few best-ranked proposers, not to every member.
-* **Agreement.** One single-decree Paxos instance per epoch, acceptors = members of C_e, quorum =
-  majority (``paxos.py``). There is no standing leader: the proposer ranking of an epoch is the
-  member list rotated by the configuration's seed, skipping members believed down or about to be
-  removed. The first of that order (the *coordinator*) may skip phase 1 at ballot round 0 -- the
-  smallest ballot, so nothing can have been accepted before it -- and decides in one round trip;
-  anyone else runs phase 1 after a backoff proportional to its rank, and any member that accepted
-  a value or saw a proposal takes over after ``decision_timeout_s`` if no decision arrives.
+* **Agreement.** One single-decree Paxos instance per epoch, acceptors = members of C_e, quorum = a
+  majority, plus one in an odd run of five or more (``run_configuration.quorum``, ``paxos.py``);
+  above round 0 an ACCEPT carries a quorum of signed promises (``justification.py``). There is no
+  standing leader: the proposer ranking of an epoch is the member list rotated by the
+  configuration's seed, skipping members believed down or about to be removed. The first of that
+  order (the *coordinator*) may skip phase 1 at ballot round 0 -- the smallest ballot, so nothing
+  can have been accepted before it -- and decides in one round trip; anyone else runs phase 1 after
+  a backoff proportional to its rank, and any member that accepted a value or saw a proposal takes
+  over after ``decision_timeout_s`` if no decision arrives.
 * **Step gating.** An acceptor accepts a value only if it has not completed S, and from then on it
   does not begin (or finish) step S until the instance is decided: ``config_for_step`` returns None
   for gated steps. A member that already completed S refuses (REFUSE_PAST); when enough refuse, the

@@ -162,6 +162,35 @@ class CommitRecord:
         _check_digest(self.digest)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignedPromise:
+    """One acceptor's signed PROMISE for a ballot, as an ACCEPT carries it to justify its value
+    (``justification.py``). ``accepted_ballot``/``accepted_digest``: its accepted value then (the
+    digest of the configuration it makes); ``backer``/``backing``: another member's signature
+    proving that value was proposed or accepted at that ballot (without it the claim counts as
+    none); ``completed``: its progress; ``signature``: its own, over ``justification.promise_statement``."""
+
+    signer: PeerID
+    accepted_ballot: Ballot | None = None
+    accepted_digest: bytes = b""
+    backer: PeerID | None = None
+    backing: bytes = b""
+    completed: int = -1
+    signature: bytes = b""
+
+    def validate(self) -> None:
+        """Bounds and shape."""
+        _check_step(self.completed, "completed")
+        if len(self.signature) != SIGNATURE_BYTES:
+            raise reject("promise signature must be 64 bytes")
+        if self.backing and len(self.backing) != SIGNATURE_BYTES:
+            raise reject("promise backing must be 64 bytes")
+        if (self.accepted_ballot is None) != (not self.accepted_digest):
+            raise reject("accepted ballot and digest come together")
+        if self.accepted_digest:
+            _check_digest(self.accepted_digest)
+
+
 # ---------------------------------------------------------------------------------------- messages
 @codec.register(NegotiationMessageType.OPS_ANNOUNCE)
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,6 +242,14 @@ class Promise(Message):
     entered: int = -1
     completed: int = -1
     step_time_s: float = 0.0
+    accepted_digest: bytes = b""
+    """Digest of the configuration ``accepted_value`` makes (signed in ``signature``)."""
+    backer: PeerID | None = None
+    """Who signed ``backing``: the accepted ballot's proposer, or (when the sender is that
+    proposer) another member that accepted the value."""
+    backing: bytes = b""
+    signature: bytes = b""
+    """The sender's signature over ``justification.promise_statement``: a later ACCEPT carries it."""
 
     def validate(self) -> None:
         """Bounds; an accepted ballot and value come together."""
@@ -222,6 +259,11 @@ class Promise(Message):
         _check_progress(self.entered, self.completed, self.step_time_s)
         if (self.accepted_ballot is None) != (self.accepted_value is None):
             raise reject("accepted ballot and value come together")
+        if self.accepted_digest:
+            _check_digest(self.accepted_digest)
+        for sig in (self.backing, self.signature):
+            if sig and len(sig) != SIGNATURE_BYTES:
+                raise reject("promise signatures must be 64 bytes")
 
 
 @codec.register(NegotiationMessageType.NACK)
@@ -256,12 +298,24 @@ class Accept(Message):
     it would be refused as a fresh value (completed past S, or failing the acceptor itself)."""
     relay_to: tuple[PeerID, ...] = ()
     """Members the receiver forwards this ACCEPT to (large runs disseminate through relays)."""
+    proposer_signature: bytes = b""
+    """The ballot's proposer's signature over ``justification.propose_statement``: what an
+    acceptor shows later, in its promises, to prove the value was proposed at this ballot."""
+    justification: tuple[SignedPromise, ...] = ()
+    """A quorum of signed promises for ``ballot`` (empty at the coordinator's round 0)."""
+    skipped: Value | None = None
+    """The value those promises force, when the proposer found it dead and proposes another."""
 
     def validate(self) -> None:
         """Bounds."""
         check_run(self.run)
         check_uint(self.epoch, "epoch")
         check_count(len(self.relay_to), WIRE_MAX_RELAY, "relay targets")
+        check_count(len(self.justification), WIRE_MAX_MEMBERS, "justifying promises")
+        if self.proposer_signature and len(self.proposer_signature) != SIGNATURE_BYTES:
+            raise reject("proposer signature must be 64 bytes")
+        for promise in self.justification:
+            promise.validate()
 
     def relayed(self, relay_to: tuple[PeerID, ...]) -> Accept:
         """This ACCEPT with other relay targets. A direct constructor call: ``dataclasses.replace``
@@ -273,6 +327,9 @@ class Accept(Message):
             value=self.value,
             adopted=self.adopted,
             relay_to=relay_to,
+            proposer_signature=self.proposer_signature,
+            justification=self.justification,
+            skipped=self.skipped,
         )
 
 
@@ -540,6 +597,7 @@ __all__ = [
     "RefusePast",
     "RunInfoReply",
     "RunInfoRequest",
+    "SignedPromise",
     "Sync",
     "SyncReply",
     "SyncRequest",

@@ -1,10 +1,10 @@
 """Per-run bookkeeping of the negotiation machine and the pure rules of its Paxos instances.
 
 One single-decree Paxos instance decides each epoch: instance e+1 chooses the *value* (operations,
-activation step S) that turns C_e into C_{e+1}; its acceptors are the members of C_e and a quorum is
-a majority of them. This module holds the mutable records (:class:`RunRecord`, the acceptor and
-proposer state inside it) and the two decisions a proposer makes -- which value it may propose
-after phase 1 (:func:`choose_value`) and from which step a fresh value applies
+activation step S) that turns C_e into C_{e+1}; its acceptors are the members of C_e, and a quorum
+is ``run_configuration.quorum`` of them. This module holds the mutable records (:class:`RunRecord`,
+the acceptor and proposer state inside it) and the two decisions a proposer makes -- which value
+it may propose after phase 1 (:func:`choose_value`) and from which step a fresh value applies
 (:func:`activation_step`). The machine (``machine.py``) moves messages; the reasoning is here.
 
 Safety of skipping an accepted value ("dead" values). Paxos obliges a proposer to re-propose the
@@ -29,13 +29,15 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.negotiation.configuration_change import AppliedOp
+from chaosp2p.protocols.negotiation.justification import WAIT, Claim, dead, forced
 from chaosp2p.protocols.negotiation.link_graph import link_owners
-from chaosp2p.protocols.negotiation.messages import Ballot, Certificate, CommitRecord, Value
+from chaosp2p.protocols.negotiation.messages import Ballot, Certificate, CommitRecord, SignedPromise, Value
 from chaosp2p.protocols.negotiation.operations import FAIL_KINDS, Operation, OpKind
-from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
+from chaosp2p.protocols.negotiation.run_configuration import Configuration
 from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
 from chaosp2p.wire.identity import PeerID
 
@@ -45,10 +47,15 @@ class PromiseInfo:
     """What one promise told the proposer."""
 
     accepted_ballot: Ballot | None
+    """Its accepted ballot, if another member backed the claim (``justification.backing_valid``)."""
     accepted_value: Value | None
+    """The accepted value, if it makes ``accepted_digest`` (checked by the proposer)."""
     entered: int
     completed: int
     step_time_s: float
+    accepted_digest: bytes = b""
+    proof: SignedPromise | None = None
+    """The signed promise, as the ACCEPT carries it (``justification.py``)."""
 
 
 @dataclass(slots=True)
@@ -77,6 +84,8 @@ class ProposerRecord:
     """Everyone who refused any of our values in this instance (worth waiting for in phase 1)."""
     max_round: int = 0
     """Highest round seen in this instance (ours or others')."""
+    skipped: Value | None = None
+    """The forced value phase 1 found dead (the ACCEPT carries it to prove it may be skipped)."""
     fast_used: bool = False
     retry_at: float | None = None
     started_at: float = 0.0
@@ -141,6 +150,11 @@ class RunRecord:
     """C_{e+1} computed when we accepted (the commit of that value reuses it)."""
     accepted_signature: bytes = b""
     """Our signature over the acceptance statement of (accepted_ballot, C_{e+1}'s digest)."""
+    accepted_backer: PeerID | None = None
+    accepted_backing: bytes = b""
+    """Another member's signature that our accepted value was proposed/accepted at its ballot (the
+    proposer's from its ACCEPT, or an acceptor's share when we are the proposer): our promises
+    show it, or our claim counts for nothing (``justification.py``)."""
     sync_asked: dict[bytes, int] = field(default_factory=dict)
     """Peers we sent a SYNC_REQUEST (raw id -> from epoch): only their SYNC_REPLY is read. A
     newcomer's sponsor is entered as ``REPLY_EXPECTED`` (no catch-up asked of it yet)."""
@@ -194,42 +208,38 @@ class RunRecord:
         self.accepted_ids = ()
         self.accepted_outcome = None
         self.accepted_signature = b""
+        self.accepted_backer = None
+        self.accepted_backing = b""
         self.proposer = ProposerRecord()
         self.activity_at = None
         self.wake_at = None
 
 
-def refuses(value: Value, acceptor: bytes, completed: int) -> bool:
-    """Would this acceptor refuse ``value`` (forever)? Yes if it completed the activation step, or
-    if the value fails the acceptor itself (it knows it is alive: a stale or false failure)."""
-    if completed >= value.activation_step:
-        return True
-    return any(op.kind in FAIL_KINDS and op.subject.raw == acceptor for op in value.ops)
-
-
-def is_dead(value: Value, promises: dict[bytes, PromiseInfo], config: Configuration) -> bool:
-    """True if enough promises (n - q + 1) come from acceptors that would refuse ``value`` and did
-    not accept it (an acceptor accepts a refused value only when it is re-proposed as adopted)."""
-    refusing = sum(1 for raw, p in promises.items() if refuses(value, raw, p.completed) and p.accepted_value != value)
-    return refusing >= len(config.peers) - quorum(config) + 1
-
-
-def choose_value(promises: dict[bytes, PromiseInfo], config: Configuration) -> tuple[Ballot | None, Value | None, bool]:
-    """Phase-1 outcome: (ballot, value) to re-propose, or (None, None) if any value is safe.
-
-    The third item says whether the highest accepted value was skipped as dead.
-    """
-    best: tuple[tuple[int, bytes], Ballot, Value] | None = None
-    for info in promises.values():
-        if info.accepted_ballot is not None and info.accepted_value is not None:
-            key = info.accepted_ballot.key()
-            if best is None or key > best[0]:
-                best = (key, info.accepted_ballot, info.accepted_value)
-    if best is None:
-        return None, None, False
-    if is_dead(best[2], promises, config):
-        return None, None, True
-    return best[1], best[2], False
+def choose_value(
+    promises: dict[bytes, PromiseInfo], config: Configuration
+) -> tuple[Ballot | None, Value | None, Value | None] | Literal["wait"]:
+    """Phase-1 outcome: (ballot, value) to re-propose, or (None, None) if any value is safe; the
+    third item is the forced value skipped as dead (None if none). :data:`~.justification.WAIT`
+    if the promises cannot tell yet (``justification.forced``), or the forced value's content is
+    not among them. Every acceptor recomputes this from the signed promises the ACCEPT carries."""
+    claims = [
+        Claim(raw, p.accepted_ballot, p.accepted_digest, p.completed, p.proof.accepted_digest if p.proof else b"")
+        for raw, p in promises.items()
+    ]
+    verdict = forced(claims, config)
+    if verdict is None:
+        return None, None, None
+    if isinstance(verdict, str):
+        return WAIT
+    ballot, digest = verdict
+    value = next(
+        (p.accepted_value for p in promises.values() if p.accepted_digest == digest and p.accepted_value), None
+    )
+    if value is None:
+        return WAIT
+    if dead(value, digest, claims, config):
+        return None, None, value
+    return ballot, value, None
 
 
 def is_urgent(ops: Iterable[Operation]) -> bool:

@@ -22,6 +22,7 @@ from chaosp2p.protocols.negotiation.core import MachineCore
 from chaosp2p.protocols.negotiation.events import (
     GateRaised,
 )
+from chaosp2p.protocols.negotiation.justification import propose_statement, refuses
 from chaosp2p.protocols.negotiation.messages import (
     Accept,
     Accepted,
@@ -50,8 +51,8 @@ from chaosp2p.protocols.negotiation.paxos import (
     coordinator,
     is_urgent,
     link_down_supersedes,
-    refuses,
 )
+from chaosp2p.protocols.negotiation.promises import justified, promise_info, signed_promise
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
@@ -118,6 +119,7 @@ class PaxosRoles(MachineCore):
             prop.phase = proposer_transition(prop.phase, ProposerEvent.FAST_ACCEPT)
             prop.fast_used = True
             prop.adopted = False
+            prop.skipped = None
             prop.ballot = Ballot(round=0, proposer=self.local_peer)
             prop.value, prop.value_ids = value, ids
             self._count("proposals")
@@ -136,12 +138,16 @@ class PaxosRoles(MachineCore):
         prop.retry_at = now + self.config.phase_timeout_s * self._jitter()
         self._count("proposals")
         rec.promised = ballot
+        own = signed_promise(self.identity, rec, ballot)
+        backed = own.backer is not None
         prop.promises[self.local_peer.raw] = PromiseInfo(
-            accepted_ballot=rec.accepted_ballot,
-            accepted_value=rec.accepted_value,
+            accepted_ballot=rec.accepted_ballot if backed else None,
+            accepted_value=rec.accepted_value if backed else None,
             entered=rec.entered,
             completed=rec.completed,
             step_time_s=rec.step_time_s,
+            accepted_digest=own.accepted_digest if backed else b"",
+            proof=own,
         )
         prop.promised_entered, prop.promised_completed = rec.entered, rec.completed
         prepare = Prepare(run=rec.run, epoch=config.epoch + 1, ballot=ballot)
@@ -249,7 +255,17 @@ class PaxosRoles(MachineCore):
         config = rec.config
         assert config is not None
         prop = rec.proposer
-        _, value, skipped = choose_value(prop.promises, config)
+        choice = choose_value(prop.promises, config)
+        if isinstance(choice, str):
+            # The highest ballot is equivocated (or its value's content missing): more promises
+            # are needed. Once everyone answered or the phase timed out, start over with a
+            # higher ballot (a new phase 1 may hear from the members missing now).
+            if force and len(config.peers) > 1:
+                self._start_proposal(now, rec, fast=False)
+            return
+        _, value, skipped_value = choice
+        skipped = skipped_value is not None
+        prop.skipped = skipped_value
         ids: tuple[bytes, ...] | None = None
         adopted = value is not None
         if value is not None:
@@ -295,7 +311,19 @@ class PaxosRoles(MachineCore):
         else:
             prop.refused[me] = refused
             prop.refusers.add(me)
-        accept = Accept(run=rec.run, epoch=config.epoch + 1, ballot=prop.ballot, value=prop.value, adopted=prop.adopted)
+        epoch = config.epoch + 1
+        proposed = propose_statement(rec.run, epoch, prop.ballot, prop.outcome[0].digest)
+        proofs = () if prop.ballot.round == 0 else tuple(p.proof for p in prop.promises.values() if p.proof)
+        accept = Accept(
+            run=rec.run,
+            epoch=epoch,
+            ballot=prop.ballot,
+            value=prop.value,
+            adopted=prop.adopted,
+            proposer_signature=self.identity.sign(proposed),
+            justification=proofs,
+            skipped=prop.skipped if prop.value != prop.skipped else None,
+        )
         self._disseminate(config, accept, self._backups(rec))
         self._check_phase2(now, rec)
 
@@ -456,6 +484,7 @@ class PaxosRoles(MachineCore):
             return
         rec.promised = msg.ballot
         self._saw_other_proposer(now, rec, msg.ballot)
+        proof = signed_promise(self.identity, rec, msg.ballot)
         self._send(
             sender,
             Promise(
@@ -468,6 +497,10 @@ class PaxosRoles(MachineCore):
                 entered=rec.entered,
                 completed=rec.completed,
                 step_time_s=rec.step_time_s,
+                accepted_digest=proof.accepted_digest,
+                backer=proof.backer,
+                backing=proof.backing,
+                signature=proof.signature,
             ),
         )
 
@@ -517,12 +550,17 @@ class PaxosRoles(MachineCore):
         if reason is not None:
             self._reject(msg.run, reason, sender)
             return
-        refused = self._local_accept(
-            now, rec, msg.ballot, value, ids, adopted=msg.adopted, outcome=self._outcome(rec, value, ids)
-        )
+        outcome = self._outcome(rec, value, ids)
+        reason, adopted = justified(self._sigs, rec, msg, outcome[0].digest, self._digest_of)
+        if reason is not None:
+            self._reject(msg.run, reason, sender)
+            return
+        refused = self._local_accept(now, rec, msg.ballot, value, ids, adopted=adopted, outcome=outcome)
         if refused is not None:
             self._send(proposer, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
             return
+        if proposer != self.local_peer:
+            rec.accepted_backer, rec.accepted_backing = proposer, msg.proposer_signature
         self._saw_other_proposer(now, rec, msg.ballot)
         self._reply_accepted(rec, proposer, msg)
 
@@ -539,6 +577,11 @@ class PaxosRoles(MachineCore):
                 signature=rec.accepted_signature,
             ),
         )
+
+    def _digest_of(self, rec: RunRecord, value: Value) -> bytes | None:
+        """Digest of the configuration ``value`` makes from C_e, or None if the value is invalid."""
+        ids = self._value_ids(rec, value)
+        return None if ids is None else self._outcome(rec, value, ids)[0].digest
 
     def _outcome(
         self, rec: RunRecord, value: Value, ids: tuple[bytes, ...]
@@ -601,6 +644,7 @@ class PaxosRoles(MachineCore):
         rec.accepted_value = value
         rec.accepted_ids = ids
         rec.accepted_outcome = outcome
+        rec.accepted_backer, rec.accepted_backing = None, b""  # set by the caller (or a share)
         body = statement(rec.run, epoch, ballot, outcome[0].digest)
         rec.accepted_signature = self.identity.sign(body)
         self._sigs.remember_share(self.local_peer, rec.accepted_signature, body)
@@ -619,17 +663,15 @@ class PaxosRoles(MachineCore):
         if not rec.config.has_member(sender):
             self._reject(msg.run, "not_member", sender)
             return
+        info = promise_info(self._sigs, rec, sender, msg, self._digest_of)
+        if info is None:
+            self._reject(msg.run, "bad_promise", sender)
+            return
         self._heard_from(rec, sender)
         self._note_progress(rec, msg.entered, msg.completed)
         if msg.ops:
             self._admit_ops(now, rec, msg.ops, sender)
-        prop.promises[sender.raw] = PromiseInfo(
-            accepted_ballot=msg.accepted_ballot,
-            accepted_value=msg.accepted_value,
-            entered=msg.entered,
-            completed=msg.completed,
-            step_time_s=msg.step_time_s,
-        )
+        prop.promises[sender.raw] = info
         prop.promised_entered = max(prop.promised_entered, msg.entered)
         prop.promised_completed = max(prop.promised_completed, msg.completed)
         if len(prop.promises) >= quorum(rec.config):
@@ -684,6 +726,9 @@ class PaxosRoles(MachineCore):
         self._note_progress(rec, msg.entered, msg.completed)
         prop.accepted_by.add(sender.raw)
         prop.shares[sender.raw] = msg.signature
+        if rec.accepted_ballot == prop.ballot and rec.accepted_backer is None and sender != self.local_peer:
+            # Our own acceptance of our value counts in our promises only with another's share.
+            rec.accepted_backer, rec.accepted_backing = sender, msg.signature
         self._check_phase2(now, rec)
 
     def _on_refuse_past(self, now: float, sender: PeerID, msg: RefusePast) -> None:

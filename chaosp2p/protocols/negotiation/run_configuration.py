@@ -237,7 +237,7 @@ class Configuration:
 
     @property
     def quorum(self) -> int:
-        """Majority of the members."""
+        """How many members make a quorum (:func:`quorum`)."""
         return quorum(self)
 
     # ------------------------------------------------------------------ encoding
@@ -283,8 +283,27 @@ _DIGEST_PREFIX = _ARRAY_12 + pack(_CONFIG_DOMAIN)
 
 
 def quorum(config: Configuration) -> int:
-    """A majority of ``config``'s members: len // 2 + 1."""
-    return len(config.peers) // 2 + 1
+    """How many of ``config``'s members make a quorum (``protocols/negotiation.md`` section 9).
+
+    With one dishonest member, two quorums must share at least two members (so that one honest
+    member is in both): 2q - n >= 2. For an even n that is the plain majority n // 2 + 1; for an
+    odd n >= 5 it is one more, n // 2 + 2 (one crash fewer tolerated). At n <= 3 no q keeps both a
+    crash and a liar out (n >= 3f + 1), and crash tolerance is kept: the majority (the documented
+    limit: one dishonest member of a run of three can split an epoch).
+    """
+    return quorum_of(len(config.peers))
+
+
+def quorum_of(n: int) -> int:
+    """:func:`quorum` of a configuration of ``n`` members."""
+    if n <= 3 or n % 2 == 0:
+        return n // 2 + 1
+    return n // 2 + 2
+
+
+def liar_tolerant(n: int) -> bool:
+    """Do two quorums of ``n`` members always share an honest member when one member lies?"""
+    return 2 * quorum_of(n) - n >= 2
 
 
 def compute_shares(throughputs: Sequence[float], global_batch: int) -> tuple[int, ...]:
@@ -504,9 +523,11 @@ __all__ = [
     "departed_rows",
     "derive_seed",
     "genesis_configuration",
+    "liar_tolerant",
     "link_rows",
     "make_configuration",
     "pack_columns",
     "quorum",
+    "quorum_of",
     "ring_order",
 ]
