@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chaosp2p.cluster.runner import ClusterRun
-from chaosp2p.cluster.scenario import SiteKind, parse_scenario
+from chaosp2p.cluster.scenario import SiteKind, load_scenario, parse_scenario
 from chaosp2p.errors import ConfigError
 
 SITES = """\
@@ -69,3 +69,9 @@ def test_bad_sites_are_refused_naming_the_line(old: str, new: str, where: str, s
 def test_netns_and_sites_exclude_each_other(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="exclude each other"):
         ClusterRun(parse_scenario(SITES, "s.toml"), tmp_path, netns=True)
+
+
+def test_the_shipped_nat_demo_is_valid() -> None:
+    scenario = load_scenario(Path(__file__).resolve().parents[2] / "peers" / "nat-demo.toml")
+    assert {s.kind for s in scenario.sites} == {SiteKind.PUBLIC, SiteKind.NAT, SiteKind.FIREWALL}
+    assert all(p.site is not None for p in scenario.peers)
