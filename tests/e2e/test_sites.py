@@ -5,10 +5,12 @@ when building fails halfway, and those a killed run left behind)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from chaosp2p.cluster.netns import NetnsUnavailable
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
 from chaosp2p.cluster.sites import SiteNetwork, remove_stale
 
+from .processes import wait_until
 from .sites import namespaces, require_sites
 
 pytestmark = pytest.mark.netns
@@ -146,3 +149,65 @@ def test_stale_namespaces_of_dead_runs_are_removed() -> None:
         assert name not in namespaces()
     finally:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
+BARE_SITES = """\
+[cluster]
+duration_s = 300
+profile = "lan"
+
+[[site]]
+name = "dc"
+[[site]]
+name = "home"
+kind = "nat"
+
+[[peer]]
+name = "p"
+site = "dc"
+[[peer]]
+name = "a"
+site = "home"
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ending", ["ctrl-c", "a peer that never starts"])
+def test_a_run_on_sites_leaves_no_namespace_behind(tmp_path: Path, ending: str) -> None:
+    require_sites()
+    text = BARE_SITES
+    if ending != "ctrl-c":
+        text += '[[peer]]\nname = "broken"\nsite = "home"\nrun = "chaosp2p.no_such_module"\n'
+    scenario = tmp_path / "sites.toml"
+    scenario.write_text(text)
+    out = tmp_path / "run"
+    before = namespaces()
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "chaosp2p", "cluster", str(scenario), "--out", str(out), "--no-report"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        if ending == "ctrl-c":
+            timeline = out / "timeline.jsonl"
+            wait_until(
+                lambda: timeline.exists() and '"event": "schedule"' in timeline.read_text(),
+                timeout_s=90,
+                what="both peers up in their namespaces",
+            )
+            assert len(namespaces() - before) == 4  # the internet, a's router, two hosts
+            harness.send_signal(signal.SIGINT)
+        output, _ = harness.communicate(timeout=120)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.communicate()
+    assert harness.returncode == (130 if ending == "ctrl-c" else 2), output
+    assert namespaces() == before, output
+    records = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    (scenario_record,) = [r for r in records if r.get("event") == "scenario"]
+    assert scenario_record["sites"]["p"][1].startswith("198.18.") and scenario_record["sites"]["a"][1].startswith(
+        "198.19."
+    )
