@@ -27,12 +27,11 @@ import anyio
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
 from _common import median, print_table, write_json
-from transport import CONFIG, WRITE_BYTES, chaos_bulk, cpu_seconds
+from transport import CONFIG, chaos_bulk, cpu_seconds, make_sink
 
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
 from chaosp2p.cluster.sites import SiteNetwork
 from chaosp2p.transport.host import open_host
-from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity
 
 PORT = 4001
@@ -41,24 +40,8 @@ PORT = 4001
 async def serve(listen: str, target: str | None) -> None:
     """A receiver (a ``sink`` stream handler), or with ``target`` a relay connected to it; prints
     its address and pid as one JSON line and serves forever."""
-    buffer = bytearray(64 << 20)
-
-    async def sink(stream: Stream) -> None:
-        stream.set_receive_window(16 << 20)
-        total = int(await stream.receive_frame())
-        view = memoryview(buffer)
-        done = 0
-        while done < total:
-            count = min(WRITE_BYTES, total - done)
-            offset = done % (len(view) - WRITE_BYTES)
-            await stream.receive_into(view[offset : offset + count])
-            done += count
-        if await stream.receive_frame() is not None:
-            raise RuntimeError("the sender sent more than it announced")
-        await stream.send_frame(done, eof=True)
-
     async with open_host(Identity.generate(), CONFIG) as host:
-        host.set_stream_handler("/chaos/sink/1", sink)
+        host.set_stream_handler("/chaos/sink/1", make_sink())
         addr = await host.listen(listen)
         if target is not None:
             await host.connect(target)  # a relay forwards only over connections it holds

@@ -21,6 +21,7 @@ from chaosp2p.cluster.sites import SiteNetwork, remove_stale
 
 from .processes import wait_until
 from .sites import namespaces, require_sites
+from .test_cluster import start_harness
 
 pytestmark = pytest.mark.netns
 
@@ -182,13 +183,7 @@ def test_a_run_on_sites_leaves_no_namespace_behind(tmp_path: Path, ending: str) 
     scenario.write_text(text)
     out = tmp_path / "run"
     before = namespaces()
-    harness = subprocess.Popen(
-        [sys.executable, "-m", "chaosp2p", "cluster", str(scenario), "--out", str(out), "--no-report"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
+    harness = start_harness([], str(scenario), "--out", str(out), "--no-report")
     try:
         if ending == "ctrl-c":
             timeline = out / "timeline.jsonl"
