@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,33 @@ CONFIG = TransportConfig(max_window_bytes=64 << 20, request_timeout_s=60.0)
 
 
 # ----------------------------------------------------------------------------------------- server
+def make_sink() -> Callable[[Stream], Awaitable[None]]:
+    """The ``sink`` stream handler: reads the announced number of bytes into a reused buffer and
+    answers with the count (shared with ``nat_relay.py``)."""
+    sink_buffer = bytearray(64 << 20)
+
+    async def sink(stream: Stream) -> None:
+        stream.set_receive_window(16 << 20)
+        header = await stream.receive_frame()
+        total = int(header)
+        view = memoryview(sink_buffer)
+        done = 0
+        while done < total:
+            count = min(WRITE_BYTES, total - done)
+            offset = done % (len(view) - WRITE_BYTES)
+            await stream.receive_into(view[offset : offset + count])
+            done += count
+        # Wait for the sender's end of stream before answering: a handler that returns while the
+        # remote is still open has its stream reset (the sender's send_eof would then fail).
+        if await stream.receive_frame() is not None:
+            raise RuntimeError("the sender sent more than it announced")
+        await stream.send_frame(done, eof=True)
+
+    return sink
+
+
 async def serve() -> None:
     """Both servers in one process; prints their addresses as one JSON line, then serves forever."""
-    sink_buffer = bytearray(64 << 20)
 
     async def plain_client(stream: anyio.abc.SocketStream) -> None:
         async with stream:
@@ -62,30 +87,13 @@ async def serve() -> None:
                     break
             await stream.send(total.to_bytes(8, "big"))
 
-    async def sink(stream: Stream) -> None:
-        stream.set_receive_window(16 << 20)
-        header = await stream.receive_frame()
-        total = int(header)
-        view = memoryview(sink_buffer)
-        done = 0
-        while done < total:
-            count = min(WRITE_BYTES, total - done)
-            offset = done % (len(view) - WRITE_BYTES)
-            await stream.receive_into(view[offset : offset + count])
-            done += count
-        # Wait for the sender's end of stream before answering: a handler that returns while the
-        # remote is still open has its stream reset (the sender's send_eof would then fail).
-        if await stream.receive_frame() is not None:
-            raise RuntimeError("the sender sent more than it announced")
-        await stream.send_frame(done, eof=True)
-
     async def echo(connection: Connection, request: Any) -> Any:
         return request
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     plain_port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with open_host(Identity.generate(), CONFIG) as host:
-        host.set_stream_handler("/chaos/sink/1", sink)
+        host.set_stream_handler("/chaos/sink/1", make_sink())
         host.set_request_handler("/chaos/echo/1", echo)
         addr = await host.listen("/ip4/127.0.0.1/tcp/0")
         print(json.dumps({"plain_port": plain_port, "chaos_addr": str(addr)}), flush=True)

@@ -15,6 +15,7 @@ from chaosp2p.runtime.node import Node
 from chaosp2p.state.service import LoadedState, StateService
 from chaosp2p.state.snapshot import SnapshotStore
 from chaosp2p.training.port import EventQueue, RunGates, StreamHandler
+from chaosp2p.transport.reach import reach
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -56,8 +57,14 @@ class PeerTrainingPort:
         return self._node.membership.own_incarnation()
 
     async def open_stream(self, peer: PeerID, protocol: str) -> Stream:
-        """A new stream of ``protocol`` to ``peer``, connecting through its known addresses if needed."""
-        connection = await self._node.host.connection_to(peer, self.dial_addrs(peer))
+        """A new stream of ``protocol`` to ``peer``: over an open connection, else dialled directly or,
+        when that does not work within a second, through a relay (:func:`~chaosp2p.transport.reach.reach`).
+
+        The relay is the way to a member behind NAT or a firewall (issue 21): a newcomer that can
+        dial only some members still asks all of them to vouch for its snapshot, and a quorum of
+        vouches is what admits it.
+        """
+        connection = await reach(self._node.host, peer, self.dial_addrs(peer))
         return connection.open_stream(protocol)
 
     def serve_streams(

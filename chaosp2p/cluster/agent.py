@@ -50,9 +50,10 @@ def _plain(value: object) -> Any:
     return str(value)
 
 
-def peer_config(profile: str, join: list[str]) -> PeerConfig:
-    """The profile, listening on a free loopback port, bootstrapping from ``join``."""
-    config = load_config(PeerOptions(profile=profile, listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=tuple(join)))
+def peer_config(profile: str, join: list[str], listen: list[str] | None = None) -> PeerConfig:
+    """The profile, listening on ``listen`` (default: a free loopback port), bootstrapping from ``join``."""
+    addrs = tuple(listen) if listen else ("/ip4/127.0.0.1/tcp/0",)
+    config = load_config(PeerOptions(profile=profile, listen=addrs, bootstrap=tuple(join)))
     if profile == "local":
         config = config.replace(membership=MembershipConfig.lan())
     return config
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_peer_arguments(parser)
     args = parser.parse_args(argv)
-    config = peer_config(args.profile, args.join)
+    config = peer_config(args.profile, args.join, args.listen)
     metrics = args.metrics_file.open("a") if args.metrics_file is not None else None
     try:
         anyio.run(run_agent, config, args.ready_file, metrics, backend="trio")

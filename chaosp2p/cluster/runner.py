@@ -24,6 +24,10 @@ re-reads it within 0.1 s (see :mod:`chaosp2p.transport.shaper`). Rules are keyed
 link is shaped from the moment both ends are known to the harness (a peer's first second, while it
 starts, is unshaped).
 
+With ``[[site]]`` tables every peer runs in its own network namespace on its site
+(:mod:`chaosp2p.cluster.sites`), listening on its namespace's address, port 4001; the namespaces are
+removed after the peers are stopped, in the same ``finally``.
+
 Peers run in their own sessions, so a Ctrl-C in the terminal reaches only the harness, which then
 stops them in order.
 """
@@ -45,11 +49,14 @@ from typing import IO, Any
 
 from chaosp2p.cluster.netns import NetworkNamespace
 from chaosp2p.cluster.scenario import Action, PeerSpec, Scenario, ScheduledEvent
+from chaosp2p.cluster.sites import SiteNetwork
 from chaosp2p.cluster.timeline import TIMELINE_NAME, TimelineWriter
-from chaosp2p.errors import ChaosError
+from chaosp2p.errors import ChaosError, ConfigError
 from chaosp2p.transport.shaper import LINK_RULES_ENV, LinkRule, write_link_rules
 
 TICK_S = 0.05
+SITE_PORT = 4001
+"""The port every peer on a ``[[site]]`` listens on (each has its own address)."""
 LOG_TAIL_LINES = 15
 
 
@@ -136,7 +143,8 @@ class ClusterRun:
         self.out_dir = out_dir
         self.python = python
         self._log = log or (lambda message: None)
-        self._netns = NetworkNamespace.create(scenario) if netns else None
+        if netns and scenario.sites:
+            raise ConfigError(f"{scenario.path}: --netns and [[site]] tables exclude each other (sites are namespaces)")
         peers_dir = out_dir / "peers"
         peers_dir.mkdir(parents=True, exist_ok=True)
         self.peers: dict[str, PeerProcess] = {}
@@ -154,6 +162,17 @@ class ClusterRun:
         self._cut: set[frozenset[str]] = set()
         self._schedule_zero: float | None = None
         self._logs: list[IO[bytes]] = []
+        # Made last: nothing after it in __init__ can fail and leave the namespaces behind.
+        self._netns = NetworkNamespace.create(scenario) if netns else None
+        self._sites: SiteNetwork | None = None
+        if scenario.sites:
+            try:
+                hosts = [(spec.name, spec.site or "") for spec in scenario.peers]
+                self._sites = SiteNetwork.create(scenario.sites, hosts)
+            except BaseException:
+                if self._netns is not None:
+                    self._netns.close()
+                raise
 
     # ------------------------------------------------------------------ the run
     def run(self) -> RunResult:
@@ -167,6 +186,7 @@ class ClusterRun:
             peers=[p.name for p in self.scenario.peers],
             shaped=self.scenario.shaped,
             netns=self._netns is not None,
+            sites={} if self._sites is None else {h.host: [h.site, h.address] for h in self._sites.hosts.values()},
         )
         try:
             with _signals_interrupt():
@@ -186,6 +206,8 @@ class ClusterRun:
                 file.close()
             if self._netns is not None:
                 self._netns.close()
+            if self._sites is not None:
+                self._sites.close()
             for signum, handler in previous.items():
                 if handler is not None:
                     try:
@@ -288,6 +310,8 @@ class ClusterRun:
         command += ["--ready-file", str(peer.ready_file), "--metrics-file", str(peer.metrics_file)]
         for addr in join:
             command += ["--join", addr]
+        if self._sites is not None:
+            command += ["--listen", f"/ip4/{self._sites.address(peer.spec.name)}/tcp/{SITE_PORT}"]
         return command + list(peer.spec.args)
 
     def _start(self, peer: PeerProcess, *, join: list[str]) -> None:
@@ -300,6 +324,8 @@ class ClusterRun:
         command = self._command(peer, join)
         if self._netns is not None:
             command = self._netns.wrap(command)
+        if self._sites is not None:
+            command = self._sites.wrap(peer.spec.name, command)
         log_file = peer.log_file.open("ab")
         self._logs.append(log_file)
         peer.process = subprocess.Popen(

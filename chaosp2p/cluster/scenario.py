@@ -24,11 +24,18 @@ A scenario is a TOML file (``peers/churn-demo.toml`` is a commented example)::
     between = ["a", "b"]
     delay_ms = 20
 
+    [[site]]                 # optional: each peer in its own network namespace (root; docs/cluster.md)
+    name = "home"
+    kind = "nat"             # public | nat | symmetric-nat | firewall
+    bandwidth_mbit_s = 100   # tc tbf on each host's veth, both directions
+
     [[event]]
     at_s = 10                # seconds after the initial peers are up
     action = "kill"          # join | leave | kill | stall | cut | restore
     peer = "b"               # join, leave, kill, stall
     duration_s = 5           # stall (then SIGCONT) and cut (then restore); optional for cut
+
+With ``[[site]]`` tables every peer names its site (``site = "home"`` in its ``[[peer]]``).
 
 A peer named by a ``join`` event starts then; every other peer starts at time 0. Every error --
 an unknown key, an impossible time, bandwidth or sequence of events -- is a :class:`ConfigError`
@@ -84,6 +91,30 @@ PEER_ACTIONS = frozenset((Action.JOIN, Action.LEAVE, Action.KILL, Action.STALL, 
 LINK_ACTIONS = frozenset((Action.CUT, Action.RESTORE))
 
 
+class SiteKind(enum.Enum):
+    """Where a host sits on the simulated network (see :mod:`chaosp2p.cluster.sites`)."""
+
+    PUBLIC = "public"
+    """A public address; anyone can dial it."""
+    NAT = "nat"
+    """Behind a masquerading NAT that keeps source ports (endpoint-independent mapping)."""
+    SYMMETRIC_NAT = "symmetric-nat"
+    """Behind a masquerading NAT that picks a random port per connection (endpoint-dependent)."""
+    FIREWALL = "firewall"
+    """A public address, but inbound packets not part of a connection it opened are dropped."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SiteSpec:
+    """A ``[[site]]``: a place on the simulated network for one or more hosts."""
+
+    name: str
+    kind: SiteKind
+    bandwidth_bytes_per_s: float | None = None
+    """Per host on this site, each direction (``tc tbf`` on its veth)."""
+    line: int = 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkSpec:
     """One direction of a link: what the transport's link shaper applies."""
@@ -106,6 +137,8 @@ class PeerSpec:
     run: str
     """``"peer"`` or the Python module started with ``python -m``."""
     args: tuple[str, ...] = ()
+    site: str | None = None
+    """The ``[[site]]`` it runs on (scenarios with sites only)."""
     line: int = 0
 
     @property
@@ -154,6 +187,7 @@ class Scenario:
     peers: tuple[PeerSpec, ...] = ()
     links: tuple[LinkOverride, ...] = ()
     events: tuple[ScheduledEvent, ...] = ()
+    sites: tuple[SiteSpec, ...] = ()
 
     def peer(self, name: str) -> PeerSpec:
         """The peer called ``name``."""
@@ -337,7 +371,7 @@ def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     lines = _Lines(text)
     top = _Reader(path, lines, "", 0, data, "scenario")
-    top.check_keys({"cluster", "links", "peer", "link", "event"})
+    top.check_keys({"cluster", "links", "peer", "link", "event", "site"})
 
     cluster = _Reader(path, lines, "cluster", 0, data.get("cluster", {}), "[cluster]")
     cluster.check_keys({"duration_s", "profile", "seed", "startup_timeout_s", "stop_timeout_s"})
@@ -356,7 +390,8 @@ def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
     defaults.check_keys(LINK_KEYS)
     default_link = defaults.link()
 
-    peers = _peers(path, lines, data.get("peer", []))
+    sites = _sites(path, lines, data.get("site", []))
+    peers = _peers(path, lines, data.get("peer", []), {s.name for s in sites})
     names = {p.name for p in peers}
     overrides = _links(path, lines, data.get("link", []), names)
     events = _events(path, lines, data.get("event", []), names, duration_s)
@@ -371,6 +406,7 @@ def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
         peers=peers,
         links=overrides,
         events=events,
+        sites=sites,
     )
     _check_sequence(scenario)
     return scenario
@@ -383,12 +419,36 @@ def _array(path: str, lines: _Lines, table: str, value: Any) -> list[Any]:
     return value
 
 
-def _peers(path: str, lines: _Lines, value: Any) -> tuple[PeerSpec, ...]:
+def _sites(path: str, lines: _Lines, value: Any) -> tuple[SiteSpec, ...]:
+    specs: list[SiteSpec] = []
+    kinds = sorted(k.value for k in SiteKind)
+    for index, item in enumerate(_array(path, lines, "site", value)):
+        reader = _Reader(path, lines, "site", index, item, f"[[site]] #{index + 1}")
+        reader.check_keys({"name", "kind", "bandwidth_mbit_s"})
+        name = reader.string("name", None)
+        if name is None:
+            reader.fail(None, "missing key 'name'")
+        assert name is not None
+        if not NAME.match(name) or len(name) > 16:
+            reader.fail("name", f"{name!r} is not a site name (letters, digits, _ and -, at most 16)")
+        for earlier in specs:
+            if earlier.name == name:
+                reader.fail("name", f"site {name!r} is already defined on line {earlier.line}")
+        kind = reader.string("kind", "public")
+        if kind not in kinds:
+            reader.fail("kind", f"unknown site kind {kind!r} (expected one of: {', '.join(kinds)})")
+        mbit = reader.number("bandwidth_mbit_s", None, low=0, high=1e5, low_open=True)
+        bandwidth = None if mbit is None else mbit * 1e6 / 8
+        specs.append(SiteSpec(name=name, kind=SiteKind(kind), bandwidth_bytes_per_s=bandwidth, line=reader.line))
+    return tuple(specs)
+
+
+def _peers(path: str, lines: _Lines, value: Any, sites: set[str]) -> tuple[PeerSpec, ...]:
     specs: list[PeerSpec] = []
     seen: dict[str, int] = {}
     for index, item in enumerate(_array(path, lines, "peer", value)):
         reader = _Reader(path, lines, "peer", index, item, f"[[peer]] #{index + 1}")
-        reader.check_keys({"name", "run", "args", "count"})
+        reader.check_keys({"name", "run", "args", "count", "site"})
         base = reader.string("name", None)
         if base is None:
             reader.fail(None, "missing key 'name'")
@@ -406,12 +466,17 @@ def _peers(path: str, lines: _Lines, value: Any) -> tuple[PeerSpec, ...]:
         assert count is not None
         if count != int(count):
             reader.fail("count", "must be an integer")
+        site = reader.string("site", None)
+        if site is not None and site not in sites:
+            reader.fail("site", f"no [[site]] named {site!r}")
+        if site is None and sites:
+            reader.fail(None, "missing key 'site' (the scenario has [[site]] tables: every peer names its site)")
         names = [base] if count == 1 else [f"{base}{i}" for i in range(1, int(count) + 1)]
         for name in names:
             if name in seen:
                 reader.fail("name", f"peer {name!r} is already defined on line {seen[name]}")
             seen[name] = reader.line
-            specs.append(PeerSpec(name=name, run=run, args=tuple(args), line=reader.line))
+            specs.append(PeerSpec(name=name, run=run, args=tuple(args), site=site, line=reader.line))
     if not specs:
         raise ConfigError(f"{path}: a scenario needs at least one [[peer]]")
     if len(specs) > MAX_PEERS:

@@ -30,6 +30,7 @@ from chaosp2p.errors import ChaosError
 from chaosp2p.protocols.base import MessageMachine, Outgoing
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.host import Host
+from chaosp2p.transport.reach import reach
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import MessageCodec
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -60,10 +61,13 @@ class MachineDriver:
         on_event: EventSink | None = None,
         after_flush: Callable[[], None] | None = None,
         name: str = "machine",
+        relay: bool = False,
     ) -> None:
         self.host = host
         self.machine = machine
         self.name = name
+        self._relay = relay
+        """Reach a peer that cannot be dialled through a relay (:func:`~chaosp2p.transport.reach.reach`)."""
         self._codecs = dict(codecs)
         self._clock = clock
         self._task_group = task_group
@@ -180,7 +184,7 @@ class MachineDriver:
     def _send_now(self, peer: PeerID, protocol: str, body: bytes) -> bool:
         """Hand ``body`` to an open, idle connection from the calling task (no sender task, no wait
         for the event loop to schedule one: each protocol hop costs a scheduling round otherwise)."""
-        connection = self.host.connection(peer)
+        connection = self.host.connection(peer) or (self.host.relayed_connection(peer) if self._relay else None)
         if connection is None:
             return False
         try:
@@ -193,7 +197,11 @@ class MachineDriver:
         try:
             while queue:
                 try:
-                    connection = await self.host.connection_to(peer, self._resolve(peer))
+                    addrs = self._resolve(peer)
+                    if self._relay:
+                        connection = await reach(self.host, peer, addrs)
+                    else:
+                        connection = await self.host.connection_to(peer, addrs)
                     while queue:
                         protocol, body = queue[0]
                         await connection.send_message(protocol, body)

@@ -86,6 +86,9 @@ class NegotiationService:
             resolve=resolve,
             on_event=self._on_event,
             name="negotiation",
+            # A member behind NAT reaches the others' votes through a relay (issue 21): in a star
+            # around one public peer no other member could gather a quorum for its proposals.
+            relay=True,
         )
         self._changed = anyio.Event()
         self._run_info: dict[tuple[str, PeerID], RunInfo] = {}

@@ -61,6 +61,7 @@ from chaosp2p.state.manifest import Manifest
 from chaosp2p.state.resume import checkpoint, load_resume
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
 from chaosp2p.transport.host import Host
+from chaosp2p.transport.reach import reach
 from chaosp2p.transport.stream import Stream
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
@@ -337,7 +338,8 @@ class PullDriver:
                     await link.wake.wait()
                     if link.dropped:
                         return
-                connection = await self._host.connection_to(peer, link.source.addrs)
+                # Through a relay when the source cannot be dialled (behind NAT): same bytes, pinned digest.
+                connection = await reach(self._host, peer, link.source.addrs)
                 link.stream = connection.open_stream("transfer")
                 link.stream.set_receive_window(self._window_bytes)
                 with unwrap_single_error():

@@ -26,6 +26,7 @@ from chaosp2p.runtime.node import Node
 from chaosp2p.state.download import ProgressCallback, PullResult, SourceAddress, StagingFactory, pull_state
 from chaosp2p.state.manifest import FlatState
 from chaosp2p.state.serve import StateServer
+from chaosp2p.transport.reach import reach
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -271,19 +272,26 @@ class StateService:
     ) -> list[SourceAddress]:
         if explicit is None:
             return await self.discover_sources(run, limit=limit)
-        chosen = []
-        for item in explicit:
-            if isinstance(item, SourceAddress):  # the caller knows the link already
-                chosen.append(item)
-                continue
-            addr = Multiaddr.parse(item) if isinstance(item, str) else item
+        chosen: list[SourceAddress | None] = [None] * len(explicit)
+
+        async def resolve(index: int, addr: Multiaddr) -> None:
+            host = self._node.host
             try:
-                connection = await self._node.host.connect(addr)
+                # A source named by PeerID may sit behind NAT: reached through a relay if need be.
+                connection = await (host.connect(addr) if addr.peer_id is None else reach(host, addr.peer_id, [addr]))
             except ChaosError as exc:
                 log.warning("state source %s unreachable: %s", addr, exc)
-                continue
-            chosen.append(self._estimate(connection.remote_peer, (addr.without_peer(),)))
-        return chosen[:limit]
+                return
+            chosen[index] = self._estimate(connection.remote_peer, (addr.without_peer(),))
+
+        # All at once: one source that times out must not hold up the others.
+        async with anyio.create_task_group() as tg:
+            for index, item in enumerate(explicit):
+                if isinstance(item, SourceAddress):  # the caller knows the link already
+                    chosen[index] = item
+                else:
+                    tg.start_soon(resolve, index, Multiaddr.parse(item) if isinstance(item, str) else item)
+        return [source for source in chosen if source is not None][:limit]
 
 
 def load_into_torch(loaded: LoadedState, model: Any, optimizer: Any = None) -> None:

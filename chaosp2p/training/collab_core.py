@@ -219,6 +219,8 @@ class CollaborationCore:
                             "event": "operation",
                             "kind": event.kind.name.lower(),
                             "subject": str(event.subject),
+                            # A link op's other endpoint (None otherwise): which link went down.
+                            "other": None if event.other is None else str(event.other),
                             "origin": str(event.origin),
                             "epoch": event.epoch,
                             "detected_at": event.detected_at,

@@ -83,16 +83,20 @@ class UpdateFeed:
             return
         shared = update
         header = UpdateHeader(step=step, epoch=epoch, config_digest=config_digest, numel=int(shared.size))
-        for observer in self._observers:
+        for observer in list(self._observers):
             if not observer.sent and step <= observer.skip_through:
                 self.skipped += 1
                 continue
             if len(observer.queue) >= self._max_queued:
-                observer.cut = True
+                # Removed and reset now: its sender may be blocked on the stream (a newcomer behind a
+                # slow relay) and notice the cut only much later -- meanwhile every step cut it off
+                # again, one warning per step (issue 21's runs logged hundreds).
                 self.cut_off += 1
                 log.warning(
                     "newcomer %s fell %d updates behind: cut off", observer.stream.remote_peer, self._max_queued
                 )
+                self.drop(observer.stream.remote_peer)
+                observer.stream.reset()
             else:
                 observer.queue.append((header, shared))
             observer.wake.set()

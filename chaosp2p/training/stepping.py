@@ -148,6 +148,7 @@ class Stepping(CollaborationCore):
                 return await self._averaged_step(weight, apply=apply)
             runs.report_step(self.run, entered=step)
             attempts += 1
+            attempt_started = self.port.clock.now()
             np.copyto(buffer, self._local)
             phase = RoundPhase.OUTER if self.diloco else RoundPhase.GRADIENTS
             # Every round started counts, so a retry -- after a failure or a cancelled call -- is a
@@ -195,6 +196,10 @@ class Stepping(CollaborationCore):
                     await sign_stalls(runs, self.service.averager, me=me, tag=tag, config=config, timeout_s=timeout_s)
                 if attempts >= self.config.max_round_attempts:
                     raise TrainingError(f"step {step} of run {self.run!r} failed {attempts} times: {exc}") from exc
+                # A round that fails at once (a peer behind NAT: "network unreachable" in microseconds)
+                # must not use up every attempt before the LINK_DOWN it raised governs the step
+                # (issue 21: 50 attempts in about a second, then the member gave up and crashed).
+                await self._pace_retry(attempt_started)
                 if await self._wait_for_new_configuration(step, config):
                     continue
                 # No change: either some members completed the round before it failed here (fetch
@@ -337,6 +342,12 @@ class Stepping(CollaborationCore):
                 outcome.append(await reduce)
                 tg.cancel_scope.cancel()
         return outcome[0] if outcome else None
+
+    async def _pace_retry(self, attempt_started: float) -> None:
+        """Let at least a quarter of ``retry_wait_s`` pass between the starts of two attempts."""
+        left = attempt_started + self.config.retry_wait_s / 4 - self.port.clock.now()
+        if left > 0:
+            await anyio.sleep(left)
 
     async def _wait_for_new_configuration(self, step: int, failed: Configuration) -> bool:
         """After an aborted round: wait (bounded) until the configuration governing ``step`` changes.

@@ -56,7 +56,8 @@ from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection, ReplyStatus
 from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_single_error
 from chaosp2p.transport.host_statistics import HostStatistics
-from chaosp2p.transport.interfaces import interface_addresses
+from chaosp2p.transport.interfaces import announceable, interface_addresses
+from chaosp2p.transport.observed import ObservedAddrs
 from chaosp2p.transport.quiet_log import QuietLog
 from chaosp2p.transport.relay import RelayService
 from chaosp2p.transport.shaper import LinkShaper, TokenBucket
@@ -146,6 +147,8 @@ class Host:
         self._protocol_errors = 0
         self.address_book: OrderedDict[PeerID, list[Multiaddr]] = OrderedDict()
         """Known addresses per peer, least recently learned first; at most ``max_tracked_peers``."""
+        self.observed = ObservedAddrs()
+        """Where direct peers saw this host's end of their connections (behind NAT: the router's)."""
         self.receive_budget = ReceiveBudget(
             max_streams_per_peer=config.max_streams_per_peer,
             max_bytes_per_peer=config.max_buffered_bytes_per_peer,
@@ -627,6 +630,8 @@ class Host:
                 for text in connection.remote_hello.listen_addrs:
                     listen.append(Multiaddr.parse(text))
                 self._remember(peer, listen)
+                if not connection.relayed:
+                    self.observed.add(peer, connection.remote_hello.observed_addr)
             log.debug(
                 "connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer, *connection.remote_address
             )
@@ -766,11 +771,11 @@ def _protocol(protocol: ProtocolId | str) -> ProtocolId:
 
 def _advertised(bound: Multiaddr) -> list[Multiaddr]:
     """Concrete addresses for a listener: a wildcard bind is announced as the host's interface
-    addresses, routable first and loopback last (never 0.0.0.0 or ::)."""
+    addresses, routable first, loopback only if there is nothing else (never 0.0.0.0 or ::)."""
     if bound.host not in ("0.0.0.0", "::"):
         return [bound]
     family = socket.AF_INET if bound.host == "0.0.0.0" else socket.AF_INET6
-    return [Multiaddr.from_socket_address(ip, bound.port) for ip in interface_addresses(family)]
+    return [Multiaddr.from_socket_address(ip, bound.port) for ip in announceable(interface_addresses(family))]
 
 
 @asynccontextmanager

@@ -35,6 +35,18 @@ def interface_addresses(family: int = socket.AF_INET) -> list[str]:
     return sorted(unique, key=_rank)
 
 
+def announceable(addresses: list[str]) -> list[str]:
+    """``addresses`` without loopback ones, unless loopback is all there is.
+
+    A peer's loopback reaches only itself from any other host or namespace: announced, it sent
+    others' dials to their own listeners (issue 21: a peer behind NAT announced ``127.0.0.1`` and
+    others' failed dials fell back to it). Peers on one machine reach each other at its routable
+    addresses as well.
+    """
+    routable = [a for a in addresses if not ipaddress.ip_address(a).is_loopback]
+    return routable or list(addresses)
+
+
 def _rank(address: str) -> tuple[int, str]:
     ip = ipaddress.ip_address(address)
     if ip.is_loopback:

@@ -177,6 +177,7 @@ async def test_take_events_turns_this_runs_committed_operations_into_records_onc
             "event": "operation",
             "kind": "join",
             "subject": str(subject.peer_id),
+            "other": None,  # a link op names its other endpoint here
             "origin": str(origin.peer_id),
             "epoch": 4,
             "detected_at": 10.0,

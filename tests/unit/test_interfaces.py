@@ -1,4 +1,4 @@
-"""Defaults that work across hosts: wildcard listeners announce routable addresses, loopback last."""
+"""Defaults that work across hosts: wildcard listeners announce routable addresses, loopback only alone."""
 
 from __future__ import annotations
 
@@ -8,18 +8,24 @@ import socket
 import chaosp2p
 from chaosp2p.cli.common import DEFAULT_PROFILE, PeerOptions, load_config
 from chaosp2p.transport.host import _advertised
-from chaosp2p.transport.interfaces import interface_addresses
+from chaosp2p.transport.interfaces import announceable, interface_addresses
 from chaosp2p.wire.multiaddr import Multiaddr
 
 
-def test_a_wildcard_listener_announces_interface_addresses_with_loopback_last() -> None:
+def test_a_wildcard_listener_announces_interface_addresses_but_not_loopback() -> None:
     announced = _advertised(Multiaddr.parse("/ip4/0.0.0.0/tcp/4001"))
     hosts = [a.host for a in announced]
     assert "0.0.0.0" not in hosts and hosts
     assert all(a.port == 4001 for a in announced)
-    loopback = [ipaddress.ip_address(h).is_loopback for h in hosts]
-    assert loopback == sorted(loopback)  # every routable address comes before any loopback one
-    assert set(hosts) == set(interface_addresses(socket.AF_INET))
+    # Issue 21: a peer's loopback reaches only itself from elsewhere; announced only if it is all there is.
+    assert hosts == announceable(interface_addresses(socket.AF_INET))
+
+
+def test_loopback_is_announced_only_when_there_is_nothing_else() -> None:
+    assert announceable(["198.19.1.10", "10.0.0.2", "127.0.0.1"]) == ["198.19.1.10", "10.0.0.2"]
+    assert announceable(["127.0.0.1"]) == ["127.0.0.1"]
+    assert announceable(["::1", "2001:db8::1"]) == ["2001:db8::1"]
+    assert not any(ipaddress.ip_address(a).is_loopback for a in announceable(["127.0.0.2", "192.0.2.1"]))
 
 
 def test_a_concrete_listener_announces_itself_only() -> None:

@@ -1,0 +1,66 @@
+"""Reaching a peer that may sit behind NAT: directly if that works, through a relay if it does not.
+
+A member behind NAT or a firewall cannot be dialled; its announced address (``198.19.0.10`` inside
+its site, say) times out only after ``connect_timeout_s`` (5 s in ``lan``). Waiting that long on
+every attempt before trying a relay made a newcomer's snapshot requests arrive after the members had
+stepped past the snapshot's step, and its join was refused again and again (issue 21). So, in the
+manner of "happy eyeballs" (RFC 8305): reuse any open connection (direct first, then relayed);
+otherwise dial directly, and if that has not succeeded within ``relay_after_s`` -- or has failed --
+also try the relays this host is connected to. The first connection wins and the other attempt is
+cancelled. A relayed connection runs the same end-to-end handshake (the relay sees ciphertext only),
+so what a caller sends over it arrives bit-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+
+from chaosp2p.errors import ChaosError, PeerUnreachable
+from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.host import Host
+from chaosp2p.wire.identity import PeerID
+from chaosp2p.wire.multiaddr import Multiaddr
+
+RELAY_AFTER_S = 1.0
+"""Head start of the direct dial: a dial that works on a LAN or the internet completes well within it."""
+
+
+async def reach(
+    host: Host, peer: PeerID, addrs: Sequence[Multiaddr], *, relay_after_s: float = RELAY_AFTER_S
+) -> Connection:
+    """An open connection to ``peer``: an existing one, a new direct one, or one through a relay.
+
+    Raises :class:`PeerUnreachable` with both reasons when neither way works.
+    """
+    existing = host.connection(peer) or host.relayed_connection(peer)
+    if existing is not None:
+        return existing
+    won: list[Connection] = []
+    errors: list[str] = []
+    direct_failed = anyio.Event()
+
+    async def direct(scope: anyio.CancelScope) -> None:
+        try:
+            won.append(await host.connection_to(peer, addrs))
+            scope.cancel()
+        except ChaosError as exc:  # unreachable, or a handshake that failed: the relay may still work
+            errors.append(str(exc))
+            direct_failed.set()
+
+    async def relayed(scope: anyio.CancelScope) -> None:
+        with anyio.move_on_after(relay_after_s):
+            await direct_failed.wait()
+        try:
+            won.append(await host.relay.connect(peer))
+            scope.cancel()
+        except ChaosError as exc:
+            errors.append(f"no relay reached it: {exc}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(direct, tg.cancel_scope)
+        tg.start_soon(relayed, tg.cancel_scope)
+    if won:
+        return won[0]
+    raise PeerUnreachable(f"cannot reach {peer}: " + "; ".join(errors))
