@@ -251,16 +251,19 @@ def is_urgent(ops: Iterable[Operation]) -> bool:
 def breaks_plan(ops: Iterable[Operation], config: Configuration) -> bool:
     """Does the batch take down a link that every round under ``config`` needs?
 
-    A LINK_DOWN of a usable link between two members that own shards under ``config``'s link plan
-    (the members of maximal degree, :mod:`.link_graph`): no round of the step the run is in can
-    complete without it, so the run redoes that step under the batch (``protocols/negotiation.md``
-    section 3d) instead of waiting ``margin`` steps it cannot take.
+    A LINK_DOWN of a usable link with a member that owns a shard under ``config``'s link plan (the
+    members of maximal degree, :mod:`.link_graph`) at one end: every member sends that owner its
+    part of the shard and gets the result back over the link the plan takes as usable, so no round
+    of the step the run is in can complete without it. The run redoes that step under the batch
+    (``protocols/negotiation.md`` section 3d), where the pair exchanges through a relay, instead of
+    waiting ``margin`` steps it cannot take. (A newcomer's links are assumed usable, so a newcomer
+    that cannot reach the others may own a shard of the step it is admitted at.)
     """
     downs = [op for op in ops if op.kind is OpKind.LINK_DOWN and op.other is not None]
     if not downs:
         return False
     owners = link_owners(config.peers, config.links)
-    return any(op.subject in owners and op.other in owners and _usable(config, op) for op in downs)
+    return any((op.subject in owners or op.other in owners) and _usable(config, op) for op in downs)
 
 
 def link_down_supersedes(ops: Iterable[Operation], config: Configuration, previous: Configuration | None) -> bool:
