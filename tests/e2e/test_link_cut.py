@@ -1,15 +1,16 @@
 """Links cut for good among four training processes (issue 19), through the cluster harness.
 
 Four ``digits`` peers (real processes, the transport's link shaper on 127.0.0.1) train; the harness
-cuts w1~w2 and never restores it. On ``main`` every member completed one more step and then none.
-Here the two ends declare the link down first-hand, the run commits the LINK_DOWN and re-plans the
-averaging around it: all four keep training to the end, with equal parameter digests at every step
-two of them completed.
+cuts links and never restores them. On the code before issue 19 one cut (w1~w2) stopped the run:
+every member completed one more step and then none. Now the two ends declare the link down
+first-hand, the run commits the LINK_DOWN and re-plans the averaging around it.
 
 Two disjoint cuts (a~w1, w2~w3) leave no member linked to all the others: every member owns a
 shard and each cut pair must exchange. Before the relay (``protocols/averaging.md`` section 5.2)
-such rounds failed for good; now each cut pair exchanges through a member linked to both, and the
-same holds.
+such rounds failed for good; now each cut pair exchanges through a member linked to both: all four
+keep training to the end, with equal parameter digests at every step two of them completed, and
+nobody is removed. (One cut alone is the in-process test
+``tests/integration/test_collaboration_links.py``; a harness run of it cost the suite ~45 s more.)
 """
 
 from __future__ import annotations
@@ -64,17 +65,6 @@ def _steps(records: list[dict[str, Any]]) -> dict[str, list[tuple[float, dict[st
         if isinstance(record, dict) and isinstance(record.get("step"), int) and "param_digest" in record:
             steps.setdefault(str(r["source"]), []).append((float(r.get("seen_t", r["t"])), record))
     return steps
-
-
-@pytest.mark.timeout(400)
-def test_four_processes_train_on_with_equal_digests_after_a_permanent_cut(tmp_path: Path) -> None:
-    short = _train_through_cuts(tmp_path, [("w1", "w2")])
-    # Nobody is removed: in about one run in two, two members used to STALL an end of the cut (or
-    # an owner) some rounds after the LINK_DOWN. Causes, fixed: membership's overlay raised no-op
-    # LINK_UPs, two epochs governed one step, a contribution two epochs ahead was refused (attempts
-    # desynchronised), and members owning an empty shard signed STALLs of the owners they waited on.
-    # (A STALL alone is not asserted against: on a loaded 2-core machine a real 2 s pause can happen.)
-    assert not short, short
 
 
 @pytest.mark.timeout(400)
