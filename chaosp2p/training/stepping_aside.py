@@ -105,6 +105,11 @@ class SteppingAside(Stepping):
         me = self.port.peer_id
         if config is None or not config.takes_part(me, self.step_index) or runs.removed_reason(self.run) is not None:
             return None  # gated (a change is being decided), or no longer taking part: nothing to step aside from
+        newest = runs.configuration(self.run)
+        if newest is None or not any(m.peer_id != me for m in newest.members):
+            # Every other member is leaving (its removal is agreed): what waits here is its weight-0
+            # serving, and a round in which every member serves with weight 0 averages nothing.
+            return None
         return idle_s, bound_s
 
     async def _step_aside(self, idle_s: float, bound_s: float) -> None:
