@@ -81,8 +81,10 @@ def run_backend(backend: str, python: str, args: argparse.Namespace, root: Path)
     together = epoch_lengths(b.records(), after=started[0], before=idle[0])[1:]  # the first holds B's join
     if len(after) < 2:
         raise SystemExit(f"{backend}: too few epochs of B after A went idle; raise --b-epochs")
+    waits = [float(r["idle_s"]) for r in b.records() if "idle_s" in r and float(r["time"]) > idle[0]]
     return {
         "backend": backend,
+        "b_wait_s_after_idle_max": max(waits) if waits else float("nan"),
         "b_epoch_s_after_idle_median": statistics.median(after),
         "b_epoch_s_after_idle_max": max(after),
         "b_epoch_s_after_idle": after,
@@ -99,17 +101,28 @@ def main() -> None:
     parser.add_argument("--hivemind-python", default="/tmp/hm-venv/bin/python")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--keep", help="run in this directory and keep the peers' logs and metrics")
+    parser.add_argument("--backends", default="chaosp2p,hivemind", help="which backends to run")
     args = parser.parse_args()
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     results = []
+    pythons = {"chaosp2p": sys.executable, "hivemind": args.hivemind_python}
     with tempfile.TemporaryDirectory(prefix="chaosp2p-idle-") as tmp:
-        for backend, python in (("chaosp2p", sys.executable), ("hivemind", args.hivemind_python)):
-            results.append(run_backend(backend, python, args, Path(tmp)))
+        for backend in args.backends.split(","):
+            results.append(run_backend(backend, pythons[backend], args, Path(args.keep or tmp)))
     load_after = Path("/proc/loadavg").read_text().split()[:3]
+    if len(results) < 2:
+        print(results)
+        return
     ours, theirs = results
     rows = [
         [key, ours[key], theirs[key], ours[key] / theirs[key]]
-        for key in ("b_epoch_s_after_idle_median", "b_epoch_s_after_idle_max", "b_epoch_s_together_median")
+        for key in (
+            "b_epoch_s_after_idle_median",
+            "b_epoch_s_after_idle_max",
+            "b_epoch_s_together_median",
+            "b_wait_s_after_idle_max",
+        )
     ]
     print_table("B's epochs with an idle A (s)", ["", "chaosp2p", "hivemind 1.1.12", "ratio"], rows)
     print(f"load before {load_before}, after {load_after}")
