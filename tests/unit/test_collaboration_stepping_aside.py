@@ -10,7 +10,8 @@ updates (the LEAVE did not take effect).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -62,11 +63,19 @@ def _rig(**config: Any) -> Rig:
     return rig(*_model(), step_aside_idle_min_s=2.0, step_aside_poll_s=0.01, **config)
 
 
-async def test_an_idle_member_that_holds_the_others_steps_aside_and_rejoins_at_its_next_step() -> None:
-    r = _rig(join_timeout_s=0.2)
+@asynccontextmanager
+async def _watched_pair(**config: Any) -> AsyncIterator[Rig]:
+    """Two members three steps in, the collaboration's watcher running in a task group of the test."""
+    r = _rig(**config)
     async with anyio.create_task_group() as tg:
         r.port.task_group = tg
         await _two_members_stepping(r)
+        yield r
+        tg.cancel_scope.cancel()  # the watcher runs until the peer's task group ends
+
+
+async def test_an_idle_member_that_holds_the_others_steps_aside_and_rejoins_at_its_next_step() -> None:
+    async with _watched_pair(join_timeout_s=0.2) as r:
         assert r.port.spawned == [f"chaosp2p idle watcher of run {RUN!r}"]
         before = _params(r.collab.model)
         # The other member's contribution waits here; the bound is max(2 s, 4 x 1 s median gap).
@@ -101,16 +110,12 @@ async def test_an_idle_member_that_holds_the_others_steps_aside_and_rejoins_at_i
         with pytest.raises(TimeoutError):
             await r.collab.step(4)
         assert r.gates.forgotten_removals == [RUN] and len(r.averager.calls) == calls
-        tg.cancel_scope.cancel()
 
 
 async def test_a_member_whose_leave_did_not_take_effect_replays_the_kept_updates() -> None:
     # Serving ended on an error before the run committed the LEAVE: still a member, it applies the
     # updates of the rounds it served (as the others did) before its own next round.
-    r = _rig(max_round_attempts=1)
-    async with anyio.create_task_group() as tg:
-        r.port.task_group = tg
-        await _two_members_stepping(r)
+    async with _watched_pair(max_round_attempts=1) as r:
         before = _params(r.collab.model)
         r.averager.early.add(RUN)
         r.averager.then(_fill(5.0), RoundAborted("the other member is gone"))
@@ -125,14 +130,10 @@ async def test_a_member_whose_leave_did_not_take_effect_replays_the_kept_updates
         assert stats.step == 4
         # SGD(lr=0.1) on the kept update (5.0 everywhere), then on this step's average (0.0).
         np.testing.assert_allclose(_params(r.collab.model), before - 0.1 * 5.0, rtol=1e-6)
-        tg.cancel_scope.cancel()
 
 
 async def test_a_member_inside_step_or_noting_activity_is_not_idle() -> None:
-    r = _rig()
-    async with anyio.create_task_group() as tg:
-        r.port.task_group = tg
-        await _two_members_stepping(r)
+    async with _watched_pair() as r:
         r.averager.early.add(RUN)
         for _ in range(8):  # a drop-in's inner steps: activity without step()
             r.port.clock.advance(1.0)
@@ -147,14 +148,10 @@ async def test_a_member_inside_step_or_noting_activity_is_not_idle() -> None:
         r.averager.then(slow_round)
         await r.collab.step(4)
         assert r.gates.announced == []
-        tg.cancel_scope.cancel()
 
 
 async def test_leave_stops_the_watcher_and_a_disabled_watcher_is_never_spawned() -> None:
-    r = _rig()
-    async with anyio.create_task_group() as tg:
-        r.port.task_group = tg
-        await _two_members_stepping(r)
+    async with _watched_pair() as r:
         await anyio.sleep(0.05)
         with anyio.fail_after(2):
             await r.collab.leave(timeout_s=0.1)
