@@ -81,14 +81,18 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
         book = {PeerID.parse(m["peer_id"]): [Multiaddr.parse(a).without_peer() for a in m["addrs"]] for m in listing}
         order = [PeerID.parse(m["peer_id"]) for m in listing]
         mine = order.index(host.peer_id)
-        for peer in order[mine + 1 :]:
-            await host.connection_to(peer, book[peer])
-        with anyio.fail_after(120):
-            while len(host.connected_peers()) < len(order) - 1:  # noqa: ASYNC110 - the others dial us
-                await anyio.sleep(0.02)
         members = sorted(order)
+        bandwidth, relays = _link_plan(members, args.down, host.peer_id)
+        # Before any connection: a member whose connections are up first contributes at once.
         averager.expect_run("bench", frozenset(members).__contains__)
-        bandwidth = _link_plan_bandwidth(members, args.down)
+        # A pair whose link is down has no connection: its exchanges go through a relay member
+        # linked to both (averaging.md 5.2), which forwards over the connections it holds.
+        for peer in order[mine + 1 :]:
+            if peer not in relays:
+                await host.connection_to(peer, book[peer])
+        with anyio.fail_after(120):
+            while len(host.connected_peers()) < len(order) - 1 - len(relays):  # noqa: ASYNC110 - the others dial us
+                await anyio.sleep(0.02)
         allowances = dict.fromkeys(members, 1.0)
         buffer = np.empty(args.elements, dtype=np.float32)
         inputs = Inputs(args.elements, args.world, args.rank)
@@ -99,7 +103,14 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
         async def barrier(step: int) -> None:
             tag = RoundTag(run="bench", epoch=0, config_digest=b"bench", step=step)
             await averager.all_reduce(
-                tag, token, weight=1.0, max_weights=allowances, members=members, addrs=book.__getitem__, timeout_s=120
+                tag,
+                token,
+                weight=1.0,
+                max_weights=allowances,
+                members=members,
+                addrs=book.__getitem__,
+                timeout_s=120,
+                relays=relays,
             )
 
         for index in range(args.rounds):
@@ -120,6 +131,7 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
                 bandwidth=bandwidth,
                 wire_dtype=args.wire,
                 timeout_s=300,
+                relays=relays,
             )
             seconds.append(time.perf_counter() - started)
             cpu = time.process_time() - cpu
@@ -150,19 +162,20 @@ async def run_chaosp2p(args: argparse.Namespace) -> dict[str, Any]:
         return {"seconds": seconds, "stats": stats, "records_in_place": in_place, "records_received": records}
 
 
-def _link_plan_bandwidth(members: list[Any], down: str) -> dict[Any, float] | None:
+def _link_plan(members: list[Any], down: str, me: Any) -> tuple[dict[Any, float] | None, dict[Any, Any]]:
     """--down "0-1,0-2": the plan on an agreed link graph where those pairs (indices into the sorted
-    members) are down (``protocols/averaging.md`` section 5.1); None (every member owns) without."""
+    members) are down (``protocols/averaging.md`` section 5.1; None: every member owns, without),
+    and this member's relays to the members it has no link with (section 5.2)."""
     if not down:
-        return None
-    from chaosp2p.protocols.averaging.link_plan import link_bandwidths
+        return None, {}
+    from chaosp2p.protocols.averaging.link_plan import link_bandwidths, relay_routes
     from chaosp2p.protocols.negotiation.run_configuration import LinkEntry
 
     links = []
     for pair in down.split(","):
         i, j = sorted(int(x) for x in pair.split("-"))
         links.append(LinkEntry(a=members[i], b=members[j], up=False))
-    return link_bandwidths(members, links)
+    return link_bandwidths(members, links), relay_routes(members, links, me)
 
 
 # ------------------------------------------------------------------------------------------ gloo

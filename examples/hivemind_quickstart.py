@@ -89,6 +89,7 @@ class Harness:
         self.metrics = MetricsWriter(args.metrics_file)
         self.samples = 0
         self.epoch: int | None = None
+        self.more_epochs: int | None = None  # after --linger: epochs still to finish (--resume-epochs)
         if args.real_hivemind:
             self._watch_hivemind_averaging()
 
@@ -120,16 +121,26 @@ class Harness:
             self.epoch = opt.local_epoch
         elif opt.local_epoch != self.epoch:
             self.epoch = opt.local_epoch
-            self.metrics.write(self._record(opt, loss))
+            record = self._record(opt, loss)
+            if record is not None:
+                self.metrics.write(record)
+                if self.more_epochs is not None:
+                    self.more_epochs -= 1
+        if self.more_epochs is not None:
+            return self.stop.requested or self.more_epochs <= 0
         return self.stop.requested or opt.local_epoch >= self.args.steps
 
-    def _record(self, opt: Any, loss: torch.Tensor) -> dict[str, Any]:
+    def _record(self, opt: Any, loss: torch.Tensor) -> dict[str, Any] | None:
         record: dict[str, Any] = {"step": opt.local_epoch - 1, "loss": round(loss.item(), 6)}
         record.update(time=time.time(), local_samples=self.samples, cpu_s=round(time.process_time(), 3))
         if self.args.real_hivemind:
             record.update(members=opt.tracker.global_progress.num_peers, param_digest=parameter_digest(opt))
             return record
         stats = opt.statistics()
+        if stats is None or stats.step != opt.local_epoch - 1:
+            # The epoch moved on without this peer training it: it stepped aside while idle and
+            # served the others' rounds with zero weight. Its next epoch rejoins the run.
+            return None
         record.update(
             epoch=stats.epoch,
             config_digest=stats.config_digest,
@@ -141,12 +152,18 @@ class Harness:
         )
         return record
 
-    def linger(self, seconds: float) -> None:
-        """Stay up without training (the peer is idle, as during evaluation or checkpointing)."""
+    def linger(self, seconds: float) -> bool:
+        """Stay up without training (the peer is idle, as during evaluation or checkpointing); True if
+        it then trains ``--resume-epochs`` more epochs."""
         self.metrics.write({"event": "idle", "time": time.time()})
         deadline = time.monotonic() + seconds
         while not self.stop.requested and time.monotonic() < deadline:
             time.sleep(0.1)
+        if self.args.resume_epochs and not self.stop.requested:
+            self.more_epochs = self.args.resume_epochs
+            self.metrics.write({"event": "resumed", "time": time.time()})
+            return True
+        return False
 
     def close(self) -> None:
         if self.stop.requested:
@@ -178,6 +195,8 @@ def main() -> None:
     parser.add_argument("--real-hivemind", action="store_true", help="run on hivemind 1.1.12 (needs it installed)")
     parser.add_argument("--linger", type=float, default=0.0, metavar="S",
                         help="after the last epoch, stay up S seconds without calling step() (an idle peer)")
+    parser.add_argument("--resume-epochs", type=int, default=0, metavar="N",
+                        help="after --linger, train N more epochs (the idle peer comes back)")
     args = parser.parse_args()
     if args.profile != "local" or args.listen:
         parser.error("the quickstart's DHT listens on loopback: only --profile local applies, and no --listen")
@@ -215,23 +234,25 @@ def main() -> None:
         opt.load_state_from_peers()
 
     harness.training()
-    done = False
-    with tqdm() as progressbar:
-        while not done:
-            for x_batch, y_batch in torch.utils.data.DataLoader(trainset, shuffle=True, batch_size=32):
-                opt.zero_grad()
-                loss = F.cross_entropy(model(x_batch), y_batch)
-                loss.backward()
-                opt.step()
+    resume = True
+    while resume:
+        done = False
+        with tqdm() as progressbar:
+            while not done:
+                for x_batch, y_batch in torch.utils.data.DataLoader(trainset, shuffle=True, batch_size=32):
+                    opt.zero_grad()
+                    loss = F.cross_entropy(model(x_batch), y_batch)
+                    loss.backward()
+                    opt.step()
 
-                progressbar.desc = f"loss = {loss.item():.3f}"
-                progressbar.update()
-                if harness.after_step(opt, loss):
-                    done = True
-                    break
+                    progressbar.desc = f"loss = {loss.item():.3f}"
+                    progressbar.update()
+                    if harness.after_step(opt, loss):
+                        done = True
+                        break
 
-    print(f"finished at epoch {opt.local_epoch}: loss {loss.item():.3f}", flush=True)
-    harness.linger(args.linger)
+        print(f"finished at epoch {opt.local_epoch}: loss {loss.item():.3f}", flush=True)
+        resume = harness.more_epochs is None and harness.linger(args.linger)
     harness.close()
     opt.shutdown()
     dht.shutdown()

@@ -58,6 +58,11 @@ class Collaboration:
         """Average this step's gradients among the members and step the optimizer."""
         return self._peer.call(self._collab.step, samples)
 
+    def note_activity(self) -> None:
+        """The trainer is busy with the run though it does not call :meth:`step` now (see
+        :meth:`chaosp2p.training.AsyncCollaboration.note_activity`); called from this thread directly."""
+        self._collab.note_activity()
+
     def leave(self, timeout: float = 30.0) -> None:
         """Leave the run gracefully (the members go on without this peer)."""
         self._peer.call(partial(self._collab.leave, timeout_s=timeout))

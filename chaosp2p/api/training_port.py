@@ -7,7 +7,8 @@ transport host, providers by the state service. This adapter only routes; it dec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any
 
 from chaosp2p.clock import Clock
 from chaosp2p.protocols.membership import MemberState
@@ -41,6 +42,10 @@ class PeerTrainingPort:
     def subscribe(self) -> EventQueue:
         """Every peer event from now on."""
         return self._node.events()
+
+    def spawn(self, function: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> None:
+        """Run ``function()`` in the peer's task group (it ends with the peer)."""
+        self._node.task_group.start_soon(function, name=name)
 
     def dial_addrs(self, peer: PeerID) -> Sequence[Multiaddr]:
         """Where ``peer`` can be dialled, from the membership view."""

@@ -421,6 +421,7 @@ class Optimizer(torch.optim.Optimizer):
                 loss = closure()
         self._samples += size
         self._calls += 1
+        self._collab.note_activity()  # an inner step is activity: only a peer that stops calling step() is idle
         share = max(self._collab.local_batch_size, 1)
         if self._samples < share:
             if self.use_local_updates:

@@ -293,6 +293,10 @@ class Averager:
         last = self._unreachable.get(tag.run)
         return last[1] if last is not None and last[0] == tag else frozenset()
 
+    def holds_early(self, run: str) -> bool:
+        """Whether contributions to a round of ``run`` wait here for it to start (others wait on us)."""
+        return any(tag.run == run and waiting for tag, waiting in self._pending.items())
+
     def statistics(self) -> AveragerStatistics:
         """Counters: rounds, exclusions, early contributions."""
         return AveragerStatistics(

@@ -21,12 +21,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
 from chaosp2p.errors import ConfigError, LocalProtocolError
 from chaosp2p.protocols.averaging.contributions import InvalidStreaks
 from chaosp2p.protocols.collab.vouch import Vouch
 from chaosp2p.protocols.negotiation import Configuration, OperationCommitted, ring_order
+from chaosp2p.training.activity import Activity
 from chaosp2p.training.config import CollaborationConfig
 from chaosp2p.training.feed import SnapshotWaiters, UpdateFeed
 from chaosp2p.training.flat import FlatParameters, layout_digest, parameter_digest
@@ -126,6 +128,14 @@ class CollaborationCore:
         self._started = False
         self._left = False
         self._invalid = InvalidStreaks(config.evict_after_invalid_rounds)
+        # Stepping aside while idle (stepping_aside.py): the trainer's activity, the watcher task's
+        # scope and end, and -- once stepped aside -- the serving's end and the updates it kept.
+        self._activity = Activity()
+        self._idle_scope: anyio.CancelScope | None = None
+        self._idle_stopped: anyio.Event | None = None
+        self._aside = False
+        self._aside_done: anyio.Event | None = None
+        self._aside_updates: list[np.ndarray] = []
 
     @property
     def numel(self) -> int:
@@ -259,6 +269,16 @@ class CollaborationCore:
     async def _rejoin(self, why: str) -> None:
         """Join the run again as a newcomer (:class:`~chaosp2p.training.joining.Joining`)."""
         raise NotImplementedError
+
+    async def _resume_after_aside(self) -> None:
+        """At ``step()``, after this member stepped aside (:class:`~chaosp2p.training.stepping_aside.SteppingAside`)."""
+        raise NotImplementedError
+
+    @property
+    def _passive(self) -> bool:
+        """Serving rounds with weight 0 (leaving, or stepped aside): no rejoin, no judging others, no
+        snapshot (the updates are not applied), no throughput report."""
+        return self._left or self._aside
 
     async def _publish_snapshot(self, step: int, config: Configuration) -> None:
         """Snapshot and vouch for ``step`` (:class:`~chaosp2p.training.newcomers.ServingNewcomers`)."""

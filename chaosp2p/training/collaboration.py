@@ -13,12 +13,15 @@ core (:mod:`~chaosp2p.training.collab_core`: state and the run's view) and one m
 * **Joining** (:mod:`~chaosp2p.training.joining`): a newcomer observes a sponsor, loads a vouched
   snapshot of a near-future step from the members in parallel while they keep training, replays
   the updates after it and is admitted with a state bit-identical to theirs.
+* **Stepping aside** (:mod:`~chaosp2p.training.stepping_aside`): an idle member whose trainer
+  holds the others leaves by itself (a LEAVE needs no second signer) and rejoins at its next step.
 * **Serving newcomers** (:mod:`~chaosp2p.training.newcomers`): snapshots of the steps newcomers ask
   for, vouched for by this member.
 
-Here: the lifecycle. ``start`` founds the run or joins it; ``leave`` announces the departure and,
-until the run commits it at an agreed step, keeps doing this member's part of each round with zero
-weight (every round needs each member's shard).
+Here: the lifecycle. ``start`` founds the run or joins it and starts the idle watcher (a task
+under the peer's task group); ``leave`` stops the watcher, announces the departure and, until the
+run commits it at an agreed step, keeps doing this member's part of each round with zero weight
+(every round needs each member's shard).
 
 **Straggler balancing.** Each member measures its own samples per second of compute and reports
 it every ``rebalance_interval_steps``; negotiation turns large changes into new batch shares,
@@ -34,25 +37,20 @@ from __future__ import annotations
 import logging
 
 import anyio
-import numpy as np
 
-from chaosp2p.errors import ChaosError, ConfigError, LocalProtocolError, TrainingError
+from chaosp2p.errors import ConfigError, LocalProtocolError, TrainingError
 from chaosp2p.protocols.negotiation import RunParams
 from chaosp2p.training.collab_core import StepStatistics
 from chaosp2p.training.joining import Joining
 from chaosp2p.training.newcomers import ServingNewcomers
-from chaosp2p.training.stepping import Stepping
+from chaosp2p.training.stepping_aside import SteppingAside
 
 log = logging.getLogger("chaosp2p.training")
 
 __all__ = ["AsyncCollaboration", "StepStatistics", "TrainingError"]
 
 
-def _discard(update: np.ndarray) -> None:
-    """What a leaving member does with the rounds' results: nothing (it takes no further steps)."""
-
-
-class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
+class AsyncCollaboration(SteppingAside, Joining, ServingNewcomers):
     """Train ``model`` with ``optimizer`` together with the members of ``run`` (async API).
 
     Create it with :meth:`chaosp2p.AsyncPeer.collaborate`; the blocking equivalent for plain
@@ -95,6 +93,7 @@ class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
             self._subscription = None
             self.service.unregister(self)
             raise
+        self._start_idle_watch()
         return self.step_index
 
     async def leave(self, *, timeout_s: float = 30.0) -> None:
@@ -103,6 +102,7 @@ class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
             return
         self._left = True
         try:
+            await self._stop_idle_watch()
             if self.port.runs.announce_leave(self.run):
                 with anyio.move_on_after(timeout_s) as scope:
                     await self._serve_until_removed()
@@ -110,22 +110,3 @@ class AsyncCollaboration(Stepping, Joining, ServingNewcomers):
                     log.warning("run %r did not commit our leave within %.1f s", self.run, timeout_s)
         finally:
             self.service.unregister(self)
-
-    async def _serve_until_removed(self) -> None:
-        """Until the leave takes effect, keep doing our part of each round with zero weight.
-
-        The run commits a leave at a future step; until then the configuration still counts this
-        peer, and every round needs each member's shard, so the leaver contributes nothing but
-        still reduces its shard for the others.
-        """
-        self._local.fill(0.0)
-        runs = self.port.runs
-        while True:
-            last = runs.removed_from_step(self.run)
-            if last is not None and self.step_index >= last:
-                return
-            try:
-                await self._averaged_step(0, apply=_discard)
-            except ChaosError as exc:  # leaving is best effort: the run removes us anyway
-                log.info("run %r: stopped serving rounds while leaving: %s", self.run, exc)
-                return

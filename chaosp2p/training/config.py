@@ -75,6 +75,16 @@ class CollaborationConfig:
     ticket_steps: int = 16
     """A sponsor's ticket lets its newcomer ask for snapshots of steps up to the sponsor's completed
     step + this; no member snapshots a step further ahead of its own completed step than this."""
+    step_aside: bool = True
+    """An idle member steps aside itself: while the others' contributions wait for it and its
+    trainer has been idle (no ``step()`` or ``note_activity()``) for the bound below, it leaves the
+    run, and rejoins at its next ``step()`` (:mod:`~chaosp2p.training.stepping_aside`)."""
+    step_aside_idle_min_s: float = 2.0
+    """The bound is at least this long..."""
+    step_aside_gap_mult: float = 4.0
+    """...and this many median gaps between the trainer's activity calls, when that is longer."""
+    step_aside_poll_s: float = 0.25
+    """How often the idle watcher looks (it only reads local state)."""
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"mode must be one of {MODES} (got {self.mode!r})")
@@ -94,6 +104,9 @@ class CollaborationConfig:
             "rebalance_interval_steps",
             "max_newcomers",
             "ticket_steps",
+            "step_aside_idle_min_s",
+            "step_aside_gap_mult",
+            "step_aside_poll_s",
         )
         require(0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)")
         require(self.join_lag_steps >= 1, "join_lag_steps must be >= 1")
@@ -116,12 +129,16 @@ class CollaborationConfig:
     @classmethod
     def local(cls, **changes: Any) -> CollaborationConfig:
         """Peers on one machine: short timeouts."""
-        return cls(round_timeout_min_s=2.0, retry_wait_s=0.5).replace(**changes)
+        return cls(round_timeout_min_s=2.0, retry_wait_s=0.5, step_aside_idle_min_s=2.0, step_aside_poll_s=0.1).replace(
+            **changes
+        )
 
     @classmethod
     def lan(cls, **changes: Any) -> CollaborationConfig:
         """A data-center or campus network."""
-        return cls(round_timeout_min_s=10.0, retry_wait_s=2.0).replace(**changes)
+        return cls(
+            round_timeout_min_s=10.0, retry_wait_s=2.0, step_aside_idle_min_s=10.0, step_aside_poll_s=0.5
+        ).replace(**changes)
 
     @classmethod
     def profile_named(cls, name: str) -> CollaborationConfig:
@@ -132,4 +149,10 @@ class CollaborationConfig:
     @classmethod
     def wan(cls, **changes: Any) -> CollaborationConfig:
         """Institutions across the internet."""
-        return cls(round_timeout_min_s=60.0, retry_wait_s=10.0, join_timeout_s=3600.0).replace(**changes)
+        return cls(
+            round_timeout_min_s=60.0,
+            retry_wait_s=10.0,
+            join_timeout_s=3600.0,
+            step_aside_idle_min_s=60.0,
+            step_aside_poll_s=2.0,
+        ).replace(**changes)

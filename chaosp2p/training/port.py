@@ -22,7 +22,7 @@ the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 from chaosp2p.clock import Clock
@@ -144,6 +144,13 @@ class TrainingPort(Protocol):
 
     def subscribe(self) -> EventQueue:
         """Every peer event from now on (the collaboration reports committed operations)."""
+        ...
+
+    def spawn(self, function: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> None:
+        """Run ``function()`` in the peer's task group (structured concurrency: it ends when the peer
+        closes, or earlier through a cancel scope of its own). A collaboration is driven by its
+        caller's ``step()``; what must happen between calls runs here (its idle watcher,
+        :mod:`~chaosp2p.training.stepping_aside`, cancelled by ``leave()``)."""
         ...
 
     # ------------------------------------------------------------------ addresses

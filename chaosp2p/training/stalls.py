@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import logging
 
+from chaosp2p.protocols.averaging.link_plan import relay_routes
 from chaosp2p.protocols.averaging.messages import RoundTag
 from chaosp2p.protocols.negotiation import Configuration
 from chaosp2p.training.averager import Averager
+from chaosp2p.training.collab_core import participants
 from chaosp2p.training.port import RunGates
 from chaosp2p.wire.identity import PeerID
 
@@ -69,6 +71,11 @@ async def sign_stalls(
     # A peer this member could not exchange with at all is a cut link (a LINK_DOWN, link_report.py),
     # not a stall: the two ends of a cut would otherwise sign against each other.
     silent -= averager.unreachable(tag)
+    # A peer whose agreed link with this member is down exchanges with it through a relay
+    # (averaging.md 5.2): its silence here may be the relay's (broken, or over its circuit caps), not
+    # its own, so this member is no witness. Its directly linked members sign (and membership's FAIL
+    # counts with a STALL); an idle one steps aside itself (idle.py).
+    silent -= set(relay_routes(participants(config, tag.step), config.links, me))
     if not silent:
         return []
     signed = []

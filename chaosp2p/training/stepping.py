@@ -62,6 +62,9 @@ from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
 
+Apply = Callable[[np.ndarray], None]
+"""What a step does with the round's averaged update (apply it, keep it, or discard it)."""
+
 SUPERSEDED_POLL_S = 0.05
 """How often a running round checks whether a new configuration governs its step (then it is dropped)."""
 
@@ -80,6 +83,14 @@ class Stepping(CollaborationCore):
         if samples < 0:
             raise ConfigError("samples must be >= 0")
         began = self.port.clock.now()
+        self._activity.begin(began)  # inside step() nobody is idle (stepping_aside.py)
+        try:
+            return await self._timed_step(samples, began)
+        finally:
+            self._activity.end(self.port.clock.now())
+
+    async def _timed_step(self, samples: int, began: float) -> StepStatistics:
+        await self._resume_after_aside()
         if self._last_end is not None and samples > 0:
             self._note_throughput(samples, began - self._last_end)  # the caller's compute since the last step
         if self._last_begin is not None:
@@ -124,13 +135,13 @@ class Stepping(CollaborationCore):
         try:
             return await self.port.runs.configuration_for_step(self.run, step)
         except RunRemoved:
-            if self._left:
+            if self._passive:  # serving with weight 0 until removed: removed is the end, not a rejoin
                 raise
             self._refuse_rejoin_if_evicted()
             await self._rejoin("removed from the run")
             return None
 
-    async def _averaged_step(self, weight: int, *, apply: Callable[[np.ndarray], None]) -> StepStatistics:
+    async def _averaged_step(self, weight: int, *, apply: Apply) -> StepStatistics:
         """One averaging round for ``self.step_index`` (redone until a configuration completes it)."""
         runs = self.port.runs
         await self._check_resync()
@@ -191,7 +202,7 @@ class Stepping(CollaborationCore):
             except (RoundAborted, RoundMismatch) as exc:
                 log.info("run %r step %d: round under epoch %d failed: %s", self.run, step, config.epoch, exc)
                 report_unreachable(self.port.runs, self.service.averager, tag)  # first-hand LINK_DOWN
-                if isinstance(exc, RoundAborted) and not self._left:  # issue 19: go on without idle members
+                if isinstance(exc, RoundAborted) and not self._passive:  # issue 19: go on without idle members
                     me = self.port.peer_id
                     await sign_stalls(runs, self.service.averager, me=me, tag=tag, config=config, timeout_s=timeout_s)
                 if attempts >= self.config.max_round_attempts:
@@ -240,12 +251,13 @@ class Stepping(CollaborationCore):
         self.feed.publish(step=step, epoch=config.epoch, config_digest=config.digest, update=buffer)
         await anyio.to_thread.run_sync(apply, buffer)
         self._history.append((step, config.digest, config.epoch, buffer))
-        if self.snapshots.wanted(step) or self.config.snapshot_every_step:
+        # Serving with weight 0, the update is not applied here: a snapshot would not be this step's state.
+        if not self._passive and (self.snapshots.wanted(step) or self.config.snapshot_every_step):
             await self._publish_snapshot(step, config)
         self.snapshots.give_up_before(step + 1)
         self.step_index = step + 1
         rebalance = step % self.config.rebalance_interval_steps == 0 and len(config.members) > 1
-        if rebalance and self._throughput and self.config.balance and not self._left:
+        if rebalance and self._throughput and self.config.balance and not self._passive:
             try:
                 runs.set_throughput(self.run, self._throughput)
             except LocalProtocolError:  # removed meanwhile: the next step finds out and rejoins
@@ -286,7 +298,7 @@ class Stepping(CollaborationCore):
     def _judge_contributions(self, config: Configuration, step: int, invalid: tuple[PeerID, ...]) -> None:
         """Sign an EVICT of each member whose contributions failed our own checks (as a shard owner)
         ``evict_after_invalid_rounds`` rounds in a row (see :mod:`chaosp2p.protocols.averaging.contributions`)."""
-        if self._left:
+        if self._passive:
             return
         for peer in self._invalid.observe(participants(config, step), invalid):
             if self.port.runs.evict(self.run, peer):
@@ -310,7 +322,7 @@ class Stepping(CollaborationCore):
     async def _check_resync(self) -> None:
         """Rejoin if a commit this peer had run past made its state wrong."""
         resync = self.port.runs.take_resync(self.run)
-        if resync is not None and not self._left:
+        if resync is not None and not self._passive:
             await self._rejoin(f"state diverged from step {resync}")
 
     async def _unless_superseded(

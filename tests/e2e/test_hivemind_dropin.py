@@ -26,12 +26,12 @@ EXAMPLE = ROOT / "examples" / "hivemind_quickstart.py"
 class QuickstartPeer:
     """One quickstart process with its ready file, metrics and log."""
 
-    def __init__(self, workdir: Path, *, join: list[str], mode_flags: list[str]) -> None:
+    def __init__(self, workdir: Path, *, join: list[str], mode_flags: list[str], steps: int = 1000) -> None:
         workdir.mkdir()
         self.ready = workdir / "ready.json"
         self.metrics = workdir / "metrics.jsonl"
         self.log_path = workdir / "out.log"
-        command = [sys.executable, str(EXAMPLE), "--steps", "1000", "--target-batch-size", "256"]
+        command = [sys.executable, str(EXAMPLE), "--steps", str(steps), "--target-batch-size", "256"]
         command += ["--dataset-size", "1024", "--ready-file", str(self.ready), "--metrics-file", str(self.metrics)]
         command += mode_flags
         for addr in join:
@@ -42,12 +42,15 @@ class QuickstartPeer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def epochs(self) -> list[dict[str, Any]]:
-        """One record per finished epoch."""
+    def records(self) -> list[dict[str, Any]]:
+        """Every metrics record so far."""
         if not self.metrics.exists():
             return []
-        lines = [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
-        return [line for line in lines if "step" in line]
+        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+
+    def epochs(self) -> list[dict[str, Any]]:
+        """One record per finished epoch."""
+        return [line for line in self.records() if "step" in line]
 
     def addr(self) -> str:
         wait_until(
@@ -108,3 +111,48 @@ def test_two_quickstart_peers_finish_epochs_together_with_identical_parameters(
         founder.stop()
         if joiner is not None:
             joiner.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_quickstart_peer_idle_after_its_epochs_does_not_hold_the_other_and_rejoins_when_it_trains_again(
+    tmp_path: Path,
+) -> None:
+    # hivemind's quickstart semantics: a peer that finished its epochs stays up (--linger) without
+    # calling step(). In a two-member run nobody can sign it out (two signers are needed), so it
+    # steps aside itself; the other trains on alone, and when the idle peer trains again
+    # (--resume-epochs) it rejoins with the run's parameters. It used to hold the other forever.
+    # The busy peer founds the run (the idle one must be a member before it goes idle: peer start-up
+    # takes seconds here); the idle one joins, finishes its epoch (--steps 1), lingers, resumes.
+    busy = QuickstartPeer(tmp_path / "busy", join=[], mode_flags=[])
+    idle: QuickstartPeer | None = None
+    try:
+        idle_flags = ["--linger", "6", "--resume-epochs", "3"]
+        idle = QuickstartPeer(tmp_path / "idle", join=[busy.addr()], mode_flags=idle_flags, steps=1)
+
+        def went_idle() -> bool:
+            assert idle is not None and busy.process.poll() is None, busy.log()
+            return any(r.get("event") == "idle" for r in idle.records())
+
+        wait_until(went_idle, timeout_s=60, what="the first peer to finish its epochs and go idle")
+        idle_since = next(r["time"] for r in idle.records() if r.get("event") == "idle")
+
+        def busy_trains_on_alone() -> bool:
+            assert busy.process.poll() is None, busy.log()
+            return len([e for e in busy.epochs() if e["time"] > idle_since and e["members"] == 1]) >= 3
+
+        wait_until(busy_trains_on_alone, timeout_s=20, what="the busy peer to train on without the idle one")
+        assert idle.process.wait(60) == 0, idle.log()
+        assert "steps aside" in idle.log() and "rejoining as a newcomer" in idle.log()
+        resumed = next(r["time"] for r in idle.records() if r.get("event") == "resumed")
+        after = [e for e in idle.epochs() if e["time"] > resumed]
+        assert len(after) >= 3
+        theirs = {e["step"]: e for e in busy.epochs()}
+        shared = [e for e in after if e["step"] in theirs and e["members"] == 2]
+        assert shared, "the idle peer never trained with the other again"
+        for epoch in shared:
+            assert theirs[epoch["step"]]["members"] == 2
+            assert epoch["param_digest"] == theirs[epoch["step"]]["param_digest"], f"differ after {epoch['step']}"
+    finally:
+        busy.stop()
+        if idle is not None:
+            idle.stop()

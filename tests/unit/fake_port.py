@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import numpy as np
 
@@ -198,6 +199,7 @@ class FakeGates:
     def stall(self, run: str, peer: PeerID) -> bool:
         """Recorded in ``stalls``."""
         self.stalls.append((run, peer))
+
     def link_failed(self, run: str, peer: PeerID) -> bool:
         """Recorded in ``link_failures``."""
         self.link_failures.append((run, peer))
@@ -363,6 +365,15 @@ class FakePort:
         self.loads: list[dict[str, Any]] = []
         self.loadable: dict[tuple[str, int], Any] = {}
         """(run, step) -> the ``LoadedState`` that ``load_state`` hands back."""
+        self.spawned: list[str] = []
+        self.task_group: anyio.abc.TaskGroup | None = None
+        """Where ``spawn`` starts tasks (a test that wants the collaboration's watcher sets it)."""
+
+    def spawn(self, function: Any, *, name: str) -> None:
+        """Recorded in ``spawned``; started in ``task_group`` if the test set one (else never run)."""
+        self.spawned.append(name)
+        if self.task_group is not None:
+            self.task_group.start_soon(function, name=name)
 
     def subscribe(self) -> FakeEvents:
         """A new subscription (``publish`` feeds every one)."""
@@ -463,6 +474,7 @@ class FakeAverager:
     def silent_in(self, tag: RoundTag) -> tuple[frozenset[PeerID], float]:
         """The scripted ``silent`` entry of ``tag`` (nobody silent by default)."""
         return self.silent.get(tag, (frozenset(), 0.0))
+
     stopped: dict[RoundTag, frozenset[PeerID]] = field(default_factory=dict)
     """What ``stopped_in`` answers per aborted round (members stopped mid-send)."""
 
@@ -476,6 +488,13 @@ class FakeAverager:
     def unreachable(self, tag: RoundTag) -> frozenset[PeerID]:
         """``unreachable_peers[tag]``, empty by default."""
         return self.unreachable_peers.get(tag, frozenset())
+
+    early: set[str] = field(default_factory=set)
+    """Runs for which others' contributions wait here (what ``holds_early`` answers)."""
+
+    def holds_early(self, run: str) -> bool:
+        """Whether ``run`` is in ``early``."""
+        return run in self.early
 
     def then(self, *rounds: RoundScript) -> FakeAverager:
         """Append rounds to the script."""

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chaosp2p.errors import LocalProtocolError, RoundAborted, RoundMismatch  # noqa: E402
+from chaosp2p.protocols.negotiation.run_configuration import LinkEntry  # noqa: E402
 from tests.unit.fake_port import RUN, AverageCall, Rig, configuration, identities, rig  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -110,3 +111,20 @@ async def test_a_member_removed_while_it_did_not_step_gets_a_provisional_slice_u
     r.gates.removed.clear()
     with pytest.raises(LocalProtocolError, match="not a member"):
         r.collab.batch_slice()  # not removed, just not a member: still an error
+
+
+async def test_a_member_reached_through_a_relay_is_not_signed_against_on_its_silence() -> None:
+    # The agreed link between this member and ``old`` is down, so their exchanges go through a relay
+    # (the third member). A relay that breaks (or closes the circuit at its caps) silences ``old``
+    # here though it is alive: this member is no witness. The directly linked ``newcomer``'s silence
+    # still counts (a plain stall, nothing relayed). It was signed against: stalls.py only excluded
+    # the peers a round could not reach, and a relayed pair is never named unreachable.
+    r = rig(*_model(), max_round_attempts=5)
+    old, newcomer = await _three_members_at_step_2(r)
+    me = r.port.peer_id
+    a, b = sorted([me, old], key=lambda p: p.raw)
+    links = [LinkEntry(a=a, b=b, up=False)]
+    r.gates.install(configuration([me, old, newcomer], epoch=2, activation_step=2, since_steps=[0, 0, 0], links=links))
+    r.averager.then(_silent_then_abort(r, {old, newcomer}, 1.0), _fill(2.0))
+    await r.collab.step(4)
+    assert r.gates.stalls == [(RUN, newcomer)]
