@@ -160,6 +160,37 @@ class SteppingAside(Stepping):
             len(updates),
         )
 
+    async def _check_resync(self) -> None:
+        """Rejoin if a commit this peer had run past made its state wrong -- leaving first.
+
+        Its state from the resync step on is wrong, so it rejoins as a newcomer; but it still counts
+        in the configuration that governs that step, and the others' rounds of the step wait for it.
+        Rejoining at once held them for good in a run of two (an hour's soak stalled so: an urgent
+        FAIL activated at a step this member had completed; no one else could remove it, and its
+        rejoin needed the vouch of a quorum that counted itself). So, when others are in the run, it
+        announces its own LEAVE, serves the rounds from the resync step with weight 0 until the run
+        removes it (its state does not matter for a zero contribution), and then rejoins.
+        """
+        resync = self.port.runs.take_resync(self.run)
+        if resync is None or self._passive:
+            return
+        config = self.port.runs.configuration(self.run)
+        others = config is not None and any(m.peer_id != self.port.peer_id for m in config.members)
+        if others and self.port.runs.announce_leave(self.run):
+            log.warning(
+                "run %r: state from step %d diverged; leaving (LEAVE), serving the rounds with weight 0 until "
+                "removed, then rejoining",
+                self.run,
+                resync,
+            )
+            self.step_index = resync  # the others redo this step, with this member in it
+            self._aside = True
+            try:
+                await self._serve_until_removed()
+            finally:
+                self._aside = False
+        await self._rejoin(f"state diverged from step {resync}")
+
     async def _serve_until_removed(self, apply: Apply = _discard) -> None:
         """Until the run removes this member, keep doing its part of each round with zero weight.
 

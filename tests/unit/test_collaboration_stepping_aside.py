@@ -171,3 +171,23 @@ def test_the_bound_is_the_floor_or_a_multiple_of_the_trainers_own_median_gap() -
     assert activity.idle_for(5.0) == 1.0
     assert activity.bound_s(min_s=1.0, gap_mult=4.0) == 2.0  # 4 x the 0.5 s gaps
     assert activity.bound_s(min_s=3.0, gap_mult=4.0) == 3.0
+
+
+async def test_a_diverged_member_of_two_leaves_and_serves_with_weight_0_before_it_rejoins() -> None:
+    # An urgent change activated at step 1, which this member had completed: its state is wrong
+    # from there. It used to rejoin at once and hold the other member's redone round for good (in a
+    # run of two nobody else removes it); now it leaves, serves steps 1 and 2 with weight 0 until
+    # the LEAVE takes effect at step 3, and then rejoins.
+    r = _rig(join_timeout_s=0.2)
+    await _two_members_stepping(r)
+    r.gates.forgotten_removals.clear()
+    r.gates.resync[RUN] = 1
+    r.gates.leave_takes_effect_at = 3
+    r.averager.then(_fill(5.0), _fill(5.0))
+    served_from = len(r.averager.calls)
+    with pytest.raises(TimeoutError):  # no peer to join from on the fake: the join times out
+        await r.collab.step(4)
+    assert r.gates.announced == [RUN]
+    served = r.averager.calls[served_from:]
+    assert [call.tag.step for call in served] == [1, 2] and all(call.weight == 0.0 for call in served)
+    assert r.gates.forgotten_removals == [RUN]
