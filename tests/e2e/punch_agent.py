@@ -90,6 +90,7 @@ async def main(role: str, ip: str, folder: Path) -> None:
                 result["punched"] = not direct.relayed
                 result["echo"] = await direct.request("echo", "direct")
                 result["is_dialer"] = direct.is_dialer
+                result["direct_remote"] = list(direct.remote_address)[:2]
             except PeerUnreachable as exc:
                 result["punched"] = False
                 result["error"] = str(exc)

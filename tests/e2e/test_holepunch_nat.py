@@ -1,0 +1,105 @@
+"""Hole punching across NATs, in network namespaces (issue 21, "Done when").
+
+R is public; A sits behind one endpoint-independent NAT ("home", kind ``nat``), B behind another
+("office", ``nat``), C behind a symmetric NAT ("cafe", ``symmetric-nat``). Only R can be dialled.
+A reaches B through R's relay and punches: each side connects from its listen port to the other's
+observed IP and listen port; both masquerades keep the port, so each SYN meets the mapping the
+other side's SYN made and the kernels join them -- a direct connection. C's NAT gives the SYN to A
+a new random port, not the one A was told, so A's SYN finds no mapping: the punch fails, and the
+relayed connection stays and still carries a stream round trip. The hosts run
+``punch_agent.py`` (the firewall test's); everything is removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosp2p.cluster.scenario import SiteKind, SiteSpec
+from chaosp2p.cluster.sites import SiteNetwork
+
+from .processes import ROOT, wait_until
+from .sites import namespaces, require_sites
+
+pytestmark = pytest.mark.netns
+
+AGENT = Path(__file__).with_name("punch_agent.py")
+SITES = [
+    SiteSpec(name="dc", kind=SiteKind.PUBLIC),
+    SiteSpec(name="home", kind=SiteKind.NAT),
+    SiteSpec(name="office", kind=SiteKind.NAT),
+    SiteSpec(name="cafe", kind=SiteKind.SYMMETRIC_NAT),
+]
+HOSTS = [("r", "dc"), ("a", "home"), ("b", "office"), ("c", "cafe")]
+
+
+@pytest.fixture(scope="module")
+def network() -> Iterator[SiteNetwork]:
+    require_sites()
+    net = SiteNetwork.create(SITES, HOSTS)
+    made = {placement.namespace for placement in net.hosts.values()}
+    try:
+        yield net
+    finally:
+        net.close()
+    assert not made & namespaces()
+
+
+def run_punch(net: SiteNetwork, source: str, target: str, folder: Path) -> dict[str, Any]:
+    """Start the relay on R, the target and then the source; the source's ``result.json``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    processes, logs = [], []
+    try:
+        for host, role in (("r", "relay"), (target, "target"), (source, "source")):
+            log = (folder / f"{role}.log").open("w")
+            logs.append(log)
+            command = net.wrap(host, [sys.executable, str(AGENT), role, net.address(host), str(folder)])
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+        result_path = folder / "result.json"
+        wait_until(
+            lambda: result_path.exists() or any(p.poll() is not None for p in processes),
+            timeout_s=60,
+            what="the source's result",
+        )
+        assert result_path.exists(), (folder / "source.log").read_text()
+        return dict(json.loads(result_path.read_text()))
+    finally:
+        (folder / "stop").write_text("")
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for log in logs:
+            log.close()
+
+
+def test_a_punch_between_two_endpoint_independent_nats_gives_a_direct_connection(
+    network: SiteNetwork, tmp_path: Path
+) -> None:
+    result = run_punch(network, "a", "b", tmp_path)
+    assert result["reachability"] == "private"  # R's dial-back is dropped by A's NAT
+    assert result["direct_dial"] != "connected"  # B's private address is not routed from A
+    assert result["relayed"] is True
+    assert result["punched"] is True, result
+    assert result["echo"] == "direct" and result["relayed_echo"] == "relayed"
+    # Through both NATs: A's direct connection ends at B's router's public address.
+    assert result["direct_remote"][0] == network.hosts["b"].public_address
+
+
+def test_a_symmetric_nat_fails_the_punch_and_the_relayed_connection_still_carries_streams(
+    network: SiteNetwork, tmp_path: Path
+) -> None:
+    result = run_punch(network, "a", "c", tmp_path)
+    assert result["relayed"] is True
+    assert result["punched"] is False, result
+    assert "hole punch" in result["error"]
+    assert result["relayed_echo"] == "relayed"  # a stream round trip over the relay
