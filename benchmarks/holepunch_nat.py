@@ -1,0 +1,211 @@
+"""Hole punching's success rate and time per pair of NAT kinds, in network namespaces (issue 21).
+
+    python benchmarks/holepunch_nat.py [--tries 10] [--json benchmarks/results/holepunch_nat.json]
+
+Needs root, ip, tc and nft (``chaosp2p.cluster.sites``). One relay R on a public address; sources
+and targets on their own sites: two endpoint-independent NATs (``nat``), two symmetric NATs
+(``symmetric-nat``) and a firewall that drops inbound connections (``firewall``). Per pair
+(source kind ~ target kind: nat~nat, nat~symmetric-nat, symmetric-nat~symmetric-nat,
+firewall~nat) a target process serves punches (``HolePunchService``) behind its site; the source
+process then makes ``--tries`` attempts, each with a new identity and a new listen port (so a try
+inherits no NAT mapping or connection from the one before): connect to R, open a relayed connection
+to the target through R, and time :func:`~chaosp2p.transport.holepunch.punch` from the call to its
+direct connection or its ``PeerUnreachable``. Reported: success rate, median time of the successful
+punches and of the failed ones (a failure waits out ``connect_timeout_s``). Punch timing is the
+default (``HolePunchConfig()``, as a node's ``lan`` profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+# Run as a script, so its own folder is on sys.path and the shared helpers import directly.
+from _common import median, print_table, write_json
+
+from chaosp2p.cluster.scenario import SiteKind, SiteSpec
+from chaosp2p.cluster.sites import SiteNetwork
+from chaosp2p.errors import PeerUnreachable
+from chaosp2p.protocols.holepunch import HolePunchConfig
+from chaosp2p.transport.config import TransportConfig
+from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.holepunch import HolePunchService, punch
+from chaosp2p.transport.host import open_host
+from chaosp2p.wire.identity import Identity
+from chaosp2p.wire.multiaddr import Multiaddr
+
+CONFIG = TransportConfig(handshake_timeout_s=3.0, connect_timeout_s=1.5, request_timeout_s=5.0)
+PUNCH = HolePunchConfig()
+SITES = [
+    SiteSpec(name="dc", kind=SiteKind.PUBLIC),
+    SiteSpec(name="campus", kind=SiteKind.FIREWALL),
+    SiteSpec(name="home", kind=SiteKind.NAT),
+    SiteSpec(name="office", kind=SiteKind.NAT),
+    SiteSpec(name="cafe", kind=SiteKind.SYMMETRIC_NAT),
+    SiteSpec(name="hotel", kind=SiteKind.SYMMETRIC_NAT),
+]
+HOSTS = [("r", "dc"), ("f", "campus"), ("n1", "home"), ("n2", "office"), ("s1", "cafe"), ("s2", "hotel")]
+PAIRS = [
+    ("nat~nat", "n1", "n2"),
+    ("nat~symmetric-nat", "n1", "s1"),
+    ("symmetric-nat~symmetric-nat", "s1", "s2"),
+    ("firewall~nat", "f", "n1"),
+]
+
+
+async def echo(connection: Connection, request: Any) -> Any:
+    """Answers a request with itself (the sources' round trip over the relayed connection)."""
+    return request
+
+
+async def serve(listen: str, relay: str | None) -> None:
+    """R (``relay`` None) or a target connected to the relay at ``relay``: prints its address as one
+    JSON line and serves (punches too) until killed."""
+    async with open_host(Identity.generate(), CONFIG) as host:
+        HolePunchService(host, PUNCH)
+        host.set_request_handler("/chaos/echo/1", echo)
+        addr = await host.listen(listen)
+        if relay is not None:
+            await host.connect(relay)  # R gives the target its observed address; circuits come through it
+        print(json.dumps({"addr": str(addr)}), flush=True)
+        await anyio.sleep_forever()
+
+
+async def source(ip: str, relay_text: str, target_text: str, tries: int) -> list[dict[str, Any]]:
+    """``tries`` punches towards the target, each from a new host: outcome and seconds of each."""
+    target = Multiaddr.parse(target_text)
+    assert target.peer_id is not None
+    results: list[dict[str, Any]] = []
+    for _ in range(tries):
+        async with open_host(Identity.generate(), CONFIG) as host:
+            await host.listen(f"/ip4/{ip}/tcp/0")
+            relay = await host.connect(relay_text)
+            relayed = await host.relay.connect_via(relay.remote_peer, target.peer_id)
+            assert relayed.relayed
+            started = time.perf_counter()
+            try:
+                direct = await punch(host, target.peer_id, PUNCH)
+                outcome: dict[str, Any] = {"direct": not direct.relayed, "remote": direct.remote_address[0]}
+            except PeerUnreachable as exc:
+                outcome = {"direct": False, "error": str(exc)}
+            outcome["s"] = time.perf_counter() - started
+            # The relayed connection stays either way: one stream round trip over it.
+            outcome["relayed_echo"] = await relayed.request("echo", "relayed") == "relayed"
+            results.append(outcome)
+    return results
+
+
+def _start(net: SiteNetwork, host: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    command = net.wrap(host, [sys.executable, str(Path(__file__).resolve()), *args])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{host} did not start")
+    return process, json.loads(line)
+
+
+def run(tries: int) -> dict[str, Any]:
+    """Build the namespaces, start R, then per pair a target and the source's tries; remove all."""
+    pairs: dict[str, Any] = {}
+    processes: list[subprocess.Popen[str]] = []
+    with SiteNetwork.create(SITES, HOSTS) as net:
+        try:
+            relay_proc, relay = _start(net, "r", "--serve", f"/ip4/{net.address('r')}/tcp/0")
+            processes.append(relay_proc)
+            for name, source_host, target_host in PAIRS:
+                target_proc, target = _start(
+                    net, target_host, "--serve", f"/ip4/{net.address(target_host)}/tcp/0", "--relay", relay["addr"]
+                )
+                processes.append(target_proc)
+                ip = net.address(source_host)
+                command = net.wrap(source_host, [sys.executable, str(Path(__file__).resolve()), "--source", ip])
+                out = subprocess.run(
+                    [*command, relay["addr"], target["addr"], str(tries)], capture_output=True, text=True, timeout=600
+                )
+                if out.returncode != 0:
+                    raise RuntimeError(f"{name}: the source failed: {out.stderr[-2000:]}")
+                attempts = json.loads(out.stdout.strip().splitlines()[-1])
+                pairs[name] = _summary(attempts, net.hosts[target_host].public_address)
+        finally:
+            for process in processes:
+                process.kill()
+                process.wait()
+                if process.stdout is not None:
+                    process.stdout.close()
+    return pairs
+
+
+def _summary(attempts: list[dict[str, Any]], target_public: str) -> dict[str, Any]:
+    won = [a["s"] for a in attempts if a["direct"]]
+    lost = [a["s"] for a in attempts if not a["direct"]]
+    return {
+        "tries": len(attempts),
+        "direct": len(won),
+        "success_rate": len(won) / len(attempts),
+        "median_success_s": median(won) if won else None,
+        "median_failure_s": median(lost) if lost else None,
+        "direct_to_target_public_address": all(a.get("remote") == target_public for a in attempts if a["direct"]),
+        "relayed_echo_ok": all(a["relayed_echo"] for a in attempts),
+        "errors": sorted({a["error"].split(": ", 1)[-1] for a in attempts if "error" in a}),
+        "attempts": attempts,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tries", type=int, default=10, help="punches per pair of NAT kinds")
+    parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--relay", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--source", nargs=4, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        anyio.run(serve, args.serve, args.relay, backend="trio")
+        return
+    if args.source is not None:
+        ip, relay, target, tries = args.source
+        print(json.dumps(anyio.run(source, ip, relay, target, int(tries), backend="trio")))
+        return
+    started = time.perf_counter()
+    pairs = run(args.tries)
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+    print_table(
+        f"hole punching in namespaces, {args.tries} tries per pair (source ~ target)",
+        ["pair", "direct", "median success", "median failure", "failure reasons"],
+        [
+            [
+                name,
+                f"{p['direct']}/{p['tries']}",
+                ms(p["median_success_s"]),
+                ms(p["median_failure_s"]),
+                "; ".join(p["errors"]) or "-",
+            ]
+            for name, p in pairs.items()
+        ],
+    )
+    write_json(
+        args.json,
+        {
+            "benchmark": "holepunch_nat",
+            "tries": args.tries,
+            "punch_config": {"answer_timeout_s": PUNCH.answer_timeout_s, "connect_timeout_s": PUNCH.connect_timeout_s},
+            "wall_s": round(time.perf_counter() - started, 1),
+            "pairs": pairs,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
