@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import anyio
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
 from _common import median, print_table, write_json
+from _namespaced import start_in, stop_all
 
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
 from chaosp2p.cluster.sites import SiteNetwork
@@ -103,27 +103,23 @@ async def source(ip: str, relay_text: str, target_text: str, tries: int) -> list
     return results
 
 
-def _start(net: SiteNetwork, host: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    command = net.wrap(host, [sys.executable, str(Path(__file__).resolve()), *args])
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        raise RuntimeError(f"{host} did not start")
-    return process, json.loads(line)
-
-
 def run(tries: int) -> dict[str, Any]:
     """Build the namespaces, start R, then per pair a target and the source's tries; remove all."""
     pairs: dict[str, Any] = {}
     processes: list[subprocess.Popen[str]] = []
     with SiteNetwork.create(SITES, HOSTS) as net:
         try:
-            relay_proc, relay = _start(net, "r", "--serve", f"/ip4/{net.address('r')}/tcp/0")
+            relay_proc, relay = start_in(net, "r", __file__, "--serve", f"/ip4/{net.address('r')}/tcp/0")
             processes.append(relay_proc)
             for name, source_host, target_host in PAIRS:
-                target_proc, target = _start(
-                    net, target_host, "--serve", f"/ip4/{net.address(target_host)}/tcp/0", "--relay", relay["addr"]
+                target_proc, target = start_in(
+                    net,
+                    target_host,
+                    __file__,
+                    "--serve",
+                    f"/ip4/{net.address(target_host)}/tcp/0",
+                    "--relay",
+                    relay["addr"],
                 )
                 processes.append(target_proc)
                 ip = net.address(source_host)
@@ -136,11 +132,7 @@ def run(tries: int) -> dict[str, Any]:
                 attempts = json.loads(out.stdout.strip().splitlines()[-1])
                 pairs[name] = _summary(attempts, net.hosts[target_host].public_address)
         finally:
-            for process in processes:
-                process.kill()
-                process.wait()
-                if process.stdout is not None:
-                    process.stdout.close()
+            stop_all(processes)
     return pairs
 
 

@@ -27,6 +27,7 @@ import anyio
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
 from _common import median, print_table, write_json
+from _namespaced import start_in, stop_all
 from transport import CONFIG, chaos_bulk, cpu_seconds, make_sink
 
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
@@ -74,16 +75,6 @@ async def client(info: dict[str, Any], total: int, repeats: int) -> dict[str, An
     }
 
 
-def _start(net: SiteNetwork, host: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    command = net.wrap(host, [sys.executable, str(Path(__file__).resolve()), *args])
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        raise RuntimeError(f"{host} did not start")
-    return process, json.loads(line)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build the namespaces, start S and R, run N's transfers, remove everything."""
     bandwidth = None if args.mbit is None else args.mbit * 1e6 / 8
@@ -94,10 +85,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     processes: list[subprocess.Popen[str]] = []
     with SiteNetwork.create(sites, [("s", "dc"), ("r", "dc"), ("n", "home")]) as net:
         try:
-            s_proc, s_info = _start(net, "s", "--serve", f"/ip4/{net.address('s')}/tcp/{PORT}")
+            s_proc, s_info = start_in(net, "s", __file__, "--serve", f"/ip4/{net.address('s')}/tcp/{PORT}")
             processes.append(s_proc)
-            r_proc, r_info = _start(
-                net, "r", "--serve", f"/ip4/{net.address('r')}/tcp/{PORT}", "--target", s_info["addr"]
+            r_proc, r_info = start_in(
+                net, "r", __file__, "--serve", f"/ip4/{net.address('r')}/tcp/{PORT}", "--target", s_info["addr"]
             )
             processes.append(r_proc)
             info = json.dumps({"s": s_info, "r": r_info})
@@ -109,11 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
             result["n_public_address"] = net.hosts["n"].public_address
         finally:
-            for process in processes:
-                process.kill()
-                process.wait()
-                if process.stdout is not None:
-                    process.stdout.close()
+            stop_all(processes)
     return result
 
 

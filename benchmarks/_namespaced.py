@@ -1,0 +1,40 @@
+"""Child processes in the namespaces of a ``SiteNetwork`` (nat_relay.py, holepunch_nat.py).
+
+A child is the benchmark script itself with a hidden role argument; it announces itself with one
+JSON line on stdout (its address, its pid) before it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from chaosp2p.cluster.sites import SiteNetwork
+
+
+def start_in(net: SiteNetwork, host: str, script: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """Run ``python script *args`` in ``host``'s namespace; the process and its first JSON line."""
+    command = net.wrap(host, [sys.executable, str(Path(script).resolve()), *args])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+        raise RuntimeError(f"{host} did not start")
+    return process, json.loads(line)
+
+
+def stop_all(processes: Sequence[subprocess.Popen[str]]) -> None:
+    """Kill the children (before their namespaces are deleted) and close their pipes."""
+    for process in processes:
+        process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
