@@ -11,21 +11,18 @@ Everything it makes is removed at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .processes import ROOT, wait_until
+from .punching import run_agents
 
 pytestmark = pytest.mark.e2e
 
-AGENT = Path(__file__).with_name("punch_agent.py")
 IPS = {"a": "198.18.77.1", "b": "198.18.77.2", "r": "198.18.77.3"}
 FIREWALL = (
     "add table inet fw",
@@ -73,37 +70,12 @@ def namespaces() -> Iterator[dict[str, str]]:
 
 
 def test_a_punch_through_two_firewalls_gives_a_direct_connection(namespaces: dict[str, str], tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    processes, logs = [], []
-    try:
-        for role, agent_role in (("r", "relay"), ("b", "target"), ("a", "source")):
-            command = ["ip", "netns", "exec", namespaces[role], sys.executable, str(AGENT), agent_role, IPS[role]]
-            log = (tmp_path / f"{role}.log").open("w")
-            logs.append(log)
-            processes.append(
-                subprocess.Popen([*command, str(tmp_path)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-            )
-        result_path = tmp_path / "result.json"
-        wait_until(
-            lambda: result_path.exists() or any(p.poll() is not None for p in processes),
-            timeout_s=60,
-            what="the source's result",
-        )
-        assert result_path.exists(), (tmp_path / "a.log").read_text()
-        result = json.loads(result_path.read_text())
-        (tmp_path / "stop").write_text("")
-        wait_until(lambda: (tmp_path / "target.json").exists(), timeout_s=20, what="the target's report")
-        target = json.loads((tmp_path / "target.json").read_text())
-    finally:
-        (tmp_path / "stop").write_text("")
-        for process in processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for log in logs:
-            log.close()
+    roles = {"relay": "r", "target": "b", "source": "a"}
+    result, target = run_agents(
+        lambda role, command: ["ip", "netns", "exec", namespaces[roles[role]], *command],
+        {role: IPS[host] for role, host in roles.items()},
+        tmp_path,
+    )
     assert result["reachability"] == "private"  # R's dial-back is dropped by A's firewall
     assert result["direct_dial"] != "connected"  # B's firewall drops A's SYN
     assert result["relayed"] is True

@@ -12,10 +12,6 @@ relayed connection stays and still carries a stream round trip. The hosts run
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +21,11 @@ import pytest
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
 from chaosp2p.cluster.sites import SiteNetwork
 
-from .processes import ROOT, wait_until
+from .punching import run_agents
 from .sites import namespaces, require_sites
 
 pytestmark = pytest.mark.netns
 
-AGENT = Path(__file__).with_name("punch_agent.py")
 SITES = [
     SiteSpec(name="dc", kind=SiteKind.PUBLIC),
     SiteSpec(name="home", kind=SiteKind.NAT),
@@ -52,40 +47,20 @@ def network() -> Iterator[SiteNetwork]:
     assert not made & namespaces()
 
 
-def run_punch(net: SiteNetwork, source: str, target: str, folder: Path) -> dict[str, Any]:
-    """Start the relay on R, the target and then the source; the source's ``result.json``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    processes, logs = [], []
-    try:
-        for host, role in (("r", "relay"), (target, "target"), (source, "source")):
-            log = (folder / f"{role}.log").open("w")
-            logs.append(log)
-            command = net.wrap(host, [sys.executable, str(AGENT), role, net.address(host), str(folder)])
-            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
-        result_path = folder / "result.json"
-        wait_until(
-            lambda: result_path.exists() or any(p.poll() is not None for p in processes),
-            timeout_s=60,
-            what="the source's result",
-        )
-        assert result_path.exists(), (folder / "source.log").read_text()
-        return dict(json.loads(result_path.read_text()))
-    finally:
-        (folder / "stop").write_text("")
-        for process in processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for log in logs:
-            log.close()
+def run_punch(net: SiteNetwork, source: str, target: str, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The relay on R, the target and the source on their hosts; the source's result, the target's."""
+    hosts = {"relay": "r", "target": target, "source": source}
+    return run_agents(
+        lambda role, command: net.wrap(hosts[role], command),
+        {role: net.address(host) for role, host in hosts.items()},
+        folder,
+    )
 
 
 def test_a_punch_between_two_endpoint_independent_nats_gives_a_direct_connection(
     network: SiteNetwork, tmp_path: Path
 ) -> None:
-    result = run_punch(network, "a", "b", tmp_path)
+    result, target = run_punch(network, "a", "b", tmp_path)
     assert result["reachability"] == "private"  # R's dial-back is dropped by A's NAT
     assert result["direct_dial"] != "connected"  # B's private address is not routed from A
     assert result["relayed"] is True
@@ -93,13 +68,15 @@ def test_a_punch_between_two_endpoint_independent_nats_gives_a_direct_connection
     assert result["echo"] == "direct" and result["relayed_echo"] == "relayed"
     # Through both NATs: A's direct connection ends at B's router's public address.
     assert result["direct_remote"][0] == network.hosts["b"].public_address
+    assert target["punched"] == 1
 
 
 def test_a_symmetric_nat_fails_the_punch_and_the_relayed_connection_still_carries_streams(
     network: SiteNetwork, tmp_path: Path
 ) -> None:
-    result = run_punch(network, "a", "c", tmp_path)
+    result, target = run_punch(network, "a", "c", tmp_path)
     assert result["relayed"] is True
     assert result["punched"] is False, result
     assert "hole punch" in result["error"]
     assert result["relayed_echo"] == "relayed"  # a stream round trip over the relay
+    assert target["punched"] == 0
