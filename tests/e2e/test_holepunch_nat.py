@@ -3,8 +3,9 @@
 R is public; A sits behind one endpoint-independent NAT ("home", kind ``nat``), B behind another
 ("office", ``nat``), C behind a symmetric NAT ("cafe", ``symmetric-nat``). Only R can be dialled.
 A reaches B through R's relay and punches: each side connects from its listen port to the other's
-observed IP and listen port; both masquerades keep the port, so each SYN meets the mapping the
-other side's SYN made and the kernels join them -- a direct connection. C's NAT gives the SYN to A
+observed IP and listen port; both masquerades keep the port, so the later SYN arrives on the
+mapping the earlier one opened (conntrack's reply direction; the earlier one was dropped at the
+other router) and the kernels join them (simultaneous open) -- a direct connection. C's NAT gives the SYN to A
 a new random port, not the one A was told, so A's SYN finds no mapping: the punch fails, and the
 relayed connection stays and still carries a stream round trip. The hosts run
 ``punch_agent.py`` (the firewall test's); everything is removed at the end.
@@ -20,6 +21,7 @@ import pytest
 
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
 from chaosp2p.cluster.sites import SiteNetwork
+from chaosp2p.wire.multiaddr import Multiaddr
 
 from .punching import run_agents
 from .sites import namespaces, require_sites
@@ -68,6 +70,8 @@ def test_a_punch_between_two_endpoint_independent_nats_gives_a_direct_connection
     assert result["echo"] == "direct" and result["relayed_echo"] == "relayed"
     # Through both NATs: A's direct connection ends at B's router's public address.
     assert result["direct_remote"][0] == network.hosts["b"].public_address
+    # ... on B's listen port: B's masquerade kept the port of the SYN B sent from it.
+    assert result["direct_remote"][1] == Multiaddr.parse((tmp_path / "target.addr").read_text()).port
     assert target["punched"] == 1
 
 
