@@ -44,6 +44,17 @@ class ServingNewcomers(CollaborationCore):
         """Whether ``peer`` is a member of the run's configuration (it may fetch updates)."""
         return is_member(peer, self._member_configurations())
 
+    def may_fetch(self, peer: PeerID, step: int, config_digest: bytes) -> bool:
+        """Whether ``peer`` may fetch the averaged update of ``step`` (``FetchUpdate``): a member of
+        the run now, or of the configuration that governed ``step`` (``config_digest``). A member
+        stopped mid-round whose contribution the others used is removed from the next step on; it
+        still needs that round's result, and refusing it left it redoing a round nobody else would
+        (issue 19's SIGSTOP test, after issue 20 made updates members-only)."""
+        if self.is_member(peer):
+            return True
+        governed = self.port.runs.governing(self.run, step)
+        return governed is not None and governed.digest == config_digest and is_member(peer, (governed,))
+
     def snapshot_refusal(self, request: SnapshotRequest, asker: PeerID) -> str | None:
         """Why ``asker``'s snapshot request is refused (not a member and no valid ticket, or a step
         too far ahead), or None to serve it (:func:`chaosp2p.protocols.collab.ticket.snapshot_refusal`).

@@ -69,6 +69,10 @@ class Collaborator(Protocol):
         """Whether ``peer`` is a member of the run's configuration."""
         ...
 
+    def may_fetch(self, peer: PeerID, step: int, config_digest: bytes) -> bool:
+        """Whether ``peer`` may fetch the averaged update of ``step`` under ``config_digest``."""
+        ...
+
     def snapshot_refusal(self, request: SnapshotRequest, asker: PeerID) -> str | None:
         """Why ``asker`` may not have this snapshot (None: serve it)."""
         ...
@@ -180,7 +184,9 @@ class TrainingService:
                 collaboration.feed.forget(observer)
         elif isinstance(request, FetchUpdate):
             collaboration = self._collaborations.get(request.run)
-            if collaboration is not None and not collaboration.is_member(stream.remote_peer):
+            if collaboration is not None and not collaboration.may_fetch(
+                stream.remote_peer, request.step, request.config_digest
+            ):
                 await stream.send_message(codec, Refused(reason="this member serves updates to members only"), eof=True)
                 return
             found = None if collaboration is None else collaboration.applied_update(request.step, request.config_digest)

@@ -553,6 +553,27 @@ async def test_an_update_is_fetched_by_members_only() -> None:
     assert stream.sent == [collab.Refused(reason="this member serves updates to members only")]
 
 
+async def test_a_member_removed_after_a_step_still_fetches_that_steps_update() -> None:
+    # A member SIGSTOPped mid-round: the others used its contribution and removed it from the next
+    # step. It was refused the result of the round it took part in, redid that round 50 times
+    # against members that had moved on, and gave up (tests/e2e/test_stalled_member.py).
+    r = _rig()
+    await r.collab.start(found=True)
+    with_asker = r.gates.install(configuration([r.port.peer_id, ASKER], epoch=1, activation_step=0))
+    r.averager.then(lambda buffer, _call: buffer.fill(0.5))
+    await r.collab.step(4)
+    r.gates.install(configuration([r.port.peer_id], epoch=2, activation_step=1))  # ASKER removed from step 1
+    stream = await _serve(r, collab.FetchUpdate(run=RUN, step=0, config_digest=with_asker.digest))
+    header, _payload = stream.sent
+    assert header == collab.UpdateHeader(step=0, epoch=1, config_digest=with_asker.digest, numel=r.collab.numel)
+    # Another step, or the same step under a configuration it was not in, stays members-only.
+    for request in (
+        collab.FetchUpdate(run=RUN, step=1, config_digest=with_asker.digest),
+        collab.FetchUpdate(run=RUN, step=0, config_digest=b"\3" * 32),
+    ):
+        assert (await _serve(r, request)).sent == [collab.Refused(reason="this member serves updates to members only")]
+
+
 async def test_a_newcomer_with_a_members_ticket_is_served_and_one_without_is_not() -> None:
     from chaosp2p.protocols.collab.ticket import issue_ticket
 
