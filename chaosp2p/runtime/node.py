@@ -55,6 +55,7 @@ from chaosp2p.transport.host import Host
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key
 from chaosp2p.transport.reachability import ReachabilityService
 from chaosp2p.transport.relay_reservations import RelayReservations
+from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -148,6 +149,7 @@ class Node:
             host, clock, config.reservations, is_private=lambda: self.reachability.reachability is Reachability.PRIVATE
         )
         """Relay slots this peer holds while private; their relay addresses go into its membership info."""
+        self.reservations.changed.append(self._announce_relay_addrs)
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
@@ -157,6 +159,10 @@ class Node:
         self.task_group.start_soon(self._bootstrap_loop, name="chaosp2p bootstrap")
         self.task_group.start_soon(self.reachability.run, name="chaosp2p reachability")
         self.task_group.start_soon(self.reservations.run, name="chaosp2p relay reservations")
+
+    def _announce_relay_addrs(self, addrs: tuple[CircuitAddr, ...]) -> None:
+        machine = self.membership.machine
+        self.membership.driver.call(machine.set_local_relay_addrs, [str(a) for a in addrs])
 
     def _dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
         return list(self.membership.machine.dial_addrs(peer))
