@@ -162,7 +162,8 @@ class Node:
 
     def _announce_relay_addrs(self, addrs: tuple[CircuitAddr, ...]) -> None:
         machine = self.membership.machine
-        self.membership.driver.call(machine.set_local_relay_addrs, [str(a) for a in addrs])
+        if not machine.has_left:  # after leaving there is nobody to tell
+            self.membership.driver.call(machine.set_local_relay_addrs, [str(a) for a in addrs])
 
     def _dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
         return list(self.membership.machine.dial_addrs(peer))

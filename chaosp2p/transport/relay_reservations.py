@@ -66,11 +66,14 @@ class RelayReservations:
 
     async def step(self) -> None:
         """One look: reserve, renew and drop as :func:`plan` says."""
+        private = self.config.assume_private or self.is_private()
+        if not private and not self.held:
+            return  # the common case of a public peer: nothing to look at
         before = self.addrs
         now = self.clock.now()
         todo = plan(
             now,
-            private=self.config.assume_private or self.is_private(),
+            private=private,
             candidates=self.candidates(),
             held=self.held,
             backoff=self.backoff,
