@@ -9,8 +9,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chaosp2p.errors import ConfigError
+from chaosp2p.protocols.membership.bookkeeping import check_relay_addrs
 from chaosp2p.protocols.membership.messages import Gossip, InfoUpdate, Resources
 from chaosp2p.wire.circuit_addr import CircuitAddr
 from tests.unit.membership_claims import info, peer
@@ -89,3 +92,10 @@ def test_announcing_relay_addresses_publishes_a_new_signed_info_version() -> Non
     assert s.machine._self_info().relay_addrs == () and s.machine._self_info().relay_signature == b""
     with pytest.raises(ConfigError):
         s.machine.set_local_relay_addrs(0.0, [relay_addr(1, 2)])  # not ours
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=200) | st.builds(lambda s: relay_addr(2, 1) + s, st.text(max_size=20)), max_size=9))
+def test_any_text_is_judged_without_raising(addrs: list[str]) -> None:
+    problem = check_relay_addrs(addrs, peer(1), LAN)
+    assert problem is None or isinstance(problem, str)
