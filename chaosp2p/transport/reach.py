@@ -14,7 +14,8 @@ end-to-end handshake (the relay sees ciphertext only), so what a caller sends ov
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
@@ -53,22 +54,22 @@ async def reach(
             errors.append(str(exc))
             direct_failed.set()
 
+    # The relays we are connected to, then the peer's announced relays (we need not be connected to them).
+    ways: list[tuple[str, Callable[[], Awaitable[Connection]]]] = [
+        ("no relay reached it", functools.partial(host.relay.connect, peer)),
+        *((str(c), functools.partial(host.relay.connect_addr, c)) for c in circuits),
+    ]
+
     async def relayed(scope: anyio.CancelScope) -> None:
         with anyio.move_on_after(relay_after_s):
             await direct_failed.wait()
-        try:
-            won.append(await host.relay.connect(peer))
-            scope.cancel()
-            return
-        except ChaosError as exc:
-            errors.append(f"no relay reached it: {exc}")
-        for circuit in circuits:  # its announced relays: we need not be connected to them
+        for name, way in ways:
             try:
-                won.append(await host.relay.connect_addr(circuit))
+                won.append(await way())
                 scope.cancel()
                 return
             except ChaosError as exc:
-                errors.append(f"{circuit}: {exc}")
+                errors.append(f"{name}: {exc}")
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(direct, tg.cancel_scope)

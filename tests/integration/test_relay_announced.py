@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from chaosp2p import PeerConfig, open_peer
 from chaosp2p.clock import MonotonicClock
 from chaosp2p.protocols.relay import RelayConfig
 from chaosp2p.protocols.relay.holding import ReservationConfig
@@ -21,10 +20,10 @@ from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.host import open_host
 from chaosp2p.transport.reach import reach
 from chaosp2p.transport.relay_reservations import RelayReservations
-from chaosp2p.transport.shaper import LINK_RULES_ENV, LinkRule, write_link_rules
 from chaosp2p.wire.identity import Identity
 
 from ..conditions import eventually
+from .test_reach_through_relay import star
 
 pytestmark = pytest.mark.anyio
 
@@ -75,22 +74,8 @@ async def test_a_public_host_reserves_nowhere() -> None:
 async def test_peers_learn_a_private_members_relay_address_and_reach_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ids = [Identity.generate() for _ in range(3)]
-    _, a_id, b_id = ids  # R, A, B: A and B cannot dial each other
-    rules = [{}, {str(b_id.peer_id): LinkRule(cut=True)}, {str(a_id.peer_id): LinkRule(cut=True)}]
-    async with AsyncExitStack() as stack:
-        peers = []
-        for index, identity in enumerate(ids):
-            path = tmp_path / f"rules-{index}.json"
-            write_link_rules(path, rules[index])
-            monkeypatch.setenv(LINK_RULES_ENV, str(path))
-            bootstrap = (str(peers[0].addrs[0]),) if peers else ()
-            config = PeerConfig.local(bootstrap=bootstrap)
-            if index == 2:
-                config = config.replace(reservations=PRIVATE)
-            peers.append(await stack.enter_async_context(open_peer(config, identity=identity)))
-        monkeypatch.delenv(LINK_RULES_ENV)
-        r, a, b = peers
+    # R, then B (private) and A bootstrapping from R; A and B cannot dial each other.
+    async with star(tmp_path, monkeypatch, lambda c: c.replace(reservations=PRIVATE)) as (r, b, a):
         membership = a.membership
         await eventually(lambda: membership.machine.relay_addrs(b.peer_id) != (), timeout_s=20.0)
         [addr] = membership.machine.relay_addrs(b.peer_id)
