@@ -370,6 +370,7 @@ class Node:
             reached=reached,
             not_reached=len(answers) - reached,
             checked_s_ago=None if machine.last_check_at is None else self.clock.now() - machine.last_check_at,
+            relay_addrs=tuple(str(a) for a in self.reservations.addrs),
         )
 
     async def _serve_status(self, connection: Connection, request: Any) -> Any:

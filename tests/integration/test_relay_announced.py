@@ -83,3 +83,4 @@ async def test_peers_learn_a_private_members_relay_address_and_reach_it(
         assert addr in membership.reach_addrs(b.peer_id)
         connection = await reach(a.host, b.peer_id, membership.reach_addrs(b.peer_id), relay_after_s=0.2)
         assert connection.relayed and connection.remote_peer == b.peer_id
+        assert b.status_report().to_json()["reachability"]["relay_addrs"] == [str(addr)]
