@@ -55,7 +55,7 @@ from chaosp2p.transport.host import Host
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key
 from chaosp2p.transport.reachability import ReachabilityService
 from chaosp2p.transport.relay_reservations import RelayReservations
-from chaosp2p.wire.circuit_addr import CircuitAddr
+from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -165,8 +165,8 @@ class Node:
         if not machine.has_left:  # after leaving there is nobody to tell
             self.membership.driver.call(machine.set_local_relay_addrs, [str(a) for a in addrs])
 
-    def _dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
-        return list(self.membership.machine.dial_addrs(peer))
+    def _dial_addrs(self, peer: PeerID) -> list[Dialable]:
+        return self.membership.reach_addrs(peer)  # with its announced relay addresses
 
     def _dht_contacts(self) -> list[tuple[PeerID, tuple[str, ...]]]:
         return [(entry.peer_id, tuple(entry.contact.addrs)) for entry in self.dht.machine.routing_table]

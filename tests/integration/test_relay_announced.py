@@ -81,6 +81,7 @@ async def test_peers_learn_a_private_members_relay_address_and_reach_it(
         [addr] = membership.machine.relay_addrs(b.peer_id)
         assert addr.relay_peer == r.peer_id and addr.target == b.peer_id
         assert addr in membership.reach_addrs(b.peer_id)
+        assert addr in a.negotiation._resolve(b.peer_id)  # negotiation dials with it too
         connection = await reach(a.host, b.peer_id, membership.reach_addrs(b.peer_id), relay_after_s=0.2)
         assert connection.relayed and connection.remote_peer == b.peer_id
         assert b.status_report().to_json()["reachability"]["relay_addrs"] == [str(addr)]
