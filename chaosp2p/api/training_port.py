@@ -69,7 +69,7 @@ class PeerTrainingPort:
         dial only some members still asks all of them to vouch for its snapshot, and a quorum of
         vouches is what admits it.
         """
-        connection = await reach(self._node.host, peer, self.dial_addrs(peer))
+        connection = await reach(self._node.host, peer, self._node.membership.reach_addrs(peer))
         return connection.open_stream(protocol)
 
     def serve_streams(

@@ -28,6 +28,7 @@ from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.negotiation.config import NegotiationConfig
 from chaosp2p.protocols.reachability.config import ReachabilityConfig
 from chaosp2p.protocols.relay.config import RelayConfig
+from chaosp2p.protocols.relay.holding import ReservationConfig
 from chaosp2p.protocols.transfer.config import TransferConfig
 from chaosp2p.runtime.status import StatusConfig
 from chaosp2p.transport.config import TransportConfig
@@ -67,6 +68,8 @@ class PeerConfig:
     """Dial-back checks of this peer's reachability and dialing others back (``[reachability]``)."""
     holepunch: HolePunchConfig = field(default_factory=HolePunchConfig.local)
     """Upgrading relayed connections to direct ones (``[holepunch]``: ``enabled = false`` refuses)."""
+    reservations: ReservationConfig = field(default_factory=ReservationConfig.local)
+    """Relay slots this peer reserves while private, for the relay addresses it announces (``[reservations]``)."""
 
     def __post_init__(self) -> None:
         require(self.profile in PROFILES, f"profile must be one of {PROFILES} (got {self.profile!r})")
@@ -116,6 +119,7 @@ class PeerConfig:
             relay=RelayConfig.local(),
             reachability=ReachabilityConfig.local(),
             holepunch=HolePunchConfig.local(),
+            reservations=ReservationConfig.local(),
         ).replace(**changes)
 
     @classmethod
@@ -132,6 +136,7 @@ class PeerConfig:
             relay=RelayConfig.lan(),
             reachability=ReachabilityConfig.lan(),
             holepunch=HolePunchConfig.lan(),
+            reservations=ReservationConfig.lan(),
         ).replace(**changes)
 
     @classmethod
@@ -149,6 +154,7 @@ class PeerConfig:
             relay=RelayConfig.wan(),
             reachability=ReachabilityConfig.wan(),
             holepunch=HolePunchConfig.wan(),
+            reservations=ReservationConfig.wan(),
         ).replace(**changes)
 
     @classmethod
@@ -202,6 +208,7 @@ def _is_component(f: dataclasses.Field[Any]) -> bool:
         "relay",
         "reachability",
         "holepunch",
+        "reservations",
     )
 
 

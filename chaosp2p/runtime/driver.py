@@ -31,15 +31,15 @@ from chaosp2p.protocols.base import MessageMachine, Outgoing
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.reach import reach
+from chaosp2p.wire.circuit_addr import Dialable
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import MessageCodec
-from chaosp2p.wire.multiaddr import Multiaddr
 from chaosp2p.wire.protocol_ids import ProtocolId
 
 log = logging.getLogger("chaosp2p.runtime")
 
 T = TypeVar("T")
-AddressResolver = Callable[[PeerID], Sequence[Multiaddr]]
+AddressResolver = Callable[[PeerID], Sequence[Dialable]]
 EventSink = Callable[[Any], None]
 
 MAX_QUEUED_PER_PEER = 256

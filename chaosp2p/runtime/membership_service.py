@@ -40,6 +40,7 @@ from chaosp2p.runtime.driver import MachineDriver
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.circuit_addr import Dialable
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 from chaosp2p.wire.protocol_ids import ProtocolId
@@ -86,7 +87,7 @@ class MembershipService:
             codecs={"membership": MEMBERSHIP_CODEC},
             clock=clock,
             task_group=task_group,
-            resolve=self.machine.dial_addrs,
+            resolve=self.reach_addrs,
             on_event=self._on_event,
             name="membership",
         )
@@ -148,6 +149,10 @@ class MembershipService:
     def dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
         """Where ``peer`` can be dialled, as far as this peer's view knows (best first)."""
         return list(self.machine.dial_addrs(peer))
+
+    def reach_addrs(self, peer: PeerID) -> list[Dialable]:
+        """:meth:`dial_addrs`, then the relay addresses ``peer`` announced (when nobody can dial it)."""
+        return [*self.machine.dial_addrs(peer), *self.machine.relay_addrs(peer)]
 
     def own_incarnation(self) -> int:
         """This peer's current incarnation (a newcomer's JOIN names it)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import anyio
@@ -41,8 +41,8 @@ from chaosp2p.protocols.negotiation import codec as NEGOTIATION_CODEC
 from chaosp2p.protocols.negotiation.link_watch import LinkWatch, LinkWatchConfig
 from chaosp2p.runtime.driver import MachineDriver
 from chaosp2p.transport.host import Host
+from chaosp2p.wire.circuit_addr import Dialable
 from chaosp2p.wire.identity import PeerID
-from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.negotiation")
 
@@ -65,7 +65,7 @@ class NegotiationService:
         rng: random.Random,
         task_group: anyio.abc.TaskGroup,
         publish: Callable[[Any], None],
-        resolve: Callable[[PeerID], list[Multiaddr]],
+        resolve: Callable[[PeerID], Sequence[Dialable]],
         link_settle_s: float,
         trusted: Iterable[PeerID] = (),
         link_watch: LinkWatchConfig | None = None,

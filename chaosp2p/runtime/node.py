@@ -30,6 +30,7 @@ from chaosp2p.clock import Clock, MonotonicClock
 from chaosp2p.dht import DHTMachine
 from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
 from chaosp2p.protocols.membership import LinkDirection, Member, Topology
+from chaosp2p.protocols.reachability import Reachability
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub, Subscription
@@ -53,6 +54,8 @@ from chaosp2p.transport.holepunch import HolePunchService
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.keyfile import load_or_create_identity, load_swarm_key
 from chaosp2p.transport.reachability import ReachabilityService
+from chaosp2p.transport.relay_reservations import RelayReservations
+from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -142,6 +145,11 @@ class Node:
         self.holepunch = HolePunchService(host, config.holepunch)
         """Upgrading relayed connections to direct ones: ``await node.holepunch.punch(peer)``."""
         host.relay.opened.append(self.holepunch.upgrade_soon)
+        self.reservations = RelayReservations(
+            host, clock, config.reservations, is_private=lambda: self.reachability.reachability is Reachability.PRIVATE
+        )
+        """Relay slots this peer holds while private; their relay addresses go into its membership info."""
+        self.reservations.changed.append(self._announce_relay_addrs)
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
@@ -150,9 +158,15 @@ class Node:
         self.negotiation.start()
         self.task_group.start_soon(self._bootstrap_loop, name="chaosp2p bootstrap")
         self.task_group.start_soon(self.reachability.run, name="chaosp2p reachability")
+        self.task_group.start_soon(self.reservations.run, name="chaosp2p relay reservations")
 
-    def _dial_addrs(self, peer: PeerID) -> list[Multiaddr]:
-        return list(self.membership.machine.dial_addrs(peer))
+    def _announce_relay_addrs(self, addrs: tuple[CircuitAddr, ...]) -> None:
+        machine = self.membership.machine
+        if not machine.has_left:  # after leaving there is nobody to tell
+            self.membership.driver.call(machine.set_local_relay_addrs, [str(a) for a in addrs])
+
+    def _dial_addrs(self, peer: PeerID) -> list[Dialable]:
+        return self.membership.reach_addrs(peer)  # with its announced relay addresses
 
     def _dht_contacts(self) -> list[tuple[PeerID, tuple[str, ...]]]:
         return [(entry.peer_id, tuple(entry.contact.addrs)) for entry in self.dht.machine.routing_table]
@@ -356,6 +370,7 @@ class Node:
             reached=reached,
             not_reached=len(answers) - reached,
             checked_s_ago=None if machine.last_check_at is None else self.clock.now() - machine.last_check_at,
+            relay_addrs=tuple(str(a) for a in self.reservations.addrs),
         )
 
     async def _serve_status(self, connection: Connection, request: Any) -> Any:

@@ -143,6 +143,8 @@ class ReachabilityInfo:
     """Peers whose newest answer says they could not."""
     checked_s_ago: float | None = None
     """Seconds since its last check started (None: none yet)."""
+    relay_addrs: tuple[str, ...] = ()
+    """Appended: the relay addresses it announces (its reservations while private, ``protocols/relay.md`` §6)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``reachability`` object of ``chaosp2p status --json``."""
@@ -152,6 +154,7 @@ class ReachabilityInfo:
             "reached": self.reached,
             "not_reached": self.not_reached,
             "checked_s_ago": None if self.checked_s_ago is None else round(self.checked_s_ago, 3),
+            "relay_addrs": list(self.relay_addrs),
         }
 
 
@@ -182,7 +185,11 @@ class StatusReport(Message):
         for name in ("addrs", "connections", "members", "links", "runs"):
             if len(getattr(self, name)) > MAX_STATUS_ENTRIES:
                 raise RemoteProtocolError(f"status report has more than {MAX_STATUS_ENTRIES} {name}")
-        if self.reachability is not None and len(self.reachability.addrs) > MAX_STATUS_ENTRIES:
+        reachability = self.reachability
+        if (
+            reachability is not None
+            and max(len(reachability.addrs), len(reachability.relay_addrs)) > MAX_STATUS_ENTRIES
+        ):
             raise RemoteProtocolError(f"status report has more than {MAX_STATUS_ENTRIES} reachability addrs")
         for run in self.runs:
             waiting = run.waiting_for

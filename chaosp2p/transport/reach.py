@@ -6,20 +6,23 @@ every attempt before trying a relay made a newcomer's snapshot requests arrive a
 stepped past the snapshot's step, and its join was refused again and again (issue 21). So, in the
 manner of "happy eyeballs" (RFC 8305): reuse any open connection (direct first, then relayed);
 otherwise dial directly, and if that has not succeeded within ``relay_after_s`` -- or has failed --
-also try the relays this host is connected to. The first connection wins and the other attempt is
-cancelled. A relayed connection runs the same end-to-end handshake (the relay sees ciphertext only),
-so what a caller sends over it arrives bit-identical.
+also try the relays this host is connected to, then the relay addresses among ``addrs`` (those a
+private peer announces, ``protocols/relay.md`` §6: through its relays, dialing them if need be).
+The first connection wins and the other attempt is cancelled. A relayed connection runs the same
+end-to-end handshake (the relay sees ciphertext only), so what a caller sends over it arrives bit-identical.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
 from chaosp2p.errors import ChaosError, PeerUnreachable
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.host import Host
+from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -28,7 +31,7 @@ RELAY_AFTER_S = 1.0
 
 
 async def reach(
-    host: Host, peer: PeerID, addrs: Sequence[Multiaddr], *, relay_after_s: float = RELAY_AFTER_S
+    host: Host, peer: PeerID, addrs: Sequence[Dialable], *, relay_after_s: float = RELAY_AFTER_S
 ) -> Connection:
     """An open connection to ``peer``: an existing one, a new direct one, or one through a relay.
 
@@ -37,26 +40,36 @@ async def reach(
     existing = host.connection(peer) or host.relayed_connection(peer)
     if existing is not None:
         return existing
+    direct_addrs = [a for a in addrs if isinstance(a, Multiaddr)]
+    circuits = [a for a in addrs if isinstance(a, CircuitAddr) and a.target == peer]
     won: list[Connection] = []
     errors: list[str] = []
     direct_failed = anyio.Event()
 
     async def direct(scope: anyio.CancelScope) -> None:
         try:
-            won.append(await host.connection_to(peer, addrs))
+            won.append(await host.connection_to(peer, direct_addrs))
             scope.cancel()
         except ChaosError as exc:  # unreachable, or a handshake that failed: the relay may still work
             errors.append(str(exc))
             direct_failed.set()
 
+    # The relays we are connected to, then the peer's announced relays (we need not be connected to them).
+    ways: list[tuple[str, Callable[[], Awaitable[Connection]]]] = [
+        ("no relay reached it", functools.partial(host.relay.connect, peer)),
+        *((str(c), functools.partial(host.relay.connect_addr, c)) for c in circuits),
+    ]
+
     async def relayed(scope: anyio.CancelScope) -> None:
         with anyio.move_on_after(relay_after_s):
             await direct_failed.wait()
-        try:
-            won.append(await host.relay.connect(peer))
-            scope.cancel()
-        except ChaosError as exc:
-            errors.append(f"no relay reached it: {exc}")
+        for name, way in ways:
+            try:
+                won.append(await way())
+                scope.cancel()
+                return
+            except ChaosError as exc:
+                errors.append(f"{name}: {exc}")
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(direct, tg.cancel_scope)

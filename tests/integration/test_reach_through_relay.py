@@ -6,7 +6,7 @@ handshakes are refused); both are connected to R, which relays."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -26,8 +26,10 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def star(folder: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[AsyncPeer, AsyncPeer, AsyncPeer]]:
-    """R, then S and N bootstrapping from R, with S~N cut."""
+async def star(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, s_config: Callable[[PeerConfig], PeerConfig] = lambda c: c
+) -> AsyncIterator[tuple[AsyncPeer, AsyncPeer, AsyncPeer]]:
+    """R, then S (its config passed through ``s_config``) and N bootstrapping from R, with S~N cut."""
     ids = [Identity.generate() for _ in range(3)]
     _, s_id, n_id = ids
     rules = [{}, {str(n_id.peer_id): LinkRule(cut=True)}, {str(s_id.peer_id): LinkRule(cut=True)}]
@@ -39,6 +41,7 @@ async def star(folder: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[t
             monkeypatch.setenv(LINK_RULES_ENV, str(path))
             bootstrap = (str(peers[0].addrs[0]),) if peers else ()
             config = PeerConfig.local(bootstrap=bootstrap)
+            config = s_config(config) if index == 1 else config
             peers.append(await stack.enter_async_context(open_peer(config, identity=identity)))
         monkeypatch.delenv(LINK_RULES_ENV)
         r, s, n = peers

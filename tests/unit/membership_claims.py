@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from chaosp2p.protocols.membership.messages import InfoUpdate, LinkSummary, MemberUpdate, Resources, UpdateKind
-from chaosp2p.protocols.membership.signing import alive_payload, info_payload, left_payload
+from chaosp2p.protocols.membership.signing import alive_payload, info_payload, left_payload, relay_payload
 from chaosp2p.wire.identity import Identity, PeerID
 
 
@@ -53,11 +53,22 @@ def left(index: int, incarnation: int = 0) -> MemberUpdate:
 
 
 def info(
-    index: int, version: int, resources: Resources | None = None, links: tuple[LinkSummary, ...] = ()
+    index: int,
+    version: int,
+    resources: Resources | None = None,
+    links: tuple[LinkSummary, ...] = (),
+    relay_addrs: tuple[str, ...] = (),
 ) -> InfoUpdate:
-    """Peer ``index``'s own info record, signed by it."""
+    """Peer ``index``'s own info record, signed by it (with its relay addresses, if any)."""
     unsigned = InfoUpdate(peer=peer(index), version=version, resources=resources or Resources(), links=links)
     signature = identity(index).sign(info_payload(unsigned))
+    relay_signature = identity(index).sign(relay_payload(unsigned.peer, version, relay_addrs)) if relay_addrs else b""
     return InfoUpdate(
-        peer=unsigned.peer, version=version, resources=unsigned.resources, links=links, signature=signature
+        peer=unsigned.peer,
+        version=version,
+        resources=unsigned.resources,
+        links=links,
+        signature=signature,
+        relay_addrs=relay_addrs,
+        relay_signature=relay_signature,
     )

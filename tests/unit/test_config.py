@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from chaosp2p.errors import ConfigError
+from chaosp2p.protocols.relay.holding import ReservationConfig
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.transport.config import TransportConfig
 
@@ -79,3 +80,16 @@ def test_transport_config_validation() -> None:
         TransportConfig(keepalive_interval_s=10, dead_connection_timeout_s=5)
     with pytest.raises(ConfigError):
         TransportConfig(max_record_bytes=0)
+
+
+def test_the_reservations_section_follows_the_profile_and_loads_from_a_file(tmp_path: Path) -> None:
+    for name in ("local", "lan", "wan"):
+        assert PeerConfig.profile_named(name).reservations == getattr(ReservationConfig, name)()
+    path = tmp_path / "p.toml"
+    path.write_text('profile = "wan"\n[reservations]\nassume_private = true\nmax_relays = 1\n')
+    config = PeerConfig.from_toml(path)
+    assert config.reservations.assume_private and config.reservations.max_relays == 1
+    assert config.reservations.check_interval_s == ReservationConfig.wan().check_interval_s
+    path.write_text("[reservations]\nrenew_fraction = 1.5\n")
+    with pytest.raises(ConfigError, match="renew_fraction"):
+        PeerConfig.from_toml(path)

@@ -30,7 +30,7 @@ from chaosp2p.protocols.membership.messages import (
     codec,
     peek_type,
 )
-from chaosp2p.protocols.membership.signing import alive_payload, info_payload, left_payload
+from chaosp2p.protocols.membership.signing import alive_payload, info_payload, left_payload, relay_payload
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.messages import Message
 from tests.unit.membership_claims import alive, info, left
@@ -51,6 +51,9 @@ RESOURCES_A = Resources(
 )
 LINKS_A = (LinkSummary(peer=B, rtt_s=0.0005, bandwidth_bytes_per_s=1.25e9, up=True),)
 INFO_A = info(0, 2, RESOURCES_A, LINKS_A)
+RELAY_R = "/ip4/198.18.0.1/tcp/4001/p2p/" + str(B)
+RELAY_ADDR_A = f"{RELAY_R}/p2p-circuit/p2p/{A}"
+INFO_A_RELAYED = info(0, 3, RESOURCES_A, (), (RELAY_ADDR_A,))  # A is private: reached through B
 LEFT_C = left(2, 0)
 
 EXPECTED: dict[str, Message] = {
@@ -71,6 +74,7 @@ EXPECTED: dict[str, Message] = {
     ),
     "leave": Leave(incarnation=4, signature=left(0, 4).signature),
     "gossip": Gossip(updates=(LEFT_C,)),
+    "push-pull-relayed": PushPull(seq=12, join=False, members=(ALIVE_A,), infos=(INFO_A_RELAYED,)),
 }
 
 PAYLOADS: dict[str, bytes] = {
@@ -78,6 +82,7 @@ PAYLOADS: dict[str, bytes] = {
     "left-a-4": left_payload(A, 4),
     "left-c-0": left_payload(C, 0),
     "info-a-2": info_payload(InfoUpdate(peer=A, version=2, resources=RESOURCES_A, links=LINKS_A)),
+    "relay-a-3": relay_payload(A, 3, (RELAY_ADDR_A,)),
 }
 """The bytes a member signs (§2.1), under the names of the ```payloads block."""
 
@@ -132,6 +137,52 @@ def test_the_signatures_in_the_vectors_are_the_members_own() -> None:
     assert isinstance(leave, Leave) and A.verify(leave.signature, PAYLOADS["left-a-4"])
     assert C.verify(LEFT_C.signature, PAYLOADS["left-c-0"])
     assert not B.verify(ALIVE_A.signature, PAYLOADS["alive-a-3"])
+    assert A.verify(INFO_A_RELAYED.relay_signature, PAYLOADS["relay-a-3"])
+
+
+# ``ping-gossip`` and ``push-pull`` as a peer of the version before relay addresses encoded them
+# (its info records end at ``signature``): they decode to records without relay addresses.
+PRE_RELAY_VECTORS = {
+    "ping-gossip": (
+        "960107929600c4260024080112208a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c0391"
+        "b72f6970342f3132372e302e302e312f7463702f34303031c0c44098a40d42a728be7c0f03e124ac3bcdcdd0ff884c8c"
+        "40a35edfb822fe597a8358ed000ed57c300ad213c8af1380cad7873074a65c21be0f671cac6b290f47d6049601c42600"
+        "24080112208139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940590c4260024080112208a"
+        "88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5cc4009195c4260024080112208a88e3dd74"
+        "09f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c029508cf000000080000000001cf00000006000000"
+        "00cb40934a00000000009194c4260024080112208139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b"
+        "8fc9b394cb3f40624dd2f1a9fccb41d2a05f20000000c3c4402a435c43da69049a6aab71529ce8b551f6d7e31c41ee6c"
+        "315c3cda2dbf4b34726600056c936eabc7aae50c688d1e43fbc5497e77dcbbd1fe475f828abad32706cf0123456789ab"
+        "cdefcf7edcba9876543210"
+    ),
+    "push-pull": (
+        "96050bc3919600c4260024080112208a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c03"
+        "91b72f6970342f3132372e302e302e312f7463702f34303031c0c44098a40d42a728be7c0f03e124ac3bcdcdd0ff884c"
+        "8c40a35edfb822fe597a8358ed000ed57c300ad213c8af1380cad7873074a65c21be0f671cac6b290f47d6049195c426"
+        "0024080112208a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c029508cf000000080000"
+        "000001cf0000000600000000cb40934a00000000009194c4260024080112208139770ea87d175f56a35466c34c7ecccb"
+        "8d8a91b4ee37a25df60f5b8fc9b394cb3f40624dd2f1a9fccb41d2a05f20000000c3c4402a435c43da69049a6aab7152"
+        "9ce8b551f6d7e31c41ee6c315c3cda2dbf4b34726600056c936eabc7aae50c688d1e43fbc5497e77dcbbd1fe475f828a"
+        "bad32706c3"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRE_RELAY_VECTORS))
+def test_info_records_of_a_peer_before_relay_addresses_still_decode(name: str) -> None:
+    message = codec.decode(bytes.fromhex(PRE_RELAY_VECTORS[name]), max_bytes=1 << 20)
+    assert message == EXPECTED[name]  # the same message: relay_addrs=(), relay_signature=b""
+    assert all(i.relay_addrs == () for i in getattr(message, "infos", ()))
+
+
+def test_an_old_peer_verifies_an_info_record_with_relay_addresses() -> None:
+    # What a peer of the version before relay addresses checks: the signature over info_payload,
+    # which leaves the appended fields out; it ignores those fields (extra trailing items).
+    message = codec.decode(bytes.fromhex(vectors()["push-pull-relayed"]), max_bytes=1 << 20)
+    assert isinstance(message, PushPull)
+    [record] = message.infos
+    assert record.relay_addrs == (RELAY_ADDR_A,)
+    assert A.verify(record.signature, info_payload(record))
 
 
 @pytest.mark.parametrize("name", sorted(UNSIGNED_VECTORS))

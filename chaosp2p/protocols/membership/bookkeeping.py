@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.membership.config import MembershipConfig
 from chaosp2p.protocols.membership.events import MemberState
-from chaosp2p.protocols.membership.messages import InfoUpdate, MemberUpdate
+from chaosp2p.protocols.membership.messages import WIRE_MAX_RELAY_ADDRS, InfoUpdate, MemberUpdate
+from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -196,6 +197,24 @@ def check_addrs(addrs: Sequence[str], peer: PeerID, config: MembershipConfig) ->
     return None
 
 
+def check_relay_addrs(addrs: Sequence[str], peer: PeerID, config: MembershipConfig) -> str | None:
+    """Why ``addrs`` are not acceptable as relay addresses of ``peer``, or ``None`` if they are: at
+    most ``max_addrs_per_member`` (and the wire's 8), each a relay address that names ``peer`` as its target."""
+    most = min(config.max_addrs_per_member, WIRE_MAX_RELAY_ADDRS)
+    if len(addrs) > most:
+        return f"{len(addrs)} relay addresses (max {most})"
+    for addr in addrs:
+        if type(addr) is not str or len(addr) > 2 * config.max_addr_chars:
+            return "relay address too long"
+        try:
+            parsed = CircuitAddr.parse(addr)
+        except ConfigError as exc:
+            return str(exc)
+        if parsed.target != peer:
+            return "relay address names another peer"
+    return None
+
+
 def member_hash(peer: PeerID, incarnation: int) -> int:
     """A 64-bit hash of (``peer``, ``incarnation``): the digests of two views are XORs of these."""
     data = peer.raw + incarnation.to_bytes(8, "big")
@@ -209,4 +228,5 @@ def update_size(update: MemberUpdate) -> int:
 
 def info_size(info: InfoUpdate) -> int:
     """About how many bytes ``info`` takes on the wire (for the piggyback budget)."""
-    return 70 + 60 * len(info.links) + len(info.signature)
+    relayed = sum(len(a) + 3 for a in info.relay_addrs) + len(info.relay_signature)
+    return 70 + 60 * len(info.links) + len(info.signature) + relayed

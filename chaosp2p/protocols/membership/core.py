@@ -72,6 +72,7 @@ from chaosp2p.protocols.membership.signing import (
     alive_payload,
     info_payload,
     left_payload,
+    relay_payload,
     verify_signature,
 )
 from chaosp2p.protocols.ratelimit import RateLimiter
@@ -148,6 +149,8 @@ class MembershipCore:
         if resources is not None:
             self._resources.validate()
         self._info_version = 0
+        self._relay_addrs: tuple[str, ...] = ()
+        """Relay addresses this peer announces in its info record (while it is private)."""
         self._left = False
         self._bulk_transfers = 0  # bulk transfers (pulls, served pulls) this peer runs now
         self._started = now
@@ -381,12 +384,17 @@ class MembershipCore:
         info = InfoUpdate(
             peer=self.local_peer, version=self._info_version, resources=self._resources, links=self._published_links
         )
+        relay_addrs = self._relay_addrs
         return InfoUpdate(
             peer=info.peer,
             version=info.version,
             resources=info.resources,
             links=info.links,
             signature=self._identity.sign(info_payload(info)),
+            relay_addrs=relay_addrs,
+            relay_signature=(
+                self._identity.sign(relay_payload(info.peer, info.version, relay_addrs)) if relay_addrs else b""
+            ),
         )
 
     def _set_incarnation(self, now: float, incarnation: int) -> None:

@@ -57,7 +57,7 @@ from typing import Any
 
 from chaosp2p.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from chaosp2p.protocols.base import Outgoing
-from chaosp2p.protocols.membership.bookkeeping import ContactRecord, MemberRecord, check_addrs
+from chaosp2p.protocols.membership.bookkeeping import ContactRecord, MemberRecord, check_addrs, check_relay_addrs
 from chaosp2p.protocols.membership.core import TimerKind
 from chaosp2p.protocols.membership.dissemination import Dissemination
 from chaosp2p.protocols.membership.events import (
@@ -88,6 +88,7 @@ from chaosp2p.protocols.membership.messages import (
 from chaosp2p.protocols.membership.overlay import Overlay
 from chaosp2p.protocols.membership.probing import Probing
 from chaosp2p.protocols.membership.suspicion import Suspicion
+from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 from chaosp2p.wire.multiaddr import Multiaddr
@@ -315,6 +316,17 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
             self._resources = new
             self._publish_info()
 
+    def set_local_relay_addrs(self, now: float, addrs: Sequence[str]) -> None:
+        """Announce ``addrs`` (relay addresses naming this peer; empty: none) in a new info version."""
+        self._require_running("set_local_relay_addrs")
+        addrs = tuple(addrs)
+        problem = check_relay_addrs(addrs, self.local_peer, self.config)
+        if problem is not None:
+            raise ConfigError(f"cannot announce relay addresses {list(addrs)}: {problem}")
+        if addrs != self._relay_addrs:
+            self._relay_addrs = addrs
+            self._publish_info()
+
     def set_local_addrs(self, now: float, addrs: Sequence[str]) -> None:
         """This peer now listens on ``addrs``: re-announce itself under a new incarnation."""
         self._require_running("set_local_addrs")
@@ -444,6 +456,15 @@ class MembershipMachine(MemberTable, Suspicion, Probing, Dissemination, Overlay)
     def dial_addrs(self, peer: PeerID) -> tuple[Multiaddr, ...]:
         """:meth:`addresses` parsed, for the driver's address resolver (they were validated on entry)."""
         return tuple(Multiaddr.parse(a) for a in self.addresses(peer))
+
+    def relay_addrs(self, peer: PeerID) -> tuple[CircuitAddr, ...]:
+        """The relay addresses ``peer`` announced in its info record (validated on entry), or ours."""
+        if peer == self.local_peer:
+            texts = self._relay_addrs
+        else:
+            member = self._members.get(peer)
+            texts = member.info.relay_addrs if member is not None and member.info is not None else ()
+        return tuple(CircuitAddr.parse(a) for a in texts)
 
     def state_of(self, peer: PeerID) -> MemberState | None:
         """``peer``'s state in our view (cheap: no snapshot), or ``None`` if unknown."""

@@ -40,6 +40,7 @@ from chaosp2p.protocols.membership.bookkeeping import (
     MemberRecord,
     PingPurpose,
     check_addrs,
+    check_relay_addrs,
     info_size,
     member_hash,
 )
@@ -53,7 +54,7 @@ from chaosp2p.protocols.membership.messages import (
     MemberUpdate,
     UpdateKind,
 )
-from chaosp2p.protocols.membership.signing import alive_payload, info_payload, left_payload
+from chaosp2p.protocols.membership.signing import alive_payload, info_payload, left_payload, relay_payload
 from chaosp2p.protocols.membership.transitions import transition
 from chaosp2p.wire.identity import PeerID
 
@@ -341,6 +342,12 @@ class MemberTable(MembershipCore):
             counters.rejected_updates += 1
             return
         if not self._signed(sender, peer, info.signature, info_payload(info)):
+            return
+        if info.relay_addrs and (
+            check_relay_addrs(info.relay_addrs, peer, self.config) is not None
+            or not self._signed(sender, peer, info.relay_signature, relay_payload(peer, version, info.relay_addrs))
+        ):
+            counters.rejected_updates += 1
             return
         member.info = info
         new_hash = member_hash(peer, version)

@@ -31,6 +31,10 @@ WIRE_MAX_UPDATES = 1 << 16
 """Hard caps, whatever the configuration: updates/infos per message."""
 WIRE_MAX_ADDRS = 32
 WIRE_MAX_ADDR_CHARS = 512
+WIRE_MAX_RELAY_ADDRS = 8
+"""Most relay addresses one info record carries (``protocols/relay.md`` §6: one reservation lists at most 8)."""
+WIRE_MAX_RELAY_ADDR_CHARS = 2 * WIRE_MAX_ADDR_CHARS
+"""A relay address is the relay's multiaddr, ``/p2p-circuit`` and the target's id."""
 WIRE_MAX_LINKS = 256
 WIRE_MAX_RTT_S = 3600.0
 WIRE_MAX_BANDWIDTH = 1e13
@@ -188,7 +192,13 @@ class InfoUpdate:
     resources: Resources
     links: tuple[LinkSummary, ...] = ()
     signature: bytes = b""
-    """The owner's Ed25519 signature over ``signing.info_payload`` (every other field)."""
+    """The owner's Ed25519 signature over ``signing.info_payload`` (the fields before it)."""
+    relay_addrs: tuple[str, ...] = ()
+    """Appended: relay addresses (``…/p2p/<relay>/p2p-circuit/p2p/<peer>``) where a peer nobody can
+    dial is reached. Outside ``signature``, so a peer of an earlier version (which ignores trailing
+    fields) still verifies the record."""
+    relay_signature: bytes = b""
+    """The owner's signature over ``signing.relay_payload`` (empty when ``relay_addrs`` is)."""
 
     def validate(self) -> None:
         """Hard limits only (nested records validate themselves on decode)."""
@@ -196,6 +206,10 @@ class InfoUpdate:
             raise _reject(f"info version out of range: {self.version}")
         _check_count(len(self.links), WIRE_MAX_LINKS, "links per info")
         _check_signature(self.signature)
+        _check_count(len(self.relay_addrs), WIRE_MAX_RELAY_ADDRS, "relay addresses per member")
+        for addr in self.relay_addrs:
+            _check_count(len(addr), WIRE_MAX_RELAY_ADDR_CHARS, "relay address length")
+        _check_signature(self.relay_signature)
 
 
 def _check_piggyback(updates: tuple[MemberUpdate, ...], infos: tuple[InfoUpdate, ...]) -> None:

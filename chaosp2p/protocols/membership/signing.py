@@ -33,6 +33,7 @@ SIGNATURE_BYTES = 64
 ALIVE_DOMAIN = "chaos/membership/alive/1"
 LEFT_DOMAIN = "chaos/membership/left/1"
 INFO_DOMAIN = "chaos/membership/info/1"
+RELAY_DOMAIN = "chaos/membership/relay/1"
 
 Verifier = Callable[[PeerID, bytes, bytes], bool]
 """``verify(peer, signature, data)``: is ``signature`` ``peer``'s over ``data``? (``PeerID.verify``)."""
@@ -46,6 +47,11 @@ def alive_payload(peer: PeerID, incarnation: int, addrs: tuple[str, ...]) -> byt
 def left_payload(peer: PeerID, incarnation: int) -> bytes:
     """The bytes a member signs to say it left at ``incarnation``."""
     return pack([LEFT_DOMAIN, peer.raw, incarnation])
+
+
+def relay_payload(peer: PeerID, version: int, relay_addrs: tuple[str, ...]) -> bytes:
+    """The bytes a member signs to say it is reached at ``relay_addrs`` (in its info record ``version``)."""
+    return pack([RELAY_DOMAIN, peer.raw, version, list(relay_addrs)])
 
 
 def info_payload(info: InfoUpdate) -> bytes:
