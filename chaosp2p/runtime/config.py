@@ -55,6 +55,10 @@ class PeerConfig:
     """Pre-shared swarm key: peers without the same key cannot complete a handshake."""
     bootstrap_retry_min_s: float = 0.5
     bootstrap_retry_max_s: float = 30.0
+    mmap_threshold_bytes: int = 4 << 20
+    """Buffers at least this large get their own mapping, returned to the OS when freed (glibc's
+    ``mallopt``; :mod:`chaosp2p.runtime.allocator`): without it a long-lived peer's RSS grew at every
+    snapshot it served. 0 leaves the process's allocator alone."""
     transport: TransportConfig = field(default_factory=TransportConfig.local)
     dht: DHTConfig = field(default_factory=DHTConfig.local)
     membership: MembershipConfig = field(default_factory=MembershipConfig.local)
@@ -75,6 +79,7 @@ class PeerConfig:
         require(self.profile in PROFILES, f"profile must be one of {PROFILES} (got {self.profile!r})")
         require_positive(self, "bootstrap_retry_min_s", "bootstrap_retry_max_s")
         require(self.bootstrap_retry_min_s <= self.bootstrap_retry_max_s, "bootstrap_retry_min_s > _max_s")
+        require(self.mmap_threshold_bytes >= 0, "mmap_threshold_bytes must be >= 0 (0: leave the allocator alone)")
         require(bool(self.listen) or bool(self.bootstrap), "a peer needs a listen address or a bootstrap peer")
         for text in (*self.listen, *self.bootstrap):
             Multiaddr.parse(text)
@@ -222,6 +227,7 @@ class _PeerScalars:
     swarm_key_path: str | None
     bootstrap_retry_min_s: float
     bootstrap_retry_max_s: float
+    mmap_threshold_bytes: int
 
     @classmethod
     def of(cls, config: PeerConfig) -> _PeerScalars:

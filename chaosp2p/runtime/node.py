@@ -31,6 +31,7 @@ from chaosp2p.dht import DHTMachine
 from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
 from chaosp2p.protocols.membership import LinkDirection, Member, Topology
 from chaosp2p.protocols.reachability import Reachability
+from chaosp2p.runtime.allocator import keep_large_buffers_mapped
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub, Subscription
@@ -153,6 +154,7 @@ class Node:
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
+        keep_large_buffers_mapped(self.config.mmap_threshold_bytes)
         self.dht.start(self.config.bootstrap_addrs())
         self.membership.start()
         self.negotiation.start()
