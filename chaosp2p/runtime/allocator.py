@@ -6,9 +6,13 @@ above its *mmap threshold* with a fresh mapping, returned to the kernel on ``fre
 free raises the threshold to the freed size (up to 32 MiB on 64-bit), so from then on same-sized
 buffers come from the heap, whose freed space a long-lived peer rarely gets back. In an hour's soak
 (``benchmarks/soak.py``) the founder's RSS grew about 3 MB/min in steps at joins; the same 7-minute
-churn, run side by side, grew +56 MB with glibc's defaults and stayed flat (396 -> 397 MB) with the
-threshold fixed at 128 KiB (``benchmarks/results/soak_malloc_*.json``). Setting the threshold with
-``mallopt`` also turns its dynamic adjustment off.
+churn, run side by side, grew +56 MB with glibc's defaults (420 -> 476 MB, +6.0 MB/min over its
+second half) and stayed flat (396 -> 397 MB) with the threshold fixed at 128 KiB; fixed at 8 MiB
+(the default, ``PeerConfig.mmap_threshold_bytes``: buffers of a few MiB, such as a pull's chunks,
+keep reusing heap memory instead of faulting in fresh pages each time) it rose 401 -> 419 MB in the
+first minutes and then held (+0.02 MB/min over the second half). Raw runs:
+``benchmarks/results/soak_malloc_*.json``. Setting the threshold with ``mallopt`` also turns its
+dynamic adjustment off.
 
 :func:`keep_large_buffers_mapped` sets it once per process (the first peer of a process that asks
 wins; later calls with another value change it again). Elsewhere than glibc it does nothing.

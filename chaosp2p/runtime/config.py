@@ -55,7 +55,7 @@ class PeerConfig:
     """Pre-shared swarm key: peers without the same key cannot complete a handshake."""
     bootstrap_retry_min_s: float = 0.5
     bootstrap_retry_max_s: float = 30.0
-    mmap_threshold_bytes: int = 4 << 20
+    mmap_threshold_bytes: int = 8 << 20
     """Buffers at least this large get their own mapping, returned to the OS when freed (glibc's
     ``mallopt``; :mod:`chaosp2p.runtime.allocator`): without it a long-lived peer's RSS grew at every
     snapshot it served. 0 leaves the process's allocator alone."""

@@ -28,7 +28,7 @@ def rss_mb():
         return int(f.read().split()[1]) * 4096 / 1e6
 
 if sys.argv[1] == "fixed":
-    assert keep_large_buffers_mapped(4 << 20)
+    assert keep_large_buffers_mapped(8 << 20)
 before = rss_mb()
 for _ in range(3):
     buffer = b"\\x01" * 20_000_000  # a snapshot-sized buffer, every page touched
