@@ -67,7 +67,7 @@ def start_harness(harnesses: list[subprocess.Popen[str]], *args: str) -> subproc
 
 TRAINING = """\
 [cluster]
-duration_s = 32
+duration_s = 26
 profile = "local"
 startup_timeout_s = 90
 stop_timeout_s = 15
@@ -96,7 +96,7 @@ action = "join"
 peer = "c"
 
 [[event]]
-at_s = 14
+at_s = 11
 action = "kill"
 peer = "b"
 """
