@@ -32,6 +32,7 @@ from chaosp2p.errors import AdmissionDenied, ChaosError, PeerIdMismatch
 from chaosp2p.protocols.membership import LinkDirection, Member, Topology
 from chaosp2p.protocols.reachability import Reachability
 from chaosp2p.runtime.allocator import keep_large_buffers_mapped
+from chaosp2p.runtime.announced_addrs import AnnouncedAddrs
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.runtime.dht_service import DHTService
 from chaosp2p.runtime.events import EventHub, Subscription
@@ -151,6 +152,14 @@ class Node:
         )
         """Relay slots this peer holds while private; their relay addresses go into its membership info."""
         self.reservations.changed.append(self._announce_relay_addrs)
+        self.announced = AnnouncedAddrs(
+            listen=lambda: [str(a) for a in host.listen_addrs],
+            working=self.reachability.machine.working_addrs,
+            announce=self._announce_addrs,
+            max_addrs=min(config.membership.max_addrs_per_member, config.dht.max_addrs_per_peer),
+        )
+        """The addresses this peer announces: listen addresses, after those dial-back proved from outside."""
+        self.reachability.checked.append(self.announced.refresh)
 
     def start(self) -> None:
         """Start the overlay: DHT bootstrap, membership, and the bootstrap connections."""
@@ -166,6 +175,12 @@ class Node:
         machine = self.membership.machine
         if not machine.has_left:  # after leaving there is nobody to tell
             self.membership.driver.call(machine.set_local_relay_addrs, [str(a) for a in addrs])
+
+    def _announce_addrs(self, addrs: list[str]) -> None:
+        self.dht.machine.set_listen_addrs(addrs)  # read when the next contact is sent
+        machine = self.membership.machine
+        if not machine.has_left:
+            self.membership.driver.call(machine.set_local_addrs, addrs)
 
     def _dial_addrs(self, peer: PeerID) -> list[Dialable]:
         return self.membership.reach_addrs(peer)  # with its announced relay addresses

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -100,6 +100,8 @@ class ReachabilityService:
         """Admission of others' requests."""
         self.machine = ReachabilityMachine(config, now=host.clock.now())
         """This peer's checks and classification."""
+        self.checked: list[Callable[[], object]] = []
+        """Called after each check that asked someone (the node re-announces proven addresses)."""
         host.set_request_handler(PROTOCOL_ID, self._serve)
 
     @property
@@ -144,6 +146,8 @@ class ReachabilityService:
                 len(servers),
                 ", ".join(self.machine.confirmed_addrs()) or "no address confirmed",
             )
+            for callback in self.checked:
+                callback()
 
     async def _ask_and_record(self, server: PeerID) -> None:
         response = None

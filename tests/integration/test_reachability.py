@@ -89,3 +89,43 @@ async def test_a_node_checks_in_the_background_and_reports_reachability_in_statu
             assert shown["addrs"] == [str(node.host.listen_addrs[0])]
             assert shown["reached"] == 1 and shown["not_reached"] == 0
             assert server.status_report().to_json()["reachability"]["status"] == "unknown"  # local: no checks
+
+
+async def test_an_address_dial_back_proved_is_announced_first_and_others_dial_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A listens on every interface, and its only interface address (198.18.0.77, nothing routes
+    # there) is what a host behind a port-forwarding NAT has: nobody can dial it. S1 and S2 see A
+    # come from 127.0.0.1 and reach it there; once both did, A announces 127.0.0.1 first, and a
+    # peer that knows A only from the membership gossip dials it there.
+    monkeypatch.setattr("chaosp2p.transport.host.interface_addresses", lambda family: ["198.18.0.77"])
+    reach = ReachabilityConfig.local().__class__(probe=True, min_confirmations=2, first_probe_delay_s=0.1)
+    async with open_node(PeerConfig.local()) as s1, open_node(PeerConfig.local()) as s2:
+        config = PeerConfig.local(
+            listen=("/ip4/0.0.0.0/tcp/0",), bootstrap=(str(s1.addrs[0]), str(s2.addrs[0])), reachability=reach
+        )
+        async with open_node(config) as a:
+            [listen] = a.host.listen_addrs
+            assert listen.host == "198.18.0.77"
+            proven = f"/ip4/127.0.0.1/tcp/{listen.port}"
+            await eventually(lambda: a.announced.external == [proven])
+            assert a.reachability.machine.working_addrs() == [proven]
+            assert a.dht.machine.listen_addrs[0] == proven
+            assert a.membership.machine.addresses(a.peer_id)[0] == proven
+            await eventually(lambda: s1.membership.machine.addresses(a.peer_id)[:1] == (proven,))
+            async with open_node(PeerConfig.local(bootstrap=(str(s1.addrs[0]),))) as c:
+                await eventually(lambda: c.membership.machine.addresses(a.peer_id)[:1] == (proven,))
+                connection = await c.connect(c.membership.machine.dial_addrs(a.peer_id)[0].with_peer(a.peer_id))
+                assert connection.remote_peer == a.peer_id
+
+
+async def test_one_servers_word_does_not_make_an_address_announced() -> None:
+    # min_confirmations = 2, and only one server reached A at an address: nothing is announced.
+    reach = ReachabilityConfig.local().__class__(probe=True, min_confirmations=2, first_probe_delay_s=0.1)
+    async with open_node(PeerConfig.local()) as s1:
+        config = PeerConfig.local(bootstrap=(str(s1.addrs[0]),), reachability=reach)
+        async with open_node(config) as a:
+            await eventually(lambda: a.reachability.machine.checks >= 1 and bool(a.reachability.machine.answers()))
+            assert a.reachability.machine.confirmed_addrs()  # the one server did reach it
+            assert a.reachability.machine.working_addrs() == []
+            assert a.announced.external == []

@@ -19,6 +19,7 @@ from chaosp2p.protocols.reachability import (
     answer,
     eligible_addrs,
 )
+from chaosp2p.runtime.announced_addrs import MAX_EXTERNAL_ADDRS, AnnouncedAddrs
 from chaosp2p.wire.identity import Identity
 
 A, B, C, D = (Identity.from_seed(bytes([seed]) * 32).peer_id for seed in (1, 2, 3, 4))
@@ -214,3 +215,31 @@ def test_an_answer_nobody_asked_for_and_a_second_check_at_once_are_errors() -> N
 def test_background_checks_off_means_no_deadline() -> None:
     assert ReachabilityMachine(ReachabilityConfig.local(), now=0.0).next_deadline() is None
     assert ReachabilityMachine(ReachabilityConfig.lan(), now=0.0).next_deadline() == 2.0
+
+
+def test_an_address_is_working_only_once_min_confirmations_servers_reached_it() -> None:
+    machine = ReachabilityMachine(CONFIG, now=0.0)
+    machine.start_check(0.0, [A, B, C])
+    machine.record(A, OK, 0.1)
+    other = answer(DialBackCode.OK, addr="/ip4/198.18.0.99/tcp/4001")  # a server naming another IP
+    machine.record(B, other, 0.2)
+    assert set(machine.confirmed_addrs()) == {str(OK.addr), str(other.addr)}
+    assert machine.working_addrs() == []  # each address has one server's word only
+    machine.record(C, OK, 0.3)
+    assert machine.working_addrs() == [OK.addr]
+
+
+def test_announced_addresses_put_proven_ones_first_and_announce_only_on_a_change() -> None:
+    working: list[str] = []
+    announced: list[list[str]] = []
+    listen = ["/ip4/198.19.1.10/tcp/4001"]
+    addrs = AnnouncedAddrs(lambda: listen, lambda: working, announced.append, max_addrs=8)
+    assert not addrs.refresh() and announced == []  # nothing proven: the listen addresses stand
+    working[:] = [*listen, "/ip4/198.18.0.11/tcp/4001"]  # a listen address proven is not "external"
+    assert addrs.refresh()
+    assert announced == [["/ip4/198.18.0.11/tcp/4001", *listen]]
+    assert not addrs.refresh()  # unchanged: no new incarnation
+    working[:] = [f"/ip4/198.18.0.{i}/tcp/4001" for i in range(20, 25)]
+    assert addrs.refresh() and announced[-1] == [*working[:MAX_EXTERNAL_ADDRS], *listen]
+    working.clear()  # no longer proven (the check found us private): back to the listen addresses
+    assert addrs.refresh() and announced[-1] == listen and addrs.external == []

@@ -147,6 +147,16 @@ class ReachabilityMachine:
         ordered = sorted((a for a in self._answers.values() if a.reached), key=lambda a: -a.at)
         return list(dict.fromkeys(a.addr for a in ordered if a.addr))
 
+    def working_addrs(self) -> list[str]:
+        """Addresses that at least ``min_confirmations`` distinct servers reached this peer at: the
+        ones worth announcing. One server's word is not enough, since a server chooses the IP it
+        says it saw us at, and an address we announced would make others dial whoever holds it."""
+        servers: dict[str, int] = {}
+        for a in sorted(self._answers.values(), key=lambda a: -a.at):
+            if a.reached and a.addr:
+                servers[a.addr] = servers.get(a.addr, 0) + 1
+        return [addr for addr, count in servers.items() if count >= self.config.min_confirmations]
+
     def answers(self) -> list[Answer]:
         """The newest counting answer of each server."""
         return list(self._answers.values())
