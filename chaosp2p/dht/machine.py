@@ -170,8 +170,9 @@ class DHTMachine(RequestServing, Storing, Bootstrapping, Maintenance):
     def set_relay_addrs(self, now: float, addrs: Sequence[str]) -> None:
         """Replace our relay addresses (``…/p2p/<relay>/p2p-circuit/p2p/<us>``; empty: none).
 
-        They go out with every request from now on; a change re-issues our provider records at
-        once, so that whoever looks us up as a provider finds where we are relayed now.
+        They go out with every request from now on. A change is announced at once: a self-lookup
+        tells the peers closest to us (those asked about us), and our provider records are
+        re-issued, so that whoever looks us up finds where we are relayed now.
         """
         checked = tuple(str(a) for a in addrs)
         problem = self._validator.relay_problem(self.peer_id, checked)
@@ -179,6 +180,9 @@ class DHTMachine(RequestServing, Storing, Bootstrapping, Maintenance):
             raise ConfigError(f"relay addresses: {problem}")
         if checked != self._relay_addrs:
             self._relay_addrs = checked
+            if len(self.routing_table):
+                own = self.routing_table.own_id
+                self._pump(now, self._new_op(now, LookupKind.REFRESH, LookupQuery.FIND_NODE, own, report=False))
             self._reissue_own_providers(now, every=True)
 
     # ================================================================== what this peer holds

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from chaosp2p.dht import DHTMachine, FindPeerResult, GetProvidersResult
+from chaosp2p.dht import AddProviderResult, DHTMachine, DHTOperationDone, FindPeerResult, GetProvidersResult
 from chaosp2p.dht.contacts import AddressValidator
 from chaosp2p.dht.messages import (
     DHT_CODEC,
@@ -161,8 +161,7 @@ def test_a_peer_found_by_a_lookup_is_found_with_its_relay_addresses() -> None:
     net, machines = swarm(20, roundtrip=True)
     private, seeker = machines[13], machines[4]
     relay = (via(17, 13),)
-    private.set_relay_addrs(net.now, relay)
-    private.refresh(net.now)  # its requests tell the peers it asks where it is relayed
+    private.set_relay_addrs(net.now, relay)  # a self-lookup tells its neighbours at once
     net.flush()
     op = seeker.start_find_peer(net.now, private.peer_id)
     net.flush()
@@ -179,7 +178,8 @@ def test_provider_records_carry_signed_relay_addresses_to_whoever_looks_them_up(
     private.set_relay_addrs(net.now, [via(17, 11)])
     op = private.start_add_provider(net.now, KEY, ttl_s=300.0)
     net.flush()
-    assert net.done(private.peer_id, op).ok  # type: ignore[union-attr]
+    added = net.done(private.peer_id, op)
+    assert isinstance(added, AddProviderResult) and added.ok
     op = seeker.start_get_providers(net.now, KEY)
     net.flush()
     got = net.done(seeker.peer_id, op)
@@ -194,7 +194,8 @@ def test_a_change_of_relay_addresses_reissues_our_provider_records_at_once() -> 
     private = machines[5]
     op = private.start_add_provider(net.now, KEY, ttl_s=300.0)
     net.flush()
-    assert net.done(private.peer_id, op).ok  # type: ignore[union-attr]
+    added = net.done(private.peer_id, op)
+    assert isinstance(added, AddProviderResult) and added.ok
     holders = [m for m in machines if m is not private and m.held_providers(net.now, KEY)]
     assert holders and all(m.held_providers(net.now, KEY)[0].relay_addrs == () for m in holders)
     net.now += 1.0  # a later issue time than the first record
@@ -243,8 +244,9 @@ def test_a_relay_part_arriving_in_an_answer_is_checked_too() -> None:
     answer = Providers(request_id=query.message.request_id, providers=(good, swapped), closer=())
     machine.receive(0.2, helper.peer_id, "dht", answer)
     machine.peer_unreachable(0.3, helper.peer_id)
-    [(_, event)] = [(None, e) for e in machine.take_events()]
-    result = event.result  # type: ignore[attr-defined]
+    [event] = machine.take_events()
+    assert isinstance(event, DHTOperationDone)
+    result = event.result
     assert isinstance(result, GetProvidersResult)
     by_provider = {r.provider: r for r in result.providers}
     assert by_provider[ident(2).peer_id].relay_addrs == (via(5, 2),)
