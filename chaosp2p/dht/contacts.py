@@ -92,6 +92,20 @@ class AddressValidator:
         return kept, len(relay_addrs) - len(kept)
 
 
+def announced_relay_addrs(addrs: Sequence[CircuitAddr], most: int) -> tuple[str, ...]:
+    """At most ``most`` of our relay addresses to announce, each relay's first ones first.
+
+    Two relays listening on several addresses each can give more than a contact carries; cutting
+    the list short would drop the second relay, the one that keeps us reachable when the first goes.
+    """
+    by_relay: dict[PeerID, list[CircuitAddr]] = {}
+    for addr in addrs:
+        by_relay.setdefault(addr.relay_peer, []).append(addr)
+    rounds = max((len(held) for held in by_relay.values()), default=0)
+    spread = [str(held[i]) for i in range(rounds) for held in by_relay.values() if i < len(held)]
+    return tuple(spread[:most])
+
+
 def _relay_problem(peer: PeerID, text: str) -> str | None:
     target, reason = _relay_verdict(text)
     if reason:

@@ -163,6 +163,11 @@ class DHTCore:
         """Our relay addresses, advertised beside :attr:`listen_addrs` while nobody can dial us."""
         return self._relay_addrs
 
+    @property
+    def max_relay_addrs(self) -> int:
+        """How many relay addresses a contact, request or provider record may carry here."""
+        return self._validator.max_relay_addrs
+
     def _known(self, peer: PeerID) -> Contact | None:
         entry = self.routing_table.get(peer)
         return entry.contact if entry is not None else self._addr_book.get(peer)

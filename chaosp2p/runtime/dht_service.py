@@ -32,6 +32,7 @@ from chaosp2p.dht import (
     StoreResult,
     signed_key,
 )
+from chaosp2p.dht.contacts import announced_relay_addrs
 from chaosp2p.errors import ChaosError
 from chaosp2p.runtime.driver import MachineDriver
 from chaosp2p.transport.connection import Connection
@@ -131,8 +132,12 @@ class DHTService:
         return result.providers
 
     def set_relay_addrs(self, addrs: Sequence[CircuitAddr]) -> None:
-        """Announce where this peer is relayed (empty: nowhere) in its DHT requests and provider records."""
-        self.driver.call(self.machine.set_relay_addrs, [str(a) for a in addrs])
+        """Announce where this peer is relayed (empty: nowhere) in its DHT requests and provider records.
+
+        Relays listening on several addresses may give more than a contact carries: then every
+        relay keeps its first addresses (:func:`~chaosp2p.dht.contacts.announced_relay_addrs`).
+        """
+        self.driver.call(self.machine.set_relay_addrs, announced_relay_addrs(addrs, self.machine.max_relay_addrs))
 
     def statistics(self) -> Any:
         """The DHT machine's counters."""

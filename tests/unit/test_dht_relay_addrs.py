@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from chaosp2p.dht import AddProviderResult, DHTMachine, DHTOperationDone, FindPeerResult, GetProvidersResult
-from chaosp2p.dht.contacts import AddressValidator
+from chaosp2p.dht.contacts import AddressValidator, announced_relay_addrs
 from chaosp2p.dht.messages import (
     DHT_CODEC,
     AddProvider,
@@ -92,6 +92,19 @@ def test_bad_relay_addresses_are_named_with_their_reason() -> None:
     assert AddressValidator(max_addrs=2).relay_problem(me, (via(2, 1),) * 3) == "3 relay addresses (max 2)"
     assert validator.usable_relay_addrs(me, (via(2, 1), via(2, 3), "junk")) == ((via(2, 1),), 2)
     assert validator.usable_relay_addrs(me, (via(2, 1),) * 9) == ((), 9)
+
+
+def test_announced_relay_addresses_keep_every_relay_within_the_cap() -> None:
+    def at(relay: int, port: int) -> CircuitAddr:
+        return CircuitAddr.parse(
+            f"/ip4/10.9.0.{relay}/tcp/{port}/p2p/{ident(relay).peer_id}/p2p-circuit/p2p/{ident(1).peer_id}"
+        )
+
+    first = [at(5, p) for p in range(1, 7)]
+    second = [at(6, p) for p in range(1, 7)]
+    announced = announced_relay_addrs([*first, *second], 8)
+    assert len(announced) == 8 and announced[:4] == (str(first[0]), str(second[0]), str(first[1]), str(second[1]))
+    assert announced_relay_addrs(first[:2], 8) == (str(first[0]), str(first[1])) and announced_relay_addrs([], 8) == ()
 
 
 # ------------------------------------------------------------------ requests and contacts
