@@ -77,22 +77,19 @@ def _check_request_id(request_id: int) -> None:
         _fail("request_id out of range")
 
 
-def _check_addrs(addrs: tuple[str, ...]) -> None:
-    if len(addrs) > HARD_MAX_ADDRS:
-        _fail(f"more than {HARD_MAX_ADDRS} addresses")
+def _check_addrs(addrs: tuple[str, ...], most: int = HARD_MAX_ADDRS, chars: int = MAX_MULTIADDR_CHARS,
+                 what: str = "address") -> None:
+    if len(addrs) > most:
+        _fail(f"more than {most} {what}es")
     for addr in addrs:
-        if len(addr) > MAX_MULTIADDR_CHARS:
-            _fail("address too long")
+        if len(addr) > chars:
+            _fail(f"{what} too long")
 
 
 def _check_relay_addrs(relay_addrs: tuple[str, ...]) -> None:
     # Hard caps only: the form (a circuit address naming the peer) is checked by the machine,
     # which drops bad ones and keeps the rest of the message (``contacts.py``).
-    if len(relay_addrs) > HARD_MAX_RELAY_ADDRS:
-        _fail(f"more than {HARD_MAX_RELAY_ADDRS} relay addresses")
-    for addr in relay_addrs:
-        if len(addr) > MAX_RELAY_ADDR_CHARS:
-            _fail("relay address too long")
+    _check_addrs(relay_addrs, HARD_MAX_RELAY_ADDRS, MAX_RELAY_ADDR_CHARS, "relay address")
 
 
 def _check_sender(msg: Ping | FindNode | FindValue | Store | AddProvider | GetProviders) -> None:

@@ -26,6 +26,7 @@ from chaosp2p.dht.records import make_provider_record, provider_relay_problem
 from chaosp2p.errors import ConfigError, RemoteProtocolError
 from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.framing import pack
+from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.multiaddr import Multiaddr
 
 from .test_dht_machine import addr_of, answer_to, ident, new_machine, swarm
@@ -40,6 +41,16 @@ def via(relay: int, target: int) -> str:
 
 def decode(message: object) -> object:
     return DHT_CODEC.decode(DHT_CODEC.encode(message), max_bytes=1 << 20)  # type: ignore[arg-type]
+
+
+def with_one_contact() -> tuple[DHTMachine, Identity]:
+    """A machine whose routing table holds one peer, which answered its ping."""
+    machine, helper = new_machine(0), ident(1)
+    machine.add_contact(0.0, helper.peer_id, (addr_of(1),))
+    (ping,) = machine.take_outgoing()
+    assert isinstance(ping.message, Ping)
+    machine.receive(0.0, helper.peer_id, "dht", Pong(request_id=ping.message.request_id))
+    return machine, helper
 
 
 # ------------------------------------------------------------------ wire
@@ -139,11 +150,7 @@ def test_an_answer_leaves_the_relay_addresses_a_peer_announced() -> None:
 
 
 def test_contacts_keep_their_good_relay_addresses_and_lose_the_bad_ones() -> None:
-    machine = new_machine(0)
-    helper = ident(1)
-    machine.add_contact(0.0, helper.peer_id, (addr_of(1),))
-    (ping,) = machine.take_outgoing()
-    machine.receive(0.0, helper.peer_id, "dht", Pong(request_id=ping.message.request_id))  # type: ignore[attr-defined]
+    machine, helper = with_one_contact()
     machine.start_find_peer(0.1, ident(50).peer_id)
     (query,) = machine.take_outgoing()
     named = (
@@ -243,11 +250,7 @@ def test_a_forged_relay_part_is_stripped_and_the_record_kept() -> None:
 
 
 def test_a_relay_part_arriving_in_an_answer_is_checked_too() -> None:
-    machine = new_machine(0)
-    helper = ident(1)
-    machine.add_contact(0.0, helper.peer_id, (addr_of(1),))
-    (ping,) = machine.take_outgoing()
-    machine.receive(0.0, helper.peer_id, "dht", Pong(request_id=ping.message.request_id))  # type: ignore[attr-defined]
+    machine, helper = with_one_contact()
     machine.start_get_providers(0.1, KEY)
     (query,) = machine.take_outgoing()
     assert isinstance(query.message, GetProviders)
