@@ -80,8 +80,11 @@ class DHTService:
             after_flush=self._after_flush,
             name="dht",
             # A private peer found in a lookup is reached at the relay addresses it announced
-            # (``protocols/dht.md`` §3.1), through a relay this peer need not be connected to.
+            # (``protocols/dht.md`` §3.1), through a relay this peer need not be connected to. Only
+            # there: a lookup meets many peers, and a dead one must be reported at once, not after
+            # a circuit request at every relay this peer is connected to.
             relay=True,
+            any_relay=False,
         )
         self._changed = anyio.Event()
         host.on_connection_change(self._on_connection)

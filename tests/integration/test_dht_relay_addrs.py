@@ -7,7 +7,7 @@ to R, and runs no membership. What it learns of B comes from D's FIND_NODE answe
 lookup, and its DHT driver reaches B through R, dialing R itself.
 
 Peer level: a private peer's node puts the relay address it reserved into its DHT announcements,
-and a state pull finds it in the peer's provider record.
+and the sources a state pull finds carry it (from the peer's provider record).
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ import pytest
 from chaosp2p import SnapshotStore
 from chaosp2p.clock import MonotonicClock
 from chaosp2p.dht import DHTConfig, DHTMachine
+from chaosp2p.errors import PeerUnreachable
 from chaosp2p.protocols.relay import RelayConfig
 from chaosp2p.protocols.relay.holding import ReservationConfig
 from chaosp2p.runtime.dht_service import DHTService
+from chaosp2p.state.service import run_provider_key
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.host import Host, open_host
 from chaosp2p.transport.reach import reach
@@ -147,7 +149,7 @@ async def test_a_provider_lookup_gives_a_private_providers_signed_relay_address(
         assert connection.relayed and connection.remote_peer == b.peer_id
 
 
-async def test_a_private_peer_announces_its_relay_address_in_the_dht_and_a_pull_finds_it_there(
+async def test_a_private_node_announces_its_relay_address_in_the_dht_and_state_sources_carry_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Peers: R, then S (private: it reserves at R) and N bootstrapping from R; S and N cannot dial each other.
@@ -158,9 +160,20 @@ async def test_a_private_peer_announces_its_relay_address_in_the_dht_and_a_pull_
         store = SnapshotStore(s.config.transfer)
         store.publish("run", 1, {"w": np.arange(4096, dtype=np.float32)})
         await s.serve_state(store, runs=["run"])
-        sources = await n.state.discover_sources("run", limit=4, timeout_s=10.0)
-        [source] = [x for x in sources if x.peer == s.peer_id]
-        assert CircuitAddr.parse(addr) in source.addrs  # from S's provider record: a pull reaches S there
-        loaded = await n.load_state("run")
-        assert loaded.arrays["w"].tobytes() == np.arange(4096, dtype=np.float32).tobytes()
-        assert n.host.relayed_connection(s.peer_id) is not None
+        key = run_provider_key("run")
+        await eventually(lambda: r.dht.machine.held_providers(r.clock.now(), key) != [])  # S announced it
+        [source] = await n.state.find_sources("run", limit=4)
+        # From S's provider record: what a state pull dials (reach: direct first, then this).
+        assert source.peer == s.peer_id and CircuitAddr.parse(addr) in source.addrs
+
+
+async def test_the_dht_goes_only_through_announced_relays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lookup meets many peers: one that cannot be dialled and announced no relay address is
+    # reported unreachable at once, not after a circuit request at every relay A is connected to.
+    async with world(tmp_path, monkeypatch) as w:
+        await w.a.connect(w.r.addrs[0])  # A is connected to the relay B reserved at
+        with pytest.raises(PeerUnreachable, match="timed out"):
+            await reach(w.a, w.b.peer_id, w.b.addrs, relay_after_s=0.05, any_relay=False)
+        assert w.a.relayed_connection(w.b.peer_id) is None
+        connection = await reach(w.a, w.b.peer_id, [*w.b.addrs, w.addr], relay_after_s=0.05, any_relay=False)
+        assert connection.relayed and connection.remote_peer == w.b.peer_id
