@@ -98,8 +98,8 @@ class Bootstrapping(Querying):
         checked = tuple(addrs)
         if not self._validator.valid(peer, checked):
             raise ConfigError(f"invalid addresses for {peer}: {checked!r}")
-        self._remember_addrs(peer, checked)
         contact = Contact(peer_id=peer, addrs=checked)
+        self._remember(contact)
         boot = self._boot
         if boot.active:
             boot.extra[peer] = contact
@@ -110,8 +110,9 @@ class Bootstrapping(Querying):
                 boot.op.lookup.add(contact, depth=0)
                 self._pump(now, boot.op)
             return
-        self._send_request(now, peer, checked, Ping(request_id=self._new_request_id(),
-                                                     sender_addrs=self._listen_addrs), RequestKind.PING, None)
+        ping = Ping(request_id=self._new_request_id(), sender_addrs=self._listen_addrs,
+                    sender_relay_addrs=self._relay_addrs)
+        self._send_request(now, contact, ping, RequestKind.PING, None)
 
     def _bootstrap_attempt(self, now: float) -> None:
         boot = self._boot

@@ -13,6 +13,8 @@ HARD_MAX_VALUE_BYTES = 512 * 1024
 HARD_MAX_CONTACTS = 64
 HARD_MAX_ADDRS = 16
 HARD_MAX_PROVIDERS = 64
+HARD_MAX_RELAY_ADDRS = 8
+"""Most relay addresses one contact, request or provider record carries (``protocols/relay.md`` §6)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,16 @@ from chaosp2p.dht.config import DHTConfig
 from chaosp2p.dht.contacts import AddressValidator
 from chaosp2p.dht.events import DHTEvent, DHTOperationDone, LookupStats, OperationResult
 from chaosp2p.dht.keys import key_owner
-from chaosp2p.dht.messages import MAX_REQUEST_ID, MAX_TTL_MS, PROTOCOL, Contact, Ping, Request, StoreStatus
+from chaosp2p.dht.messages import (
+    MAX_REQUEST_ID,
+    MAX_TTL_MS,
+    PROTOCOL,
+    Contact,
+    Ping,
+    ProviderRecord,
+    Request,
+    StoreStatus,
+)
 from chaosp2p.dht.operation import (
     BootstrapProgress,
     Operation,
@@ -32,12 +41,13 @@ from chaosp2p.dht.operation import (
     PendingRequest,
     RequestKind,
 )
-from chaosp2p.dht.records import RecordStore
+from chaosp2p.dht.records import RecordStore, provider_relay_problem, without_relay_addrs
 from chaosp2p.dht.routing import RoutingTable
 from chaosp2p.dht.timers import DHTTimer, TimerTable
 from chaosp2p.errors import ConfigError
 from chaosp2p.protocols.base import Outgoing
 from chaosp2p.protocols.ratelimit import RateLimiter
+from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -62,6 +72,7 @@ COUNTERS = (
     "lookup_messages",
     "republished",
     "bootstrap_attempts",
+    "rejected_relay_addrs",
 )
 """The machine's counters, each a field of :class:`~chaosp2p.dht.events.DHTStatistics`."""
 
@@ -95,9 +106,10 @@ class DHTCore:
         self.config = cfg = config or DHTConfig()
         self._rng = rng
         self._listen_addrs: tuple[str, ...] = ()
-        self.set_listen_addrs(listen_addrs)
-        self.routing_table = RoutingTable(self.peer_id, k=cfg.k)
         self._validator = AddressValidator(max_addrs=cfg.max_addrs_per_peer)
+        self.set_listen_addrs(listen_addrs)
+        self._relay_addrs: tuple[str, ...] = ()
+        self.routing_table = RoutingTable(self.peer_id, k=cfg.k)
         self._store = RecordStore(
             max_key_bytes=cfg.max_key_bytes,
             max_value_bytes=cfg.max_value_bytes,
@@ -122,7 +134,7 @@ class DHTCore:
         self._next_request_id = rng.getrandbits(62)
         self._ops: dict[int, Operation] = {}
         self._next_op_id = 1
-        self._addr_book: OrderedDict[PeerID, tuple[str, ...]] = OrderedDict()
+        self._addr_book: OrderedDict[PeerID, Contact] = OrderedDict()
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._bucket_touched: dict[int, float] = {}
         self._timers.arm(DHTTimer.REFRESH, now + cfg.refresh_interval_s * self._jitter())
@@ -146,37 +158,80 @@ class DHTCore:
             raise ConfigError("too many listen addresses")
         self._listen_addrs = tuple(str(a) for a in parsed)
 
+    @property
+    def relay_addrs(self) -> tuple[str, ...]:
+        """Our relay addresses, advertised beside :attr:`listen_addrs` while nobody can dial us."""
+        return self._relay_addrs
+
+    @property
+    def max_relay_addrs(self) -> int:
+        """How many relay addresses a contact, request or provider record may carry here."""
+        return self._validator.max_relay_addrs
+
+    def _known(self, peer: PeerID) -> Contact | None:
+        entry = self.routing_table.get(peer)
+        return entry.contact if entry is not None else self._addr_book.get(peer)
+
     def known_addrs(self, peer: PeerID) -> tuple[str, ...]:
         """Addresses we know for ``peer`` (routing table first, then lookup contacts) -- what the
         driver dials when an :class:`Outgoing` is addressed to a peer it has no connection to."""
-        entry = self.routing_table.get(peer)
-        if entry is not None:
-            return entry.contact.addrs
-        return self._addr_book.get(peer, ())
+        contact = self._known(peer)
+        return contact.addrs if contact is not None else ()
+
+    def known_relay_addrs(self, peer: PeerID) -> tuple[str, ...]:
+        """The relay addresses we know for ``peer`` (checked on entry), from the same contact."""
+        contact = self._known(peer)
+        return contact.relay_addrs if contact is not None else ()
 
     def known_multiaddrs(self, peer: PeerID) -> tuple[Multiaddr, ...]:
-        """:meth:`known_addrs`, parsed -- the shape of the runtime driver's address resolver."""
+        """:meth:`known_addrs`, parsed."""
         return tuple(Multiaddr.parse(a) for a in self.known_addrs(peer))
 
-    def _remember_addrs(self, peer: PeerID, addrs: tuple[str, ...]) -> None:
+    def dial_addrs(self, peer: PeerID) -> tuple[Dialable, ...]:
+        """Where to reach ``peer``: its addresses, then its relay addresses -- the runtime driver's
+        address resolver, for :func:`~chaosp2p.transport.reach.reach`."""
+        relayed = tuple(CircuitAddr.parse(a) for a in self.known_relay_addrs(peer))
+        return (*self.known_multiaddrs(peer), *relayed)
+
+    def _remember(self, contact: Contact) -> None:
         book = self._addr_book
+        peer = contact.peer_id
         if peer in book:
             book.move_to_end(peer)
-        book[peer] = addrs
+        book[peer] = contact
         if len(book) > self.config.address_book_size:
             book.popitem(last=False)
 
     # ================================================================== routing-table admission
-    def _seen(self, now: float, peer: PeerID, addrs: tuple[str, ...]) -> None:
+    def _seen(
+        self, now: float, peer: PeerID, addrs: tuple[str, ...], relay_addrs: tuple[str, ...] | None = None
+    ) -> None:
         """``peer`` talked to us directly: admit or refresh it; a full bucket checks its oldest first."""
-        lrs = self.routing_table.seen(now, peer, addrs)
+        lrs = self.routing_table.seen(now, peer, addrs, relay_addrs)
         if lrs is None:
             return
         self._counts["eviction_checks"] += 1
         entry = self.routing_table.get(lrs)
-        lrs_addrs = entry.contact.addrs if entry is not None else ()
-        ping = Ping(request_id=self._new_request_id(), sender_addrs=self._listen_addrs)
-        self._send_request(now, lrs, lrs_addrs, ping, RequestKind.EVICTION_CHECK, None)
+        contact = entry.contact if entry is not None else Contact(peer_id=lrs, addrs=())
+        ping = Ping(
+            request_id=self._new_request_id(), sender_addrs=self._listen_addrs, sender_relay_addrs=self._relay_addrs
+        )
+        self._send_request(now, contact, ping, RequestKind.EVICTION_CHECK, None)
+
+    def _sender_relay_addrs(self, sender: PeerID, relay_addrs: tuple[str, ...]) -> tuple[str, ...]:
+        """The usable ones of the relay addresses ``sender`` claims for itself (bad ones counted)."""
+        if not relay_addrs:
+            return ()
+        kept, dropped = self._validator.usable_relay_addrs(sender, relay_addrs)
+        self._counts["rejected_relay_addrs"] += dropped
+        return kept
+
+    def _checked_relay_part(self, record: ProviderRecord) -> ProviderRecord:
+        """``record``, or ``record`` without its relay addresses when they are bad (counted)."""
+        if record.relay_addrs and provider_relay_problem(record, self._validator) is not None:
+            self._counts["rejected_relay_addrs"] += len(record.relay_addrs)
+            return without_relay_addrs(record)
+        return record
 
     def _closest(self, target: int, exclude: PeerID) -> tuple[Contact, ...]:
         return tuple(e.contact for e in self.routing_table.closest(target, self.config.k, exclude=exclude))
@@ -189,16 +244,16 @@ class DHTCore:
     def _send_request(
         self,
         now: float,
-        peer: PeerID,
-        addrs: tuple[str, ...],
+        contact: Contact,
         msg: Request,
         kind: RequestKind,
         op: Operation | None,
     ) -> None:
         request_id = msg.request_id
-        if addrs and peer not in self.routing_table:
-            self._remember_addrs(peer, addrs)  # so the driver can resolve where to send this
-        self._pending[request_id] = PendingRequest(peer=peer, kind=kind, op=op, addrs=addrs)
+        peer = contact.peer_id
+        if contact.addrs and peer not in self.routing_table:
+            self._remember(contact)  # so the driver can resolve where to send this
+        self._pending[request_id] = PendingRequest(peer=peer, kind=kind, op=op, contact=contact)
         self._pending_by_peer.setdefault(peer, set()).add(request_id)
         self._timers.add_request(now + self.config.request_timeout_s, request_id)
         self._counts["requests_sent"] += 1

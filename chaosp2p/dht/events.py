@@ -183,3 +183,6 @@ class DHTStatistics:
     republished: int = 0
     bootstrap_attempts: int = 0
     routing_table_size: int = 0
+    rejected_relay_addrs: int = 0
+    """Relay addresses dropped (the rest of their contact, request or provider record kept): more
+    than the maximum, not a relay address, one that reaches another peer, or a bad relay signature."""

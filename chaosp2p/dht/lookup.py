@@ -323,7 +323,7 @@ async def lookup(
                 records.append(record)
                 if value_hops is None:
                     value_hops = state.depth_of(peer) + 1
-            good, bad = filter_contacts(closer, validator=validator, own=own)
+            good, bad, _ = filter_contacts(closer, validator=validator, own=own)
             garbage += bad
             state.answered(peer, good)
     return LookupResult(

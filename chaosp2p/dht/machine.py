@@ -133,7 +133,7 @@ class DHTMachine(RequestServing, Storing, Bootstrapping, Maintenance):
         """Find ``peer``'s addresses; returns the op id (result: :class:`FindPeerResult`)."""
         op = self._new_op(now, LookupKind.FIND_PEER, LookupQuery.FIND_NODE, node_id(peer), key=peer.raw)
         if peer == self.peer_id:
-            op.found_peer = Contact(peer_id=peer, addrs=self._listen_addrs)
+            op.found_peer = Contact(peer_id=peer, addrs=self._listen_addrs, relay_addrs=self._relay_addrs)
             op.found_depth = -1
         else:
             entry = self.routing_table.get(peer)
@@ -166,6 +166,24 @@ class DHTMachine(RequestServing, Storing, Bootstrapping, Maintenance):
             op.providers[record.provider] = (record, -1)
         self._pump(now, op)
         return op.op_id
+
+    def set_relay_addrs(self, now: float, addrs: Sequence[str]) -> None:
+        """Replace our relay addresses (``…/p2p/<relay>/p2p-circuit/p2p/<us>``; empty: none).
+
+        They go out with every request from now on. A change is announced at once: a self-lookup
+        tells the peers closest to us (those asked about us), and our provider records are
+        re-issued, so that whoever looks us up finds where we are relayed now.
+        """
+        checked = tuple(str(a) for a in addrs)
+        problem = self._validator.relay_problem(self.peer_id, checked)
+        if problem is not None:
+            raise ConfigError(f"relay addresses: {problem}")
+        if checked != self._relay_addrs:
+            self._relay_addrs = checked
+            if len(self.routing_table):
+                own = self.routing_table.own_id
+                self._pump(now, self._new_op(now, LookupKind.REFRESH, LookupQuery.FIND_NODE, own, report=False))
+            self._reissue_own_providers(now, every=True)
 
     # ================================================================== what this peer holds
     def held_record(self, now: float, key: bytes) -> Record | None:
@@ -249,7 +267,10 @@ class DHTMachine(RequestServing, Storing, Bootstrapping, Maintenance):
             return
         pending = self._pop_pending(request_id)
         self._counts["responses_received"] += 1
-        self._seen(now, sender, pending.addrs)
+        contact = pending.contact
+        # An answer says nothing of the sender's relay addresses: an entry keeps those its own
+        # requests announced; a newcomer starts with those of the contact that named it.
+        self._seen(now, sender, contact.addrs, None if sender in self.routing_table else contact.relay_addrs)
         name = ON_ANSWER.get(pending.kind)
         if name is not None and pending.op is not None:
             handler: Callable[[float, Operation, PeerID, PendingRequest, Response], None] = getattr(self, name)

@@ -92,13 +92,23 @@ class Maintenance(Querying):
                                 issued_at_ms=wall, identity=self.identity)
             self._store.put_record(now, fresh, self.peer_id, verified=True)
             self._republish_one(now, fresh, now + fresh.ttl_ms / 1000.0)
+        self._reissue_own_providers(now, every=False)
+
+    def _reissue_own_providers(self, now: float, *, every: bool) -> None:
+        """Re-sign our provider records past half their life (``every``: all of them, as when our
+        relay addresses changed) with our current addresses, and store them again."""
+        wall = self._store.wall_ms(now)
+        margin_ms = self.config.republish_interval_s * 1000
         for prov in self._store.providers():
             provider = prov.record
             left_ms = provider.issued_at_ms + provider.ttl_ms - wall
-            if provider.provider != self.peer_id or prov.expires_at <= now or left_ms > provider.ttl_ms / 2 + margin_ms:
+            if provider.provider != self.peer_id or prov.expires_at <= now:
+                continue
+            if not every and left_ms > provider.ttl_ms / 2 + margin_ms:
                 continue
             fresh_provider = make_provider_record(self.identity, provider.key, self._listen_addrs or provider.addrs,
-                                                  seq=provider.seq, ttl_ms=provider.ttl_ms, issued_at_ms=wall)
+                                                  seq=provider.seq, ttl_ms=provider.ttl_ms, issued_at_ms=wall,
+                                                  relay_addrs=self._relay_addrs)
             self._store.put_provider(now, fresh_provider, self.peer_id)
             self._republish_one(now, fresh_provider, now + fresh_provider.ttl_ms / 1000.0)
 

@@ -15,6 +15,7 @@ from chaosp2p.dht.config import (
     HARD_MAX_CONTACTS,
     HARD_MAX_KEY_BYTES,
     HARD_MAX_PROVIDERS,
+    HARD_MAX_RELAY_ADDRS,
     HARD_MAX_VALUE_BYTES,
 )
 from chaosp2p.dht.keys import ID_BYTES
@@ -30,6 +31,8 @@ MAX_REQUEST_ID = (1 << 64) - 1
 MAX_VERSION = (1 << 63) - 1
 MAX_TTL_MS = 1 << 40
 SIGNATURE_BYTES = 64
+MAX_RELAY_ADDR_CHARS = 2 * MAX_MULTIADDR_CHARS
+"""A relay address is the relay's multiaddr, ``/p2p-circuit`` and the target's id."""
 
 
 class DHTMessageType(enum.IntEnum):
@@ -74,12 +77,25 @@ def _check_request_id(request_id: int) -> None:
         _fail("request_id out of range")
 
 
-def _check_addrs(addrs: tuple[str, ...]) -> None:
-    if len(addrs) > HARD_MAX_ADDRS:
-        _fail(f"more than {HARD_MAX_ADDRS} addresses")
+def _check_addrs(addrs: tuple[str, ...], most: int = HARD_MAX_ADDRS, chars: int = MAX_MULTIADDR_CHARS,
+                 what: str = "address") -> None:
+    if len(addrs) > most:
+        _fail(f"more than {most} {what}es")
     for addr in addrs:
-        if len(addr) > MAX_MULTIADDR_CHARS:
-            _fail("address too long")
+        if len(addr) > chars:
+            _fail(f"{what} too long")
+
+
+def _check_relay_addrs(relay_addrs: tuple[str, ...]) -> None:
+    # Hard caps only: the form (a circuit address naming the peer) is checked by the machine,
+    # which drops bad ones and keeps the rest of the message (``contacts.py``).
+    _check_addrs(relay_addrs, HARD_MAX_RELAY_ADDRS, MAX_RELAY_ADDR_CHARS, "relay address")
+
+
+def _check_sender(msg: Ping | FindNode | FindValue | Store | AddProvider | GetProviders) -> None:
+    _check_request_id(msg.request_id)
+    _check_addrs(msg.sender_addrs)
+    _check_relay_addrs(msg.sender_relay_addrs)
 
 
 def _check_key(key: bytes) -> None:
@@ -108,14 +124,19 @@ def _check_contacts(contacts: tuple[Contact, ...]) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Contact:
-    """A peer as named in a response: its id and the multiaddrs it listens on."""
+    """A peer as named in a response: its id, the multiaddrs it listens on, and where it is relayed."""
 
     peer_id: PeerID
     addrs: tuple[str, ...]
+    relay_addrs: tuple[str, ...] = ()
+    """Appended: relay addresses (``…/p2p/<relay>/p2p-circuit/p2p/<peer_id>``) of a peer nobody
+    can dial. Never in ``addrs``: a peer of the version before them drops a contact whose
+    ``addrs`` hold one (``protocols/dht.md`` §3.1)."""
 
     def validate(self) -> None:
         """Hard caps only; multiaddr syntax is checked (and counted) by the machine."""
         _check_addrs(self.addrs)
+        _check_relay_addrs(self.relay_addrs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,11 +187,19 @@ class ProviderRecord:
     signature: bytes
     issued_at_ms: int = 0
     """When the provider signed it (Unix ms); it lapses at ``issued_at_ms + ttl_ms`` at the latest."""
+    relay_addrs: tuple[str, ...] = ()
+    """Appended: where the provider is relayed, outside ``signature`` (so a peer of the version
+    before them still verifies the record) and covered by ``relay_signature`` instead."""
+    relay_signature: bytes = b""
+    """The provider's signature over ``records.provider_relay_payload`` (empty when ``relay_addrs`` is)."""
 
     def validate(self) -> None:
         """Hard caps and shape."""
         _check_key(self.key)
         _check_addrs(self.addrs)
+        _check_relay_addrs(self.relay_addrs)
+        if len(self.relay_signature) != (SIGNATURE_BYTES if self.relay_addrs else 0):
+            _fail("relay addresses need a 64-byte relay signature, and only they")
         if not 0 <= self.seq <= MAX_VERSION:
             _fail("seq out of range")
         _check_ttl(self.ttl_ms, self.remaining_ms)
@@ -186,11 +215,12 @@ class Ping(Message):
 
     request_id: int
     sender_addrs: tuple[str, ...]
+    sender_relay_addrs: tuple[str, ...] = ()
+    """Appended: the requester's relay addresses (as :attr:`Contact.relay_addrs`)."""
 
     def validate(self) -> None:
         """Check ranges."""
-        _check_request_id(self.request_id)
-        _check_addrs(self.sender_addrs)
+        _check_sender(self)
 
 
 @DHT_CODEC.register(DHTMessageType.PONG)
@@ -213,11 +243,12 @@ class FindNode(Message):
     request_id: int
     sender_addrs: tuple[str, ...]
     target: bytes
+    sender_relay_addrs: tuple[str, ...] = ()
+    """Appended: the requester's relay addresses (as :attr:`Contact.relay_addrs`)."""
 
     def validate(self) -> None:
         """Check ranges."""
-        _check_request_id(self.request_id)
-        _check_addrs(self.sender_addrs)
+        _check_sender(self)
         if len(self.target) != ID_BYTES:
             _fail(f"target must be {ID_BYTES} bytes")
 
@@ -244,11 +275,12 @@ class FindValue(Message):
     request_id: int
     sender_addrs: tuple[str, ...]
     key: bytes
+    sender_relay_addrs: tuple[str, ...] = ()
+    """Appended: the requester's relay addresses (as :attr:`Contact.relay_addrs`)."""
 
     def validate(self) -> None:
         """Check ranges."""
-        _check_request_id(self.request_id)
-        _check_addrs(self.sender_addrs)
+        _check_sender(self)
         _check_key(self.key)
 
 
@@ -277,11 +309,12 @@ class Store(Message):
     request_id: int
     sender_addrs: tuple[str, ...]
     record: Record
+    sender_relay_addrs: tuple[str, ...] = ()
+    """Appended: the requester's relay addresses (as :attr:`Contact.relay_addrs`)."""
 
     def validate(self) -> None:
         """Check ranges."""
-        _check_request_id(self.request_id)
-        _check_addrs(self.sender_addrs)
+        _check_sender(self)
         self.record.validate()
 
 
@@ -313,11 +346,12 @@ class AddProvider(Message):
     request_id: int
     sender_addrs: tuple[str, ...]
     provider: ProviderRecord
+    sender_relay_addrs: tuple[str, ...] = ()
+    """Appended: the requester's relay addresses (as :attr:`Contact.relay_addrs`)."""
 
     def validate(self) -> None:
         """Check ranges."""
-        _check_request_id(self.request_id)
-        _check_addrs(self.sender_addrs)
+        _check_sender(self)
         self.provider.validate()
 
 
@@ -329,11 +363,12 @@ class GetProviders(Message):
     request_id: int
     sender_addrs: tuple[str, ...]
     key: bytes
+    sender_relay_addrs: tuple[str, ...] = ()
+    """Appended: the requester's relay addresses (as :attr:`Contact.relay_addrs`)."""
 
     def validate(self) -> None:
         """Check ranges."""
-        _check_request_id(self.request_id)
-        _check_addrs(self.sender_addrs)
+        _check_sender(self)
         _check_key(self.key)
 
 

@@ -143,7 +143,8 @@ class PendingRequest:
     peer: PeerID
     kind: RequestKind
     op: Operation | None
-    addrs: tuple[str, ...]
+    contact: Contact
+    """Where we sent it: the addresses (and relay addresses) that reached ``peer`` if it answers."""
 
 
 class BootstrapState(enum.Enum):

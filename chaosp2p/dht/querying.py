@@ -109,8 +109,8 @@ class Querying(DHTCore):
             self._lookup_finished(now, op)
 
     def _send_query(self, now: float, op: Operation, contact: Contact) -> None:
-        msg = QUERY[op.query](self._new_request_id(), self._listen_addrs, op)
-        self._send_request(now, contact.peer_id, contact.addrs, msg, RequestKind.LOOKUP, op)
+        msg = QUERY[op.query](self._new_request_id(), (self._listen_addrs, self._relay_addrs), op)
+        self._send_request(now, contact, msg, RequestKind.LOOKUP, op)
 
     def _lookup_finished(self, now: float, op: Operation) -> None:
         self._counts["lookups_completed"] += 1
@@ -137,9 +137,10 @@ class Querying(DHTCore):
         if take is not None and not getattr(self, take)(now, op, peer, depth, msg):
             self._query_failed(now, op, peer)
             return
-        good, garbage = filter_contacts(closer, validator=self._validator, own=self.peer_id)
+        good, garbage, dropped_relays = filter_contacts(closer, validator=self._validator, own=self.peer_id)
         if garbage:
             self._counts["rejected_garbage_peers"] += garbage
+        self._counts["rejected_relay_addrs"] += dropped_relays
         if op.kind is LookupKind.FIND_PEER and op.found_peer is None:
             self._look_for_peer(op, peer, pending, good, depth)
         op.lookup.answered(peer, good)
@@ -177,6 +178,7 @@ class Querying(DHTCore):
             if status is not StoreStatus.OK:
                 self._counts[STATUS_COUNTER[status]] += 1
                 continue
+            prov = self._checked_relay_part(prov)
             held = op.providers.get(prov.provider)
             if held is None or prov.seq > held[0].seq:
                 op.providers[prov.provider] = (prov, depth)
@@ -188,7 +190,7 @@ class Querying(DHTCore):
     ) -> None:
         wanted = op.key
         if peer.raw == wanted:
-            op.found_peer = Contact(peer_id=peer, addrs=pending.addrs)
+            op.found_peer = pending.contact
             op.found_depth = depth
             return
         for contact in good:
@@ -224,24 +226,32 @@ class Querying(DHTCore):
                                                  stats=self._stats(now, op, op.lookup.hops())))
 
 
-def _find_node(request_id: int, addrs: tuple[str, ...], op: Operation) -> Request:
-    return FindNode(request_id=request_id, sender_addrs=addrs, target=id_to_bytes(op.target))
+Sender = tuple[tuple[str, ...], tuple[str, ...]]
+"""Our listen addresses and our relay addresses, as every request carries them."""
 
 
-def _find_value(request_id: int, addrs: tuple[str, ...], op: Operation) -> Request:
-    return FindValue(request_id=request_id, sender_addrs=addrs, key=op.key)
+def _find_node(request_id: int, sender: Sender, op: Operation) -> Request:
+    addrs, relay_addrs = sender
+    return FindNode(request_id=request_id, sender_addrs=addrs, target=id_to_bytes(op.target),
+                    sender_relay_addrs=relay_addrs)
 
 
-def _get_providers(request_id: int, addrs: tuple[str, ...], op: Operation) -> Request:
-    return GetProviders(request_id=request_id, sender_addrs=addrs, key=op.key)
+def _find_value(request_id: int, sender: Sender, op: Operation) -> Request:
+    addrs, relay_addrs = sender
+    return FindValue(request_id=request_id, sender_addrs=addrs, key=op.key, sender_relay_addrs=relay_addrs)
 
 
-QUERY: dict[LookupQuery, Callable[[int, tuple[str, ...], Operation], Request]] = {
+def _get_providers(request_id: int, sender: Sender, op: Operation) -> Request:
+    addrs, relay_addrs = sender
+    return GetProviders(request_id=request_id, sender_addrs=addrs, key=op.key, sender_relay_addrs=relay_addrs)
+
+
+QUERY: dict[LookupQuery, Callable[[int, Sender, Operation], Request]] = {
     LookupQuery.FIND_NODE: _find_node,
     LookupQuery.FIND_VALUE: _find_value,
     LookupQuery.GET_PROVIDERS: _get_providers,
 }
-"""The request a lookup sends, built from its request id, our listen addresses and the operation."""
+"""The request a lookup sends, built from its request id, our addresses and the operation."""
 
 ENOUGH: dict[LookupKind, Callable[[Operation, DHTConfig], bool]] = {
     LookupKind.GET: lambda op, cfg: len(op.found) >= cfg.get_quorum,

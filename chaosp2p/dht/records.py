@@ -46,6 +46,7 @@ from chaosp2p.wire.identity import Identity, PeerID
 
 RECORD_SIGNING_DOMAIN = "chaosp2p/dht/record/2"
 PROVIDER_SIGNING_DOMAIN = "chaosp2p/dht/provider/2"
+PROVIDER_RELAY_SIGNING_DOMAIN = "chaosp2p/dht/provider-relay/1"
 
 
 def record_signing_payload(key: bytes, value: bytes, version: int, ttl_ms: int, issued_at_ms: int) -> bytes:
@@ -59,6 +60,16 @@ def provider_signing_payload(
     """Bytes a provider record's signature covers: msgpack
     ``[domain, key, provider, addrs, seq, ttl_ms, issued_at_ms]``."""
     return pack([PROVIDER_SIGNING_DOMAIN, key, provider.raw, list(addrs), seq, ttl_ms, issued_at_ms])
+
+
+def provider_relay_payload(
+    key: bytes, provider: PeerID, seq: int, ttl_ms: int, issued_at_ms: int, relay_addrs: tuple[str, ...]
+) -> bytes:
+    """Bytes a provider record's ``relay_signature`` covers: msgpack
+    ``[domain, key, provider, seq, ttl_ms, issued_at_ms, relay_addrs]``. Apart from the main
+    signature, so a peer of the version before relay addresses still verifies the record; bound to
+    the same issue (seq, ttl, issue time), so it cannot be moved onto another one."""
+    return pack([PROVIDER_RELAY_SIGNING_DOMAIN, key, provider.raw, seq, ttl_ms, issued_at_ms, list(relay_addrs)])
 
 
 def make_record(
@@ -75,12 +86,48 @@ def make_record(
 
 
 def make_provider_record(
-    identity: Identity, key: bytes, addrs: tuple[str, ...], *, seq: int, ttl_ms: int, issued_at_ms: int = 0
+    identity: Identity,
+    key: bytes,
+    addrs: tuple[str, ...],
+    *,
+    seq: int,
+    ttl_ms: int,
+    issued_at_ms: int = 0,
+    relay_addrs: tuple[str, ...] = (),
 ) -> ProviderRecord:
-    """A provider record for ``identity``'s peer issued at wall-clock ``issued_at_ms``, signed by it."""
-    signature = identity.sign(provider_signing_payload(key, identity.peer_id, addrs, seq, ttl_ms, issued_at_ms))
-    return ProviderRecord(key=key, provider=identity.peer_id, addrs=addrs, seq=seq, ttl_ms=ttl_ms,
-                          remaining_ms=ttl_ms, signature=signature, issued_at_ms=issued_at_ms)
+    """A provider record for ``identity``'s peer issued at wall-clock ``issued_at_ms``, signed by it
+    (its ``relay_addrs``, if any, under a signature of their own)."""
+    peer = identity.peer_id
+    signature = identity.sign(provider_signing_payload(key, peer, addrs, seq, ttl_ms, issued_at_ms))
+    relay_signature = (
+        identity.sign(provider_relay_payload(key, peer, seq, ttl_ms, issued_at_ms, relay_addrs)) if relay_addrs else b""
+    )
+    return ProviderRecord(key=key, provider=peer, addrs=addrs, seq=seq, ttl_ms=ttl_ms, remaining_ms=ttl_ms,
+                          signature=signature, issued_at_ms=issued_at_ms, relay_addrs=relay_addrs,
+                          relay_signature=relay_signature)
+
+
+def provider_relay_problem(record: ProviderRecord, validator: AddressValidator) -> str | None:
+    """Why ``record``'s relay addresses cannot be used (form, count, ``relay_signature``), or ``None``.
+
+    A record with a bad relay part is still a good record without it: the caller strips the part
+    (:func:`without_relay_addrs`) and keeps the rest, as a peer of the version before relay
+    addresses would.
+    """
+    if not record.relay_addrs:
+        return None
+    problem = validator.relay_problem(record.provider, record.relay_addrs)
+    if problem is not None:
+        return problem
+    payload = provider_relay_payload(
+        record.key, record.provider, record.seq, record.ttl_ms, record.issued_at_ms, record.relay_addrs
+    )
+    return None if record.provider.verify(record.relay_signature, payload) else "bad relay signature"
+
+
+def without_relay_addrs(record: ProviderRecord) -> ProviderRecord:
+    """``record`` as a peer of the version before relay addresses holds it."""
+    return replace(record, relay_addrs=(), relay_signature=b"")
 
 
 def check_record(record: Record, *, max_key_bytes: int, max_value_bytes: int) -> StoreStatus:
@@ -284,7 +331,10 @@ class RecordStore:
 
     # ------------------------------------------------------------------ providers
     def put_provider(self, now: float, record: ProviderRecord, sender: PeerID) -> tuple[StoreStatus, int | None]:
-        """Offer a provider record ``sender`` stored here; returns the verdict and, on STALE, the seq held."""
+        """Offer a provider record ``sender`` stored here; returns the verdict and, on STALE, the seq held.
+
+        Its relay part must have been checked (:func:`provider_relay_problem`) or stripped.
+        """
         if len(record.key) > self.max_key_bytes:
             return StoreStatus.OVERSIZED, None
         if not 0 < record.remaining_ms <= record.ttl_ms or not self.validator.valid(record.provider, record.addrs):
@@ -302,6 +352,12 @@ class RecordStore:
             if record.seq < held.record.seq:
                 return StoreStatus.STALE, held.record.seq
             if record.seq == held.record.seq and record.signature == held.record.signature:
+                if record.relay_signature and record.relay_signature != held.record.relay_signature:
+                    # The same issue with its relay part, which a holder of the version before
+                    # relay addresses dropped on the way here: take it (it was checked).
+                    held.record = replace(
+                        held.record, relay_addrs=record.relay_addrs, relay_signature=record.relay_signature
+                    )
                 held.expires_at = max(held.expires_at, expires_at)
                 held.last_stored_at = now
                 return StoreStatus.OK, None

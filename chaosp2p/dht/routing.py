@@ -135,8 +135,11 @@ class RoutingTable:
         return out
 
     # ------------------------------------------------------------------ updates
-    def seen(self, now: float, peer: PeerID, addrs: tuple[str, ...]) -> PeerID | None:
-        """``peer`` just talked to us directly from ``addrs``.
+    def seen(
+        self, now: float, peer: PeerID, addrs: tuple[str, ...], relay_addrs: tuple[str, ...] | None = None
+    ) -> PeerID | None:
+        """``peer`` just talked to us directly from ``addrs``; it is relayed at ``relay_addrs``
+        (``None``: not said, an entry keeps the ones it has).
 
         Returns the peer to ping when this starts an eviction check (the bucket is full), else None.
         """
@@ -147,8 +150,9 @@ class RoutingTable:
             home = self._buckets[bucket_index(self.own_id, entry.node_id)]
             entry.last_seen = now
             entry.failures = 0
-            if addrs and addrs != entry.contact.addrs:
-                entry.contact = Contact(peer_id=peer, addrs=addrs)
+            relayed = entry.contact.relay_addrs if relay_addrs is None else relay_addrs
+            if addrs and (addrs != entry.contact.addrs or relayed != entry.contact.relay_addrs):
+                entry.contact = Contact(peer_id=peer, addrs=addrs, relay_addrs=relayed)
             home.entries.move_to_end(peer)
             if home.pending_lrs == peer:
                 self._check_passed(home)
@@ -160,7 +164,8 @@ class RoutingTable:
         bucket = self._buckets.get(index)
         if bucket is None:
             bucket = self._buckets[index] = _Bucket()
-        new = Entry(contact=Contact(peer_id=peer, addrs=addrs), node_id=nid, last_seen=now)
+        new = Entry(contact=Contact(peer_id=peer, addrs=addrs, relay_addrs=relay_addrs or ()), node_id=nid,
+                    last_seen=now)
         if len(bucket.entries) < self.k:
             self._insert(bucket, new)
             return None

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 Every request passes the same gate before it is served: it is counted, rate-limited per sender
 (over the limit it is dropped without an answer), and the listen addresses it carries are checked
--- garbage addresses are counted and ignored, but the request is still served. A sender that gets
+-- garbage addresses are counted and ignored, but the request is still served; so are bad relay
+addresses, one by one (``contacts.py``). A sender that gets
 this far talked to us directly, so it is offered to the routing table (``_seen``), which is the
 only way a peer enters it. Then :data:`SERVE` picks the handler by message type; each builds the
 one answer from the routing table or the record store, and stores go through the same acceptance
@@ -51,7 +52,7 @@ class RequestServing(DHTCore):
         if addrs and not self._validator.valid(sender, addrs):
             self._counts["rejected_garbage_peers"] += 1
             addrs = ()
-        self._seen(now, sender, addrs)
+        self._seen(now, sender, addrs, self._sender_relay_addrs(sender, msg.sender_relay_addrs))
         serve: Callable[[float, PeerID, Any], Message] = getattr(self, SERVE[type(msg)])
         reply = serve(now, sender, msg)
         self._outgoing.append(Outgoing(to=sender, protocol=PROTOCOL, message=reply))
@@ -73,7 +74,7 @@ class RequestServing(DHTCore):
                       current_version=current)
 
     def _serve_add_provider(self, now: float, sender: PeerID, msg: AddProvider) -> Message:
-        status, current = self._store.put_provider(now, msg.provider, sender)
+        status, current = self._store.put_provider(now, self._checked_relay_part(msg.provider), sender)
         self._count_status(status, "providers_accepted")
         return Stored(request_id=msg.request_id, accepted=status is StoreStatus.OK, reason=status,
                       current_version=current)

@@ -63,10 +63,10 @@ class Storing(DHTCore):
             return
         outgoing = replace(item, remaining_ms=min(remaining, item.ttl_ms))
         for contact in targets:
-            msg = _put_request(self._new_request_id(), self._listen_addrs, outgoing)
+            msg = _put_request(self._new_request_id(), self._listen_addrs, self._relay_addrs, outgoing)
             op.outstanding += 1
             op.put_messages += 1
-            self._send_request(now, contact.peer_id, contact.addrs, msg, RequestKind.PUT, op)
+            self._send_request(now, contact, msg, RequestKind.PUT, op)
 
     def _prepare_store(self, now: float, op: Operation) -> None:
         """Decide the record's version (unless the caller gave one) and keep it locally."""
@@ -95,7 +95,7 @@ class Storing(DHTCore):
         seqs += [rec.seq for rec in held if rec.provider == self.peer_id]
         seq = min(max(seqs) + 1, MAX_VERSION) if seqs else 0
         op.provider = make_provider_record(self.identity, op.key, self._listen_addrs, seq=seq, ttl_ms=op.ttl_ms,
-                                           issued_at_ms=self._store.wall_ms(now))
+                                           issued_at_ms=self._store.wall_ms(now), relay_addrs=self._relay_addrs)
         status, _ = self._store.put_provider(now, op.provider, self.peer_id)
         op.stored_locally = status is StoreStatus.OK
 
@@ -128,10 +128,12 @@ class Storing(DHTCore):
         self._finish(now, op, result(op, stats) if result is not None else None)
 
 
-def _put_request(request_id: int, addrs: tuple[str, ...], item: Record | ProviderRecord) -> Request:
+def _put_request(
+    request_id: int, addrs: tuple[str, ...], relay_addrs: tuple[str, ...], item: Record | ProviderRecord
+) -> Request:
     if isinstance(item, Record):
-        return Store(request_id=request_id, sender_addrs=addrs, record=item)
-    return AddProvider(request_id=request_id, sender_addrs=addrs, provider=item)
+        return Store(request_id=request_id, sender_addrs=addrs, record=item, sender_relay_addrs=relay_addrs)
+    return AddProvider(request_id=request_id, sender_addrs=addrs, provider=item, sender_relay_addrs=relay_addrs)
 
 
 def _store_result(op: Operation, stats: LookupStats) -> OperationResult | None:

@@ -32,10 +32,12 @@ from chaosp2p.dht import (
     StoreResult,
     signed_key,
 )
+from chaosp2p.dht.contacts import announced_relay_addrs
 from chaosp2p.errors import ChaosError
 from chaosp2p.runtime.driver import MachineDriver
 from chaosp2p.transport.connection import Connection
 from chaosp2p.transport.host import Host
+from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -73,10 +75,16 @@ class DHTService:
             codecs={"dht": DHT_CODEC},
             clock=clock,
             task_group=task_group,
-            resolve=machine.known_multiaddrs,
+            resolve=machine.dial_addrs,
             on_event=self._on_event,
             after_flush=self._after_flush,
             name="dht",
+            # A private peer found in a lookup is reached at the relay addresses it announced
+            # (``protocols/dht.md`` §3.1), through a relay this peer need not be connected to. Only
+            # there: a lookup meets many peers, and a dead one must be reported at once, not after
+            # a circuit request at every relay this peer is connected to.
+            relay=True,
+            any_relay=False,
         )
         self._changed = anyio.Event()
         host.on_connection_change(self._on_connection)
@@ -125,6 +133,14 @@ class DHTService:
         """Verified provider records for ``key`` (newest per provider)."""
         result = await self._run(lambda now: self.machine.start_get_providers(now, _key(key)), GetProvidersResult)
         return result.providers
+
+    def set_relay_addrs(self, addrs: Sequence[CircuitAddr]) -> None:
+        """Announce where this peer is relayed (empty: nowhere) in its DHT requests and provider records.
+
+        Relays listening on several addresses may give more than a contact carries: then every
+        relay keeps its first addresses (:func:`~chaosp2p.dht.contacts.announced_relay_addrs`).
+        """
+        self.driver.call(self.machine.set_relay_addrs, announced_relay_addrs(addrs, self.machine.max_relay_addrs))
 
     def statistics(self) -> Any:
         """The DHT machine's counters."""

@@ -62,12 +62,15 @@ class MachineDriver:
         after_flush: Callable[[], None] | None = None,
         name: str = "machine",
         relay: bool = False,
+        any_relay: bool = True,
     ) -> None:
         self.host = host
         self.machine = machine
         self.name = name
         self._relay = relay
         """Reach a peer that cannot be dialled through a relay (:func:`~chaosp2p.transport.reach.reach`)."""
+        self._any_relay = any_relay
+        """With ``relay``: also through relays the peer did not announce (``reach(any_relay=...)``)."""
         self._codecs = dict(codecs)
         self._clock = clock
         self._task_group = task_group
@@ -199,7 +202,7 @@ class MachineDriver:
                 try:
                     addrs = self._resolve(peer)
                     if self._relay:
-                        connection = await reach(self.host, peer, addrs)
+                        connection = await reach(self.host, peer, addrs, any_relay=self._any_relay)
                     else:
                         connection = await self.host.connection_to(peer, addrs)
                     while queue:

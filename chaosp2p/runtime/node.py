@@ -172,6 +172,7 @@ class Node:
         self.task_group.start_soon(self.reservations.run, name="chaosp2p relay reservations")
 
     def _announce_relay_addrs(self, addrs: tuple[CircuitAddr, ...]) -> None:
+        self.dht.set_relay_addrs(addrs)
         machine = self.membership.machine
         if not machine.has_left:  # after leaving there is nobody to tell
             self.membership.driver.call(machine.set_local_relay_addrs, [str(a) for a in addrs])

@@ -63,9 +63,9 @@ from chaosp2p.transport.groups import chaos_errors_beside_cancellation, unwrap_s
 from chaosp2p.transport.host import Host
 from chaosp2p.transport.reach import reach
 from chaosp2p.transport.stream import Stream
+from chaosp2p.wire.circuit_addr import Dialable
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
-from chaosp2p.wire.multiaddr import Multiaddr
 
 log = logging.getLogger("chaosp2p.state")
 
@@ -112,7 +112,8 @@ class SourceAddress:
     """
 
     peer: PeerID
-    addrs: tuple[Multiaddr, ...] = ()
+    addrs: tuple[Dialable, ...] = ()
+    """Where to reach it: its addresses, and relay addresses if it is private (tried after them)."""
     bytes_per_s: float | None = None
     latency_s: float = 0.001
 

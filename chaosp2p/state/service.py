@@ -27,6 +27,7 @@ from chaosp2p.state.download import ProgressCallback, PullResult, SourceAddress,
 from chaosp2p.state.manifest import FlatState
 from chaosp2p.state.serve import StateServer
 from chaosp2p.transport.reach import reach
+from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -150,12 +151,14 @@ class StateService:
                 continue
             if self._node.membership.state_of(record.provider) in (MemberState.FAILED, MemberState.LEFT):
                 continue  # the DHT still remembers it, but membership knows it is gone
-            addrs = tuple(Multiaddr.parse(a) for a in record.addrs)
-            sources.append(self._estimate(record.provider, addrs))
+            # A private provider's relay addresses after its own: the pull reaches it through them.
+            direct: list[Dialable] = [Multiaddr.parse(a) for a in record.addrs]
+            relayed = [CircuitAddr.parse(a) for a in record.relay_addrs]
+            sources.append(self._estimate(record.provider, (*direct, *relayed)))
         sources.sort(key=lambda s: -(s.bytes_per_s or 0.0))
         return sources[:limit]
 
-    def _estimate(self, peer: PeerID, addrs: tuple[Multiaddr, ...]) -> SourceAddress:
+    def _estimate(self, peer: PeerID, addrs: tuple[Dialable, ...]) -> SourceAddress:
         # The cluster monitor's estimate when it has one; otherwise the pull measures the link.
         bandwidth, latency = self._node.link_estimate(peer)
         return SourceAddress(

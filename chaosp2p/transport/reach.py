@@ -31,10 +31,18 @@ RELAY_AFTER_S = 1.0
 
 
 async def reach(
-    host: Host, peer: PeerID, addrs: Sequence[Dialable], *, relay_after_s: float = RELAY_AFTER_S
+    host: Host,
+    peer: PeerID,
+    addrs: Sequence[Dialable],
+    *,
+    relay_after_s: float = RELAY_AFTER_S,
+    any_relay: bool = True,
 ) -> Connection:
     """An open connection to ``peer``: an existing one, a new direct one, or one through a relay.
 
+    ``any_relay=False`` tries only the relay addresses among ``addrs``, not every relay this host
+    is connected to: for callers that contact many peers, most of them public, where a dead one
+    would cost a circuit request at each connected relay before it is reported unreachable.
     Raises :class:`PeerUnreachable` with both reasons when neither way works.
     """
     existing = host.connection(peer) or host.relayed_connection(peer)
@@ -56,7 +64,7 @@ async def reach(
 
     # The relays we are connected to, then the peer's announced relays (we need not be connected to them).
     ways: list[tuple[str, Callable[[], Awaitable[Connection]]]] = [
-        ("no relay reached it", functools.partial(host.relay.connect, peer)),
+        *([("no relay reached it", functools.partial(host.relay.connect, peer))] if any_relay else []),
         *((str(c), functools.partial(host.relay.connect_addr, c)) for c in circuits),
     ]
 
