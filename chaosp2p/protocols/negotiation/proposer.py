@@ -443,6 +443,9 @@ class PaxosRoles(MachineCore):
             return None
         if epoch <= config.epoch:
             record = rec.history.get(epoch)
+            if not config.params.admits(sender):
+                self._reject(run, "not_admitted", sender)  # a closed run's commits are not for outsiders
+                return None
             if record is not None:
                 # The sender missed this decision: give it the commit instead of an answer.
                 self._send(sender, Commit.of(run, record))
