@@ -1,0 +1,151 @@
+"""After a proven equivocation, how many promises settle the open instance (spec section 4b).
+
+A proposer that signed two values at its ballot is the liar; which of them a quorum may have chosen
+is settled by the promises of k = 2(n - q) + 1 other members (each with a backed claim, or none):
+every other member but one in an odd run of five or more, so that one more crash no longer stalls
+the instance; every other member in an even run, where safety needs them all. The exhaustive test
+below checks the count against every way the run can have voted.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from chaosp2p.protocols.negotiation import RunParams
+from chaosp2p.protocols.negotiation.justification import WAIT, Claim, forced, settling_promises
+from chaosp2p.protocols.negotiation.messages import Ballot
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration, quorum_of
+from chaosp2p.wire.identity import Identity
+
+IDS = [Identity.from_seed(bytes([i + 1]) * 32).peer_id for i in range(9)]
+V, W = b"\x02" * 32, b"\x01" * 32  # W sorts first: a tie would pick it
+
+
+def config_of(n: int) -> Configuration:
+    peers = sorted(IDS[:n], key=lambda p: p.raw)
+    return make_configuration(
+        run="r",
+        epoch=1,
+        activation_step=0,
+        peers=peers,
+        incarnations=[0] * n,
+        throughputs=[1.0] * n,
+        links=(),
+        params=RunParams(global_batch=64),
+        seed=1,
+    )
+
+
+def test_the_count_is_two_n_minus_q_plus_one_and_less_than_every_other_member_in_odd_runs() -> None:
+    assert [settling_promises(n) for n in range(2, 10)] == [1, 2, 3, 3, 5, 5, 7, 7]
+    for n in range(4, 64):
+        assert settling_promises(n) == 2 * (n - quorum_of(n)) + 1
+        assert settling_promises(n) == (n - 2 if n % 2 else n - 1)
+
+
+@pytest.mark.parametrize("n", [5, 7, 9])
+def test_in_an_odd_run_a_crash_after_the_equivocation_no_longer_stalls_the_instance(n: int) -> None:
+    config = config_of(n)
+    liar, *honest = config.peers
+    top = Ballot(round=0, proposer=liar)
+    # The liar had v accepted by a quorum with itself and w by the rest; one honest member crashed.
+    q = quorum_of(n)
+    votes = [V] * (q - 1) + [W] * (n - q)
+    claims = [Claim(p.raw, top, d, -1, d) for p, d in zip(honest, votes, strict=True)]
+    crashed = claims.pop(0)  # one of the quorum: the worst case
+    assert forced(claims, config) == (top, V)  # before: WAIT, until the crashed member returned
+    assert forced([*claims, crashed], config) == (top, V)
+
+
+@pytest.mark.parametrize("n", [4, 6, 8])
+def test_in_an_even_run_every_other_member_is_still_needed(n: int) -> None:
+    config = config_of(n)
+    liar, *honest = config.peers
+    top = Ballot(round=0, proposer=liar)
+    q = quorum_of(n)
+    votes = [V] * (q - 1) + [W] * (n - q)
+    claims = [Claim(p.raw, top, d, -1, d) for p, d in zip(honest, votes, strict=True)]
+    # Without one of the quorum, v and w are reported equally often: nothing tells them apart.
+    assert forced(claims[1:], config) == WAIT
+    assert forced(claims, config) == (top, V)
+
+
+def test_an_unbacked_claim_does_not_settle_an_equivocation() -> None:
+    """A member of the quorum that chose v may since have accepted its own proposal at a higher
+    ballot that nobody answered yet: its promise then claims nothing backed, hiding its v. Counted
+    as 'accepted nothing', it let w (the lower digest) win a tie in a run of four."""
+    config = config_of(4)
+    liar, a, b, c = config.peers
+    top = Ballot(round=0, proposer=liar)
+    claims = [
+        Claim(a.raw, None, b"", -1, V),  # accepted v at top, then its own value at round 3: unbacked
+        Claim(b.raw, top, V, -1, V),
+        Claim(c.raw, top, W, -1, W),
+        Claim(liar.raw, top, W, -1, W),
+    ]
+    assert forced(claims, config) == WAIT
+
+
+@pytest.mark.parametrize("n", range(4, 9))
+def test_whatever_the_run_voted_a_settled_equivocation_forces_the_value_a_quorum_chose(n: int) -> None:
+    """Every quorum Q that may have chosen v at the liar's ballot, every split of the honest members
+    outside Q (accepted w there, or nothing), any one member outside Q whose claim is unbacked,
+    every claim the liar can back, and every quorum of promises: the verdict is v or WAIT, and WAIT
+    only when fewer than the count of settling promises came (so odd runs live through one crash
+    more). (An unbacked member of Q is the case above, and spec section 9's remaining gap.)"""
+    config = config_of(n)
+    peers = config.peers
+    liar = peers[0]
+    top = Ballot(round=0, proposer=liar)
+    q = quorum_of(n)
+    need = settling_promises(n)
+    for chosen_by in itertools.combinations(range(n), q):
+        outside = [i for i in range(1, n) if i not in chosen_by]
+        for w_voters in itertools.product((False, True), repeat=len(outside)):
+            voted = {i: V for i in chosen_by if i != 0} | {i: W for i, w in zip(outside, w_voters, strict=True) if w}
+            # The liar's own claim counts only with another member's backing: an honest acceptance.
+            backable = {V, *voted.values()}
+            liar_claims = [Claim(liar.raw, top, d, -1, d) for d in backable] + [Claim(liar.raw, None, b"", -1, b"")]
+            for unbacked in (None, *outside):
+                honest: list[Claim] = []
+                for i in range(1, n):
+                    said = voted.get(i, b"")
+                    if i == unbacked:
+                        honest.append(Claim(peers[i].raw, None, b"", -1, said or W))
+                    elif said:
+                        honest.append(Claim(peers[i].raw, top, said, -1, said))
+                    else:
+                        honest.append(Claim(peers[i].raw, None, b"", -1, b""))
+                for liar_claim in liar_claims:
+                    for size in range(max(need - 1, q - 1), n):  # a quorum of promises, the liar's too
+                        for promised in itertools.combinations(honest, size):
+                            verdict = forced([liar_claim, *promised], config)
+                            if verdict == WAIT:
+                                settling = sum(1 for c in promised if c.ballot is not None or not c.said)
+                                assert settling < need, (n, chosen_by, w_voters, unbacked, size)
+                                continue
+                            assert verdict is not None and verdict[1] == V, (n, chosen_by, w_voters, unbacked)
+
+
+def test_machines_after_an_equivocation_and_a_crash_an_odd_run_decides_the_chosen_value() -> None:
+    """Seven members: the coordinator had v accepted by four honest members (with its own share, a
+    quorum of five: it could certify v) and w by the other two, then went silent, and one of the
+    four crashed. The five left are a quorum; they used to wait for the sixth promise forever."""
+    from .test_negotiation_certificates import _accept_and_collect, _coordinator_liar
+    from .test_negotiation_machine import RUN, conf
+
+    net, liar, honest = _coordinator_liar(7)
+    epoch = conf(net, honest[0]).epoch
+    top = Ballot(round=0, proposer=liar)
+    v = _accept_and_collect(net, liar, honest[:4], top, 40.0)
+    w = _accept_and_collect(net, liar, honest[4:], top, 60.0)
+    assert v.digest != w.digest and v.certificate is not None  # v was chosen; the liar keeps it to itself
+    net.crashed.update({liar, honest[0]})
+    net.advance(10.0)
+    survivors = honest[1:]
+    for peer in survivors:
+        config = net.machines[peer].configuration(RUN)
+        assert config is not None and config.epoch > epoch, "the instance stalled"
+        assert next(c for c in net.machines[peer]._runs[RUN].configs if c.epoch == epoch + 1).digest == v.digest
