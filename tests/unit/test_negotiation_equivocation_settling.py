@@ -149,3 +149,78 @@ def test_machines_after_an_equivocation_and_a_crash_an_odd_run_decides_the_chose
         config = net.machines[peer].configuration(RUN)
         assert config is not None and config.epoch > epoch, "the instance stalled"
         assert next(c for c in net.machines[peer]._runs[RUN].configs if c.epoch == epoch + 1).digest == v.digest
+
+
+def test_a_proposers_unbacked_acceptance_does_not_hide_the_value_it_accepted_before() -> None:
+    """One liar, four members, no message lost: the liar (the coordinator) gets v accepted by a and
+    b at round 0 (a quorum with itself: it holds v's certificate) and w by c. a takes over at round
+    1 and, seeing the equivocation settled by b, c and itself, accepts v again as its own proposal;
+    the liar's PREPARE for round 2 reaches b and c before a's ACCEPT, so nobody answers a. a's
+    promise for round 2 then claimed its own, unbacked acceptance -- counted as nothing -- and w
+    was the only claim at the highest ballot: the liar had w accepted at round 2 by a and c and
+    certified both v and w for one epoch. Now a reports the acceptance another member backs."""
+    from chaosp2p.protocols.negotiation.certificates import make_certificate, statement
+    from chaosp2p.protocols.negotiation.justification import promise_statement, propose_statement
+    from chaosp2p.protocols.negotiation.messages import Accept, Accepted, Commit, Prepare, Promise, SignedPromise
+    from chaosp2p.protocols.negotiation.operations import PROTOCOL
+
+    from .test_negotiation_certificates import _accept_and_collect, _coordinator_liar, identity_of
+    from .test_negotiation_machine import RUN, conf
+
+    net, liar, (a, b, c) = _coordinator_liar(4)
+    config = conf(net, a)
+    epoch = config.epoch + 1
+    v = _accept_and_collect(net, liar, [a, b], Ballot(round=0, proposer=liar), 40.0)
+    w = _accept_and_collect(net, liar, [c], Ballot(round=0, proposer=liar), 60.0)
+    ma = net.machines[a]
+    # a's phase 1 at round 1: b and c promise, a forces v and accepts it; its ACCEPTs go unanswered.
+    ma._start_proposal(net.now, ma._runs[RUN], fast=False)
+    for out in ma.take_outgoing():
+        if isinstance(out.message, Prepare) and out.to in (b, c):
+            net.machines[out.to].receive(net.now, a, PROTOCOL, out.message)
+            for answer in net.machines[out.to].take_outgoing():
+                if isinstance(answer.message, Promise):
+                    ma.receive(net.now, out.to, PROTOCOL, answer.message)
+    assert ma._runs[RUN].accepted_ballot == Ballot(round=1, proposer=a)
+    ma.take_outgoing()  # the ACCEPTs of round 1: they arrive after the liar's PREPARE, and are refused
+    # The liar's round 2: the promises of a and c, and its own claiming nothing.
+    high = Ballot(round=2, proposer=liar)
+    proofs = []
+    for target in (a, c):
+        m = net.machines[target]
+        m.receive(net.now, liar, PROTOCOL, Prepare(run=RUN, epoch=epoch, ballot=high))
+        promise = next(o.message for o in m.take_outgoing() if isinstance(o.message, Promise))
+        proofs.append(proof_of_promise(target, promise))
+    own = identity_of(liar).sign(promise_statement(RUN, epoch, high, None, b"", -1))
+    proofs.append(SignedPromise(signer=liar, signature=own))
+    accept = Accept(
+        run=RUN,
+        epoch=epoch,
+        ballot=high,
+        value=w.value,
+        adopted=True,
+        proposer_signature=identity_of(liar).sign(propose_statement(RUN, epoch, high, w.digest)),
+        justification=tuple(proofs),
+    )
+    shares = {liar.raw: identity_of(liar).sign(statement(RUN, epoch, high, w.digest))}
+    for target in (a, c):
+        m = net.machines[target]
+        m.receive(net.now, liar, PROTOCOL, accept)
+        for out in m.take_outgoing():
+            if isinstance(out.message, Accepted):
+                shares[target.raw] = out.message.signature
+    if len(shares) >= 3:  # w certified at round 2: the liar shows each side its commit
+        w2 = Commit(
+            run=RUN, epoch=epoch, value=w.value, digest=w.digest, certificate=make_certificate(config, high, shares)
+        )
+        for target in (a, c):
+            net.machines[target].receive(net.now, liar, PROTOCOL, w2)
+    net.machines[b].receive(net.now, liar, PROTOCOL, v)
+    digests = {p: c_.digest for p in (a, b, c) for c_ in net.machines[p]._runs[RUN].configs if c_.epoch == epoch}
+    assert len(set(digests.values())) <= 1, "two configurations for one epoch"
+
+
+def proof_of_promise(sender, promise):  # type: ignore[no-untyped-def]
+    from chaosp2p.protocols.negotiation.promises import proof_of
+
+    return proof_of(sender, promise)
