@@ -9,7 +9,6 @@ An open run (no list) behaves as before: anyone may ask and join.
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 
@@ -17,8 +16,6 @@ from chaosp2p.errors import RemoteProtocolError
 from chaosp2p.protocols.negotiation import (
     Admitted,
     JoinRefused,
-    NegotiationConfig,
-    NegotiationMachine,
     OperationRejected,
     OpKind,
     RunInfo,
@@ -42,14 +39,15 @@ from chaosp2p.protocols.negotiation.messages import (
 from chaosp2p.protocols.negotiation.messages import (
     JoinRefused as JoinRefusedMessage,
 )
-from chaosp2p.protocols.negotiation.operations import PROTOCOL, sign_operation
+from chaosp2p.protocols.negotiation.operations import PROTOCOL, Operation, sign_operation
 from chaosp2p.protocols.negotiation.paxos import coordinator
 from chaosp2p.sim.negotiation import ManualNet
 from chaosp2p.wire.framing import pack, unpack
 from chaosp2p.wire.identity import Identity, PeerID
 
-RUN = "closed"
-CFG = NegotiationConfig.local()
+from .test_negotiation_machine import RUN
+from .test_negotiation_machine import make_net as machine_net
+
 IDS = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(6)]
 PEERS = [i.peer_id for i in IDS]
 
@@ -61,19 +59,25 @@ def sorted_peers(*peers: PeerID) -> tuple[PeerID, ...]:
 def make_net(n: int, *, admitted: tuple[PeerID, ...]) -> ManualNet:
     """A run of ``n`` members (PEERS[:n], founded by PEERS[0]) admitting ``admitted`` (the founder is
     added by ``create_run``); PEERS[n:] are other peers on the network."""
-    net = ManualNet(
-        NegotiationMachine(identity=i, config=CFG, rng=random.Random(k), now=0.0) for k, i in enumerate(IDS)
-    )
-    params = RunParams(global_batch=64, admitted=admitted)
-    net.call(PEERS[0], lambda m, now: m.create_run(now, RUN, params=params))
-    for p in PEERS[1:n]:
-        net.call(p, lambda m, now: m.request_join(now, RUN, PEERS[0], incarnation=1, throughput=1.0))
-        net.deliver()
-    net.advance(0.05)
-    for p in PEERS[:n]:
-        assert net.machines[p].configuration(RUN) == net.machines[PEERS[0]].configuration(RUN)
-        net.take(p)
+    net, peers = machine_net(n, extra=len(PEERS) - n, params=RunParams(global_batch=64, admitted=admitted))
+    assert peers == PEERS
     return net
+
+
+def outsider_join(net: ManualNet) -> Operation:
+    """PEERS[5]'s JOIN, signed against the run's configuration."""
+    config = net.machines[PEERS[0]].configuration(RUN)
+    assert config is not None
+    return sign_operation(
+        IDS[5],
+        kind=OpKind.JOIN,
+        run=RUN,
+        epoch=config.epoch,
+        subject=PEERS[5],
+        incarnation=1,
+        detected_at=1.0,
+        throughput_samples_per_s=1.0,
+    )
 
 
 def ask_run_info(net: ManualNet, asker: PeerID, member: PeerID) -> RunInfoReply:
@@ -177,16 +181,7 @@ def test_an_outsiders_join_is_refused_by_every_member() -> None:
     outsider = PEERS[5]
     config = net.machines[PEERS[0]].configuration(RUN)
     assert config is not None
-    join = sign_operation(
-        IDS[5],
-        kind=OpKind.JOIN,
-        run=RUN,
-        epoch=config.epoch,
-        subject=outsider,
-        incarnation=1,
-        detected_at=1.0,
-        throughput_samples_per_s=1.0,
-    )
+    join = outsider_join(net)
     assert check_operation(join, config) == "not_admitted"
     for member in PEERS[:3]:
         m = net.machines[member]
@@ -214,23 +209,13 @@ def test_an_outsider_asking_to_join_a_closed_run_is_refused_and_a_listed_peer_is
 
 def test_a_member_cannot_admit_a_peer_outside_the_list() -> None:
     """A dishonest member proposes a value carrying the outsider's JOIN (which it sponsored itself):
-    every honest acceptor refuses it, and a committed value could not apply it either."""
+    every honest acceptor refuses it, and announcing it to an honest proposer fails the same way."""
     net = make_net(4, admitted=sorted_peers(*PEERS[:4]))
-    outsider = PEERS[5]
     config = net.machines[PEERS[0]].configuration(RUN)
     assert config is not None
     liar = coordinator(config)  # round 0: no phase 1, the fewest checks a proposer faces
     assert liar is not None
-    join = sign_operation(
-        IDS[5],
-        kind=OpKind.JOIN,
-        run=RUN,
-        epoch=config.epoch,
-        subject=outsider,
-        incarnation=1,
-        detected_at=1.0,
-        throughput_samples_per_s=1.0,
-    )
+    join = outsider_join(net)
     value = Value(ops=(join,), activation_step=9)
     accept = Accept(run=RUN, epoch=config.epoch + 1, ballot=Ballot(round=0, proposer=liar), value=value)
     for honest in (p for p in PEERS[:4] if p != liar):

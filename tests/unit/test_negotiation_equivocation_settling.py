@@ -4,7 +4,9 @@ A proposer that signed two values at its ballot is the liar; which of them a quo
 is settled by the promises of k = 2(n - q) + 1 other members (each with a backed claim, or none):
 every other member but one in an odd run of five or more, so that one more crash no longer stalls
 the instance; every other member in an even run, where safety needs them all. The exhaustive test
-below checks the count against every way the run can have voted.
+below checks the count against every way the run can have voted. The last test is the fork this
+work found on the way: a proposer's unbacked acceptance of its own value hid the value it had
+accepted before, and one liar had another value forced over it.
 """
 
 from __future__ import annotations
@@ -13,29 +15,25 @@ import itertools
 
 import pytest
 
-from chaosp2p.protocols.negotiation import RunParams
 from chaosp2p.protocols.negotiation.justification import WAIT, Claim, forced, settling_promises
 from chaosp2p.protocols.negotiation.messages import Ballot
-from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration, quorum_of
-from chaosp2p.wire.identity import Identity
+from chaosp2p.protocols.negotiation.promises import proof_of
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum_of
 
-IDS = [Identity.from_seed(bytes([i + 1]) * 32).peer_id for i in range(9)]
+from .test_negotiation_justification import config_of
+
 V, W = b"\x02" * 32, b"\x01" * 32  # W sorts first: a tie would pick it
 
 
-def config_of(n: int) -> Configuration:
-    peers = sorted(IDS[:n], key=lambda p: p.raw)
-    return make_configuration(
-        run="r",
-        epoch=1,
-        activation_step=0,
-        peers=peers,
-        incarnations=[0] * n,
-        throughputs=[1.0] * n,
-        links=(),
-        params=RunParams(global_batch=64),
-        seed=1,
-    )
+def equivocated(n: int) -> tuple[Configuration, Ballot, list[Claim]]:
+    """The liar (the first member) had v accepted at its round-0 ballot by q - 1 honest members (a
+    quorum with itself) and w by the n - q others; their promises, in that order."""
+    config = config_of(n)
+    liar, *honest = config.peers
+    top = Ballot(round=0, proposer=liar)
+    q = quorum_of(n)
+    votes = [V] * (q - 1) + [W] * (n - q)
+    return config, top, [Claim(p.raw, top, d, -1, d) for p, d in zip(honest, votes, strict=True)]
 
 
 def test_the_count_is_two_n_minus_q_plus_one_and_less_than_every_other_member_in_odd_runs() -> None:
@@ -47,13 +45,7 @@ def test_the_count_is_two_n_minus_q_plus_one_and_less_than_every_other_member_in
 
 @pytest.mark.parametrize("n", [5, 7, 9])
 def test_in_an_odd_run_a_crash_after_the_equivocation_no_longer_stalls_the_instance(n: int) -> None:
-    config = config_of(n)
-    liar, *honest = config.peers
-    top = Ballot(round=0, proposer=liar)
-    # The liar had v accepted by a quorum with itself and w by the rest; one honest member crashed.
-    q = quorum_of(n)
-    votes = [V] * (q - 1) + [W] * (n - q)
-    claims = [Claim(p.raw, top, d, -1, d) for p, d in zip(honest, votes, strict=True)]
+    config, top, claims = equivocated(n)
     crashed = claims.pop(0)  # one of the quorum: the worst case
     assert forced(claims, config) == (top, V)  # before: WAIT, until the crashed member returned
     assert forced([*claims, crashed], config) == (top, V)
@@ -61,12 +53,7 @@ def test_in_an_odd_run_a_crash_after_the_equivocation_no_longer_stalls_the_insta
 
 @pytest.mark.parametrize("n", [4, 6, 8])
 def test_in_an_even_run_every_other_member_is_still_needed(n: int) -> None:
-    config = config_of(n)
-    liar, *honest = config.peers
-    top = Ballot(round=0, proposer=liar)
-    q = quorum_of(n)
-    votes = [V] * (q - 1) + [W] * (n - q)
-    claims = [Claim(p.raw, top, d, -1, d) for p, d in zip(honest, votes, strict=True)]
+    config, top, claims = equivocated(n)
     # Without one of the quorum, v and w are reported equally often: nothing tells them apart.
     assert forced(claims[1:], config) == WAIT
     assert forced(claims, config) == (top, V)
@@ -190,7 +177,7 @@ def test_a_proposers_unbacked_acceptance_does_not_hide_the_value_it_accepted_bef
         m = net.machines[target]
         m.receive(net.now, liar, PROTOCOL, Prepare(run=RUN, epoch=epoch, ballot=high))
         promise = next(o.message for o in m.take_outgoing() if isinstance(o.message, Promise))
-        proofs.append(proof_of_promise(target, promise))
+        proofs.append(proof_of(target, promise))
     own = identity_of(liar).sign(promise_statement(RUN, epoch, high, None, b"", -1))
     proofs.append(SignedPromise(signer=liar, signature=own))
     accept = Accept(
@@ -218,9 +205,3 @@ def test_a_proposers_unbacked_acceptance_does_not_hide_the_value_it_accepted_bef
     net.machines[b].receive(net.now, liar, PROTOCOL, v)
     digests = {p: c_.digest for p in (a, b, c) for c_ in net.machines[p]._runs[RUN].configs if c_.epoch == epoch}
     assert len(set(digests.values())) <= 1, "two configurations for one epoch"
-
-
-def proof_of_promise(sender, promise):  # type: ignore[no-untyped-def]
-    from chaosp2p.protocols.negotiation.promises import proof_of
-
-    return proof_of(sender, promise)
