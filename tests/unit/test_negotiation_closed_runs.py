@@ -187,7 +187,8 @@ def test_an_outsiders_join_is_refused_by_every_member() -> None:
         m = net.machines[member]
         m.receive(net.now, outsider, PROTOCOL, JoinRequest(run=RUN, op=join))
         sent = m.take_outgoing()
-        assert [o.message for o in sent] == [JoinRefusedMessage(run=RUN, reason="not_admitted")]
+        # The answer a peer outside the run gives: it does not tell the run exists here.
+        assert [o.message for o in sent] == [JoinRefusedMessage(run=RUN, reason="not_member")]
         assert OperationRejected(run=RUN, reason="not_admitted", origin=outsider) in m.take_events()
         assert not m.run_status(RUN).pending  # type: ignore[union-attr]
 

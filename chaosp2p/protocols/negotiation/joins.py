@@ -303,6 +303,11 @@ class Joins(MachineCore):
         if rec is None or rec.state not in MEMBER_STATES or rec.config is None:
             self._send(sender, JoinRefusedMessage(run=msg.run, reason="not_member"))
             return
+        if not rec.config.params.admits(sender):
+            # As for RUN_INFO: a closed run answers an outsider what a peer outside the run would.
+            self._reject(msg.run, "not_admitted", sender)
+            self._send(sender, JoinRefusedMessage(run=msg.run, reason="not_member"))
+            return
         if op.kind is not OpKind.JOIN or op.origin != sender or op.subject != sender or op.run != msg.run:
             self._reject(msg.run, "forged_origin", sender)
             self._send(sender, JoinRefusedMessage(run=msg.run, reason="forged_origin"))
