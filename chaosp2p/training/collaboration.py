@@ -44,6 +44,7 @@ from chaosp2p.training.collab_core import StepStatistics
 from chaosp2p.training.joining import Joining
 from chaosp2p.training.newcomers import ServingNewcomers
 from chaosp2p.training.stepping_aside import SteppingAside
+from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.training")
 
@@ -81,6 +82,7 @@ class AsyncCollaboration(SteppingAside, Joining, ServingNewcomers):
                     global_batch=self.config.global_batch,
                     mode=self.config.mode,
                     local_steps=self.config.local_steps,
+                    admitted=tuple(PeerID.parse(text) for text in self.config.admitted_peers),
                 )
                 self.port.runs.create_run(self.run, params)
                 self.step_index = 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaosp2p.configbase import require, require_positive
+from chaosp2p.wire.identity import PeerID
 
 MODES = ("sync", "diloco")
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
@@ -29,6 +30,10 @@ class CollaborationConfig:
     """Samples per step over all members; the founder of a run must set it (joiners take the run's)."""
     local_steps: int = 20
     """DiLoCo: inner steps per outer step (H)."""
+    admitted_peers: tuple[str, ...] = ()
+    """Founding only: make the run *closed* -- only these peers (PeerIDs, ``12D3KooW…``; the founder
+    is added) may join it or see its configuration, and its members sponsor no one else. Empty: an
+    open run, which any peer that reaches a member may join (``protocols/negotiation.md`` §6)."""
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     """DiLoCo's outer optimizer: SGD with Nesterov momentum (the DiLoCo paper's values)."""
@@ -90,6 +95,8 @@ class CollaborationConfig:
         require(self.mode in MODES, f"mode must be one of {MODES} (got {self.mode!r})")
         require(self.wire_dtype in WIRE_DTYPES, f"wire_dtype must be one of {WIRE_DTYPES}")
         require(self.global_batch >= 0, "global_batch must be >= 0")
+        for text in self.admitted_peers:
+            PeerID.parse(text)  # a ConfigError names the bad one
         require_positive(
             self,
             "local_steps",

@@ -92,6 +92,10 @@ class ServingNewcomers(CollaborationCore):
         newcomer = stream.remote_peer
         if not self.is_member(self.port.peer_id):
             return "this peer is not a member of the run (yet)"
+        config = self.port.runs.configuration(self.run)
+        if config is not None and not config.params.admits(newcomer):
+            # A closed run: a peer the run would never admit gets no updates nor a ticket.
+            return "this run admits listed peers only"
         self.feed.drop(newcomer)  # a newcomer observes once: a retry replaces its earlier stream
         if self.feed.observing >= self.config.max_newcomers:
             return f"this member already sponsors {self.feed.observing} newcomers; ask another member"

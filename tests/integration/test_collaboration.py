@@ -44,11 +44,11 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 class Member:
     """One peer training the test run."""
 
-    def __init__(self, peer: AsyncPeer, seed: int) -> None:
+    def __init__(self, peer: AsyncPeer, seed: int, **changes: object) -> None:
         self.peer = peer
         self.seed = seed
         model, optimizer = _model()
-        config = CollaborationConfig.local(global_batch=GLOBAL_BATCH, round_timeout_min_s=3.0)
+        config = CollaborationConfig.local(global_batch=GLOBAL_BATCH, round_timeout_min_s=3.0, **changes)
         self.collab = AsyncCollaboration(
             peer.training_port, peer.training, run=RUN, model=model, optimizer=optimizer, config=config
         )
@@ -335,3 +335,28 @@ async def test_a_runs_snapshots_are_served_to_its_members_and_admitted_newcomers
             await outsider.load_state(RUN, sources=[source])
         loaded = await newcomer.peer.load_state(RUN, sources=[source])  # a member may
         assert loaded.step == joined["snapshot_step"]
+
+
+async def test_a_closed_run_admits_its_listed_peer_and_refuses_an_outsider() -> None:
+    """Issue 20, finding 11: RUN_INFO told anyone connected a run's configuration, and anyone could
+    join. A closed run's members tell an outsider nothing and refuse its JOIN."""
+    async with swarm(3) as peers:
+        listed, outsider = peers[1], peers[2]
+        founder = Member(peers[0], 0, admitted_peers=(str(listed.peer_id),))
+        newcomer, stranger = Member(listed, 1), Member(outsider, 2)
+        await founder.collab.start(found=True)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(founder.train_until, 12)
+
+                async def join_and_train() -> None:
+                    await newcomer.collab.start(found=False)
+                    await newcomer.train_until(12)
+
+                tg.start_soon(join_and_train)
+                with pytest.raises((ChaosError, TimeoutError)):
+                    await stranger.collab.start(found=False, timeout_s=1.5)
+        assert max(founder.members.values()) == 2
+        config = founder.peer.training_port.runs.configuration(RUN)
+        assert config is not None and not config.has_member(outsider.peer_id)
+        _agree([founder, newcomer], range(min(newcomer.digests), 12))

@@ -648,3 +648,21 @@ async def test_a_peer_that_is_no_member_yet_sponsors_no_one() -> None:
     r.gates.configurations[RUN] = r.gates.configurations[RUN][1:]
     stream = await _serve(r, collab.ObserveRequest(run=RUN, layout=r.collab.layout))
     assert stream.sent == [collab.Refused(reason="this peer is not a member of the run (yet)")]
+
+
+async def test_a_closed_run_sponsors_listed_peers_only() -> None:
+    """Issue 20: in a run that lists the peers it admits, an unlisted peer gets no ticket, and so no
+    update or snapshot, even from a member willing to sponsor it."""
+    listed, outsider = identities(2, base=180)
+    r = _rig(admitted_peers=(str(listed.peer_id),))
+    await r.collab.start(found=True)
+    assert r.gates.created[-1][1].admitted == (listed.peer_id,)
+    observe = collab.ObserveRequest(run=RUN, layout=r.collab.layout)
+    with anyio.fail_after(5):
+        refused = await _serve(r, observe, peer=outsider.peer_id)
+    assert refused.sent == [collab.Refused(reason="this run admits listed peers only")]
+    assert r.collab.feed.observing == 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_serve, r, observe, listed.peer_id)
+        await eventually(lambda: r.collab.feed.observing == 1)
+        tg.cancel_scope.cancel()

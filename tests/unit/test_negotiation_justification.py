@@ -9,7 +9,7 @@ from chaosp2p.protocols.negotiation.messages import Ballot, Value
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, make_configuration, quorum_of
 from chaosp2p.wire.identity import Identity
 
-IDS = [Identity.from_seed(bytes([i + 1]) * 32).peer_id for i in range(8)]
+IDS = [Identity.from_seed(bytes([i + 1]) * 32).peer_id for i in range(9)]
 V, W = b"v" * 32, b"w" * 32
 
 

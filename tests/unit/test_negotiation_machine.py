@@ -52,14 +52,16 @@ CFG = NegotiationConfig.local()
 PARAMS = RunParams(global_batch=120)
 
 
-def make_net(n: int, *, config: NegotiationConfig = CFG, extra: int = 0) -> tuple[ManualNet, list[PeerID]]:
+def make_net(
+    n: int, *, config: NegotiationConfig = CFG, extra: int = 0, params: RunParams = PARAMS
+) -> tuple[ManualNet, list[PeerID]]:
     """A run of ``n`` members founded by the first and joined one by one; ``extra`` outsiders."""
     ids = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(n + extra)]
     net = ManualNet(
         NegotiationMachine(identity=i, config=config, rng=random.Random(k), now=0.0) for k, i in enumerate(ids)
     )
     peers = [i.peer_id for i in ids]
-    net.call(peers[0], lambda m, now: m.create_run(now, RUN, params=PARAMS))
+    net.call(peers[0], lambda m, now: m.create_run(now, RUN, params=params))
     for p in peers[1:n]:
         net.call(p, lambda m, now: m.request_join(now, RUN, peers[0], incarnation=1, throughput=1.0))
         net.deliver()

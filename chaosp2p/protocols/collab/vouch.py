@@ -34,10 +34,12 @@ source decides alone). So inside a run the snapshot must be *vouched for* by the
 * **Then** the newcomer pulls with the digest pinned (every chunk is checked against the vouched
   manifest), from the members that vouched for it; the others are reported and never used.
 
-What this does not defend against: a majority of the configuration that lies together (there is
-no Byzantine tolerance), or an anchor configuration that was itself forged: configurations are
-agreed by Paxos among members but not signed, so a newcomer that asked a peer outside the run is
-only as safe as that peer's answer (ask peers you trust: ``--bootstrap``).
+Why a plain majority, when negotiation's quorums share two members: the newcomer is the one
+observer of every vouch it counts, and counts each member once, so one liar can neither make a
+state other than the honest members' pass nor get two states a majority each (``collab.md`` §5.4).
+What this does not defend against: a majority of the participants lying together, or a made-up
+anchor (configurations are certified, but a newcomer whose bootstrap peers are no members takes
+its anchor from the first member that answers: ask peers you trust, ``--bootstrap``).
 
 ``protocols/collab.md`` is the normative description, with the statement's test vector.
 """

@@ -93,6 +93,9 @@ def check_operation(op: Operation, config: Configuration) -> str | None:
         return "forged_origin"
     held = config.incarnation_of(op.subject)
     if kind is OpKind.JOIN:
+        if not config.params.admits(op.subject):
+            # A closed run: every member judges this alike, so no member alone admits an outsider.
+            return "not_admitted"
         if held is not None:
             return None if held < op.incarnation else "already_member"
         gone = config.departed_incarnation(op.subject)

@@ -43,6 +43,21 @@ def _uints(values: list[Any]) -> bool:
     return set(map(type, values)) <= {int} and (not values or (min(values) >= 0 and max(values) <= MAX_STEP))
 
 
+def _admitted(params: list[Any], max_members: int) -> tuple[PeerID, ...]:
+    """A closed run's admission list (the params' 4th item; none: an open run), count-checked
+    before anything is built. An empty list is not canonical (an open run omits the item)."""
+    if len(params) == 3:
+        return ()
+    listed = params[3]
+    if not isinstance(listed, list) or not listed:
+        raise reject("admitted peers must be a non-empty array")
+    check_count(len(listed), min(max_members, WIRE_MAX_MEMBERS), "admitted peers")
+    try:
+        return PeerID.from_raws(listed)
+    except ValueError:
+        raise reject("admitted peer is not a PeerID") from None
+
+
 def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Configuration:
     """Decode and check a configuration from the wire; a bad one is a RemoteProtocolError.
 
@@ -115,9 +130,16 @@ def decode_configuration(raw: bytes, *, max_members: int, max_links: int) -> Con
             link_entries.append(LinkEntry(a=PeerID(a), b=PeerID(b), up=up, bandwidth_bytes_per_s=bw, rtt_s=rtt))
         except ValueError:
             raise reject("link endpoint is not a PeerID") from None
-    if len(params) != 3 or type(params[0]) is not int or type(params[1]) is not str or type(params[2]) is not int:
-        raise reject("run params must be [int, str, int]")
-    run_params = RunParams(global_batch=params[0], mode=params[1], local_steps=params[2])
+    if (
+        len(params) not in (3, 4)
+        or type(params[0]) is not int
+        or type(params[1]) is not str
+        or type(params[2]) is not int
+    ):
+        raise reject("run params must be [int, str, int] or [int, str, int, [PeerID]]")
+    run_params = RunParams(
+        global_batch=params[0], mode=params[1], local_steps=params[2], admitted=_admitted(params, max_members)
+    )
     run_params.validate()
     departed = []
     previous = b""

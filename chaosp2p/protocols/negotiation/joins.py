@@ -114,6 +114,11 @@ class Joins(MachineCore):
         if rec is None or rec.state not in MEMBER_STATES or rec.config is None:
             self._send(sender, RunInfoReply(run=msg.run, request_id=msg.request_id))
             return
+        if not rec.config.params.admits(sender):
+            # A closed run tells an outsider what a non-member would: nothing (not even that it runs).
+            self._reject(msg.run, "not_admitted", sender)
+            self._send(sender, RunInfoReply(run=msg.run, request_id=msg.request_id))
+            return
         given = self._given_to(rec, sender)
         raw = self._encoded_config(rec, given)
         previous = b""
@@ -296,6 +301,11 @@ class Joins(MachineCore):
         rec = self._runs.get(msg.run)
         op = msg.op
         if rec is None or rec.state not in MEMBER_STATES or rec.config is None:
+            self._send(sender, JoinRefusedMessage(run=msg.run, reason="not_member"))
+            return
+        if not rec.config.params.admits(sender):
+            # As for RUN_INFO: a closed run answers an outsider what a peer outside the run would.
+            self._reject(msg.run, "not_admitted", sender)
             self._send(sender, JoinRefusedMessage(run=msg.run, reason="not_member"))
             return
         if op.kind is not OpKind.JOIN or op.origin != sender or op.subject != sender or op.run != msg.run:

@@ -18,11 +18,15 @@ must be the one those promises force:
   a value that was justified there -- it cannot make up a value and force it;
 * the forced value is the highest-ballot claim (:func:`forced`); with none, any value is free. If
   the highest ballot carries two digests, its proposer signed two values: it is the liar, and
-  only promises from every other member settle which one may have been chosen (:data:`WAIT`
-  until then). If a quorum Q (two quorums share an honest member) chose w there, the honest
-  members of Q, at least q - 1 of them, report w; the other value was accepted only by honest
-  members outside Q, at most n - q < q - 1 of them. So the most reported value is the only one
-  that may have been chosen;
+  the promises of k = 2(n - q) + 1 other members settle which one may have been chosen
+  (:func:`settling_promises`; :data:`WAIT` until then). If a quorum Q chose w there, at most
+  n - q members other than the liar are outside Q, so at least k - (n - q) of the k are honest
+  members of Q and report w; the other value was accepted only by honest members outside Q, at
+  most n - q < k - (n - q). So the most reported value is the only one that may have been
+  chosen. A promise with an unbacked claim is not one of the k: its signer accepted something
+  nobody else vouches for (an honest proposer's own value that no acceptor answered yet), so it
+  may be a member of Q whose report of w is hidden. For odd n >= 5 (q = n//2 + 2) k is n - 2:
+  one more member may crash after the equivocation; for even n it is n - 1, every other member;
 * a forced value may be skipped only if it is *dead* (``paxos`` module docstring) with one
   refusal more than without liars (:func:`dead`): the liar may claim to refuse it.
 
@@ -44,7 +48,7 @@ from typing import Final, Literal
 from chaosp2p.protocols.negotiation.certificates import statement
 from chaosp2p.protocols.negotiation.messages import Ballot, SignedPromise, Value
 from chaosp2p.protocols.negotiation.operations import FAIL_KINDS, SignatureCache
-from chaosp2p.protocols.negotiation.run_configuration import Configuration, liar_tolerant, quorum
+from chaosp2p.protocols.negotiation.run_configuration import Configuration, liar_tolerant, quorum, quorum_of
 from chaosp2p.wire.framing import pack
 from chaosp2p.wire.identity import Identity, PeerID
 
@@ -111,9 +115,17 @@ class Claim:
     signer accepted that value (so it does not count as refusing it, see :func:`dead`)."""
 
 
+def settling_promises(n: int) -> int:
+    """Promises of members other than an equivocating proposer (each with a backed claim or none)
+    that settle which of its two values may have been chosen: 2(n - q) + 1 (module docstring), at
+    most every other member (a run of three or fewer, which no quorum defends against a liar)."""
+    return min(n - 1, 2 * (n - quorum_of(n)) + 1)
+
+
 def forced(claims: Sequence[Claim], config: Configuration) -> tuple[Ballot, bytes] | Literal["wait"] | None:
     """The (ballot, digest) the claims force a proposer to propose, None if any value is free, or
-    :data:`WAIT` if the highest ballot is equivocated and not every other member has promised."""
+    :data:`WAIT` if the highest ballot is equivocated and fewer than :func:`settling_promises`
+    other members' promises settle it."""
     top: Ballot | None = None
     for c in claims:
         if c.ballot is not None and (top is None or c.ballot.key() > top.key()):
@@ -124,10 +136,11 @@ def forced(claims: Sequence[Claim], config: Configuration) -> tuple[Ballot, byte
     if len(at_top) == 1:
         return top, next(iter(at_top))
     liar = top.proposer.raw  # it signed two values at its ballot
-    others = [c for c in claims if c.signer != liar]
-    if len(others) < len(config.peers) - 1:
+    # Each settling promise shows its signer's backed claim, or that it accepted nothing at all.
+    settling = [c for c in claims if c.signer != liar and (c.ballot is not None or not c.said)]
+    if len(settling) < settling_promises(len(config.peers)):
         return WAIT
-    counts = Counter(c.digest for c in others if c.ballot is not None and c.ballot.key() == top.key())
+    counts = Counter(c.digest for c in settling if c.ballot is not None and c.ballot.key() == top.key())
     best = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))  # most reported; ties: lowest digest
     return top, best[0]
 
@@ -221,5 +234,6 @@ __all__ = [
     "promise_statement",
     "propose_statement",
     "refuses",
+    "settling_promises",
     "sign_promise",
 ]

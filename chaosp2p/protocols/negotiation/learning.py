@@ -353,6 +353,9 @@ class Learning(Joins):
             return
         if rec.config is None or msg.from_epoch > rec.epoch:
             return
+        if not rec.config.params.admits(sender):  # a closed run's commits are for its admitted peers
+            self._reject(msg.run, "not_admitted", sender)
+            return
         self._send(sender, self._sync_reply(rec, msg.from_epoch))
 
     def _sync_reply(self, rec: RunRecord, from_epoch: int) -> SyncReply:

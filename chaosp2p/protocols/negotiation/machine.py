@@ -47,6 +47,7 @@ by reason and reported as an ``OperationRejected`` event. The machine never read
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -210,8 +211,13 @@ class NegotiationMachine(PaxosRoles, Learning):
     def create_run(
         self, now: float, run: str, *, params: RunParams, incarnation: int = 0, throughput: float = 1.0
     ) -> Configuration:
-        """Found ``run``: C_0 = {this peer}, governing from step 0."""
+        """Found ``run``: C_0 = {this peer}, governing from step 0. A closed run
+        (``params.admitted`` not empty) lists this peer too, whether or not the caller did (it
+        could not rejoin its own run otherwise); the list is sorted here."""
         self._check_run_id(run)
+        if params.admitted:
+            listed = {p.raw: p for p in (*params.admitted, self.local_peer)}
+            params = dataclasses.replace(params, admitted=tuple(listed[raw] for raw in sorted(listed)))
         try:
             params.validate()
         except RemoteProtocolError as exc:

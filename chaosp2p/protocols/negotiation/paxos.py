@@ -42,6 +42,18 @@ from chaosp2p.protocols.negotiation.transitions import ProposerPhase, RunState
 from chaosp2p.wire.identity import PeerID
 
 
+@dataclass(frozen=True, slots=True)
+class BackedClaim:
+    """An acceptance of ours that another member backs: what our promises may claim."""
+
+    ballot: Ballot
+    value: Value
+    digest: bytes
+    """Digest of the configuration ``value`` makes."""
+    backer: PeerID
+    backing: bytes
+
+
 @dataclass(slots=True)
 class PromiseInfo:
     """What one promise told the proposer."""
@@ -155,6 +167,10 @@ class RunRecord:
     """Another member's signature that our accepted value was proposed/accepted at its ballot (the
     proposer's from its ACCEPT, or an acceptor's share when we are the proposer): our promises
     show it, or our claim counts for nothing (``justification.py``)."""
+    backed: BackedClaim | None = None
+    """Our newest acceptance that another member backs. As a proposer we accept our own value
+    before anyone answers; until someone does, our promises report this one instead: the unbacked
+    claim would count as nothing and hide it (spec section 4b, "Backed claims")."""
     sync_asked: dict[bytes, int] = field(default_factory=dict)
     """Peers we sent a SYNC_REQUEST (raw id -> from epoch): only their SYNC_REPLY is read. A
     newcomer's sponsor is entered as ``REPLY_EXPECTED`` (no catch-up asked of it yet)."""
@@ -210,6 +226,7 @@ class RunRecord:
         self.accepted_signature = b""
         self.accepted_backer = None
         self.accepted_backing = b""
+        self.backed = None
         self.proposer = ProposerRecord()
         self.activity_at = None
         self.wake_at = None

@@ -19,17 +19,46 @@ from chaosp2p.protocols.negotiation.justification import (
 )
 from chaosp2p.protocols.negotiation.messages import Accept, Ballot, Promise, SignedPromise, Value
 from chaosp2p.protocols.negotiation.operations import SignatureCache
-from chaosp2p.protocols.negotiation.paxos import PromiseInfo, RunRecord
+from chaosp2p.protocols.negotiation.paxos import BackedClaim, PromiseInfo, RunRecord
 from chaosp2p.wire.identity import Identity, PeerID
 
 DigestOf = Callable[[RunRecord, Value], bytes | None]
 """The digest of the configuration a value makes from the run's C_e (None: the value is invalid)."""
 
 
+def back_acceptance(rec: RunRecord, backer: PeerID, backing: bytes) -> None:
+    """Another member backs our accepted value (the proposer's signature on its ACCEPT, or, as the
+    proposer, an acceptor's share): from now on our promises claim it."""
+    rec.accepted_backer, rec.accepted_backing = backer, backing
+    if rec.accepted_ballot is not None and rec.accepted_value is not None and rec.accepted_outcome is not None:
+        digest = rec.accepted_outcome[0].digest
+        rec.backed = BackedClaim(rec.accepted_ballot, rec.accepted_value, digest, backer, backing)
+
+
+def claimed_value(rec: RunRecord) -> tuple[Ballot | None, Value | None]:
+    """The accepted (ballot, value) our promises claim: the current acceptance, unless it is our
+    own proposal nobody has answered yet and an earlier one is backed. That one is reported then:
+    the unbacked claim would count as nothing and hide it (a liar used this to have another value
+    forced at a higher ballot), while the unbacked ballot can never be certified (we abandon it
+    once we promise a higher one, and nobody else collects its acceptances)."""
+    if rec.accepted_backer is None and rec.backed is not None:
+        return rec.backed.ballot, rec.backed.value
+    return rec.accepted_ballot, rec.accepted_value
+
+
 def signed_promise(identity: Identity, rec: RunRecord, ballot: Ballot) -> SignedPromise:
-    """Our promise for ``ballot``, signed: the accepted (ballot, digest) with its backing, if any."""
-    accepted = rec.accepted_ballot
-    digest = b"" if accepted is None or rec.accepted_outcome is None else rec.accepted_outcome[0].digest
+    """Our promise for ``ballot``, signed: the accepted (ballot, digest) with its backing, if any
+    (:func:`claimed_value` says which acceptance)."""
+    fallback = rec.backed if rec.accepted_backer is None else None
+    if fallback is not None:
+        accepted: Ballot | None = fallback.ballot
+        digest = fallback.digest
+        backer: PeerID | None = fallback.backer
+        backing = fallback.backing
+    else:
+        accepted = rec.accepted_ballot
+        digest = b"" if accepted is None or rec.accepted_outcome is None else rec.accepted_outcome[0].digest
+        backer, backing = rec.accepted_backer, rec.accepted_backing
     if not digest:
         accepted = None
     signature = sign_promise(identity, rec.run, rec.epoch + 1, ballot, accepted, digest, rec.completed)
@@ -37,8 +66,8 @@ def signed_promise(identity: Identity, rec: RunRecord, ballot: Ballot) -> Signed
         signer=identity.peer_id,
         accepted_ballot=accepted,
         accepted_digest=digest,
-        backer=rec.accepted_backer if accepted is not None else None,
-        backing=rec.accepted_backing if accepted is not None else b"",
+        backer=backer if accepted is not None else None,
+        backing=backing if accepted is not None else b"",
         completed=rec.completed,
         signature=signature,
     )

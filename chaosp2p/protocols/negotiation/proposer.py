@@ -52,7 +52,13 @@ from chaosp2p.protocols.negotiation.paxos import (
     is_urgent,
     link_down_supersedes,
 )
-from chaosp2p.protocols.negotiation.promises import justified, promise_info, signed_promise
+from chaosp2p.protocols.negotiation.promises import (
+    back_acceptance,
+    claimed_value,
+    justified,
+    promise_info,
+    signed_promise,
+)
 from chaosp2p.protocols.negotiation.run_configuration import Configuration, quorum
 from chaosp2p.protocols.negotiation.transitions import (
     MEMBER_STATES,
@@ -140,9 +146,10 @@ class PaxosRoles(MachineCore):
         rec.promised = ballot
         own = signed_promise(self.identity, rec, ballot)
         backed = own.backer is not None
+        claimed = claimed_value(rec)
         prop.promises[self.local_peer.raw] = PromiseInfo(
-            accepted_ballot=rec.accepted_ballot if backed else None,
-            accepted_value=rec.accepted_value if backed else None,
+            accepted_ballot=claimed[0] if backed else None,
+            accepted_value=claimed[1] if backed else None,
             entered=rec.entered,
             completed=rec.completed,
             step_time_s=rec.step_time_s,
@@ -443,6 +450,9 @@ class PaxosRoles(MachineCore):
             return None
         if epoch <= config.epoch:
             record = rec.history.get(epoch)
+            if not config.params.admits(sender):
+                self._reject(run, "not_admitted", sender)  # a closed run's commits are not for outsiders
+                return None
             if record is not None:
                 # The sender missed this decision: give it the commit instead of an answer.
                 self._send(sender, Commit.of(run, record))
@@ -485,14 +495,15 @@ class PaxosRoles(MachineCore):
         rec.promised = msg.ballot
         self._saw_other_proposer(now, rec, msg.ballot)
         proof = signed_promise(self.identity, rec, msg.ballot)
+        accepted_ballot, accepted_value = claimed_value(rec)
         self._send(
             sender,
             Promise(
                 run=msg.run,
                 epoch=msg.epoch,
                 ballot=msg.ballot,
-                accepted_ballot=rec.accepted_ballot,
-                accepted_value=rec.accepted_value,
+                accepted_ballot=accepted_ballot,
+                accepted_value=accepted_value,
                 ops=tuple(rec.pending.values())[: self.config.max_ops_per_batch],
                 entered=rec.entered,
                 completed=rec.completed,
@@ -560,7 +571,7 @@ class PaxosRoles(MachineCore):
             self._send(proposer, RefusePast(run=msg.run, epoch=msg.epoch, ballot=msg.ballot, completed=refused))
             return
         if proposer != self.local_peer:
-            rec.accepted_backer, rec.accepted_backing = proposer, msg.proposer_signature
+            back_acceptance(rec, proposer, msg.proposer_signature)
         self._saw_other_proposer(now, rec, msg.ballot)
         self._reply_accepted(rec, proposer, msg)
 
@@ -728,7 +739,7 @@ class PaxosRoles(MachineCore):
         prop.shares[sender.raw] = msg.signature
         if rec.accepted_ballot == prop.ballot and rec.accepted_backer is None and sender != self.local_peer:
             # Our own acceptance of our value counts in our promises only with another's share.
-            rec.accepted_backer, rec.accepted_backing = sender, msg.signature
+            back_acceptance(rec, sender, msg.signature)
         self._check_phase2(now, rec)
 
     def _on_refuse_past(self, now: float, sender: PeerID, msg: RefusePast) -> None:

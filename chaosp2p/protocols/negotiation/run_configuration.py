@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,11 @@ class RunParams:
     mode: str = "sync"
     """``"sync"`` (average every step) or ``"diloco"`` (average every ``local_steps``)."""
     local_steps: int = 1
+    admitted: tuple[PeerID, ...] = ()
+    """Who may join and see the run (sorted by PeerID bytes, distinct): empty = an open run, which
+    anyone may join; otherwise a *closed* run, whose members answer RUN_INFO, catch-up and snapshot
+    requests only to these peers and refuse every other JOIN (``protocols/negotiation.md`` section
+    6, "Closed runs"). Fixed by the founder in C_0 and carried unchanged."""
 
     def validate(self) -> None:
         """Reject nonsense parameters."""
@@ -69,6 +75,30 @@ class RunParams:
         check_uint(self.local_steps, "local_steps")
         if self.local_steps < 1:
             raise reject("local_steps must be >= 1")
+        raws = [p.raw for p in self.admitted]
+        if any(a >= b for a, b in itertools.pairwise(raws)):
+            raise reject("admitted peers must be sorted and distinct")
+
+    def admits(self, peer: PeerID) -> bool:
+        """May ``peer`` join the run (and see its configuration)? Always, in an open run."""
+        listed = self.admitted
+        if not listed:
+            return True
+        i = bisect.bisect_left(listed, peer.raw, key=_raw_of)
+        return i < len(listed) and listed[i].raw == peer.raw
+
+    def row(self) -> list[Any]:
+        """The configuration body's params item: ``[global_batch, mode, local_steps]``, with the
+        admitted peers' bytes appended only for a closed run (an open run's encoding, and so its
+        digest, is what it was before closed runs existed)."""
+        row: list[Any] = [self.global_batch, self.mode, self.local_steps]
+        if self.admitted:
+            row.append([p.raw for p in self.admitted])
+        return row
+
+
+def _raw_of(peer: PeerID) -> bytes:
+    return peer.raw
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,7 +282,7 @@ class Configuration:
             list(self.throughputs),
             list(self.since_steps),
             link_rows(self),
-            [self.params.global_batch, self.params.mode, self.params.local_steps],
+            self.params.row(),
             self.seed,
             departed_rows(self),
         ]
@@ -417,8 +447,12 @@ def pack_columns(config: Configuration, spliced_from: tuple[Configuration, Membe
     (C_e, edits) the member columns are spliced from C_e's pieces, and pieces that did not change
     are shared."""
     head = pack([config.run, config.epoch, config.activation_step])[1:]  # strip the fixarray header
-    params = config.params
-    tail = pack([[params.global_batch, params.mode, params.local_steps], config.seed])[1:]
+    if spliced_from is not None and spliced_from[0].params is config.params:
+        # The params never change, and a closed run's admission list can be long: reuse its bytes.
+        prev_tail = spliced_from[0].packed_columns()[6]
+        tail = prev_tail[: len(prev_tail) - len(pack(spliced_from[0].seed))] + pack(config.seed)
+    else:
+        tail = pack([config.params.row(), config.seed])[1:]
     if spliced_from is None:
         ids = pack_ids(config.ids())
         incs = pack(list(config.incarnations))
