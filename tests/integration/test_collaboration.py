@@ -88,7 +88,16 @@ async def swarm(count: int) -> AsyncIterator[list[AsyncPeer]]:
             peers.append(await stack.enter_async_context(chaosp2p.open_peer(config)))
         # Membership views converge by gossip; there is no single event to wait on.
         await eventually(lambda: all_see_alive(peers, count), timeout_s=20, interval_s=0.05)
-        yield peers
+        try:
+            yield peers
+        finally:
+            # Leave together: one after another, each leaver waits (up to 5 s) for a step that the
+            # idle others never take; together, each sees every other member leaving and stops.
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as tg:
+                    for peer in peers:
+                        for collaboration in peer.training.collaborations():
+                            tg.start_soon(collaboration.leave)
 
 
 def _agree(members: list[Member], steps: range) -> None:
