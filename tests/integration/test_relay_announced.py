@@ -85,3 +85,7 @@ async def test_peers_learn_a_private_members_relay_address_and_reach_it(
         connection = await reach(a.host, b.peer_id, membership.reach_addrs(b.peer_id), relay_after_s=0.2)
         assert connection.relayed and connection.remote_peer == b.peer_id
         assert b.status_report().to_json()["reachability"]["relay_addrs"] == [str(addr)]
+        # A node's relay judges reservations by its own dial-back checks (protocols/relay.md §6;
+        # the local profile here grants whatever they say).
+        own = r.host.relay.own_reachability
+        assert own is not None and own() is r.reachability.reachability
