@@ -46,10 +46,6 @@ from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.negotiation")
 
-RELAYED_PROBE_TIMEOUT_S = 2.0
-"""The direct probe of a link this host reaches only through a relay gets this long (at least): a
-slow dial on a loaded machine should not take a working link down."""
-
 ROUTINE_REJECTIONS = frozenset({"stale_ballot", "old_epoch", "stale_fail", "unsolicited", "replayed"})
 """Refusals that concurrent proposers and late messages cause all the time (logged at debug)."""
 LINK_SETTLE_INTERVALS = 30
@@ -154,13 +150,12 @@ class NegotiationService:
         self._gone.add(peer)
         self.link_watch.forget(peer)
 
-    def link_failed(self, run: str, peer: PeerID, *, why: str = "no exchange with {peer} in a round") -> bool:
+    def link_failed(self, run: str, peer: PeerID) -> bool:
         """A round of ``run`` could not exchange with ``peer`` (first-hand): LINK_DOWN at once.
 
         Nothing if membership holds ``peer`` failed or gone (a FAIL is the business of membership),
         or if this peer already declared the link down. True if a LINK_DOWN was raised. Signed by
-        this peer, an endpoint of the link; ``protocols/negotiation.md`` section 3d. ``why`` (with
-        ``{peer}``) is the evidence, for the log line.
+        this peer, an endpoint of the link; ``protocols/negotiation.md`` section 3d.
         """
         config = self.machine.configuration(run)
         local = self.machine.local_peer
@@ -172,7 +167,7 @@ class NegotiationService:
         # still pending is raised again).
         raised = self.driver.call(lambda now: self.machine.link_changed(now, local, peer, up=False))
         if raised:
-            log.warning("run %r: %s (alive to the others): link declared down", run, why.format(peer=peer))
+            log.warning("run %r: no exchange with %s in a round (alive to the others): link declared down", run, peer)
         return bool(raised)
 
     async def _probe_links(self) -> None:
@@ -181,7 +176,6 @@ class NegotiationService:
         local = self.machine.local_peer
         while True:
             await anyio.sleep(config.probe_interval_s)
-            await self.check_relayed_links()
             for peer in self.link_watch.to_probe(self._clock.now()):
                 ok = await self._probe(peer, config.probe_timeout_s)
                 if self.link_watch.probed(peer, self._clock.now(), ok=ok):
@@ -189,41 +183,6 @@ class NegotiationService:
                         "link to %s answered for %.1f s: declaring it up", peer, self.link_watch.required_up_s(peer)
                     )
                     self.driver.call(lambda now, p=peer: self.machine.link_changed(now, local, p, up=True))
-
-    def relayed_only_links(self) -> dict[PeerID, list[str]]:
-        """Members whose link with this peer its runs hold usable while this host reaches them only
-        through a relay (a relayed connection, no direct one), with those runs. Such a pair's
-        direct dial failed or did not finish in ``reach``'s head start, and no hole punch replaced
-        the relay: a plan that exchanges over it would wait out a dial in its round."""
-        local = self.machine.local_peer
-        found: dict[PeerID, list[str]] = {}
-        for run in self.machine.runs():
-            config = self.machine.configuration(run)
-            if config is None or not config.has_member(local):
-                continue
-            for entry in config.members:
-                peer = entry.peer_id
-                if peer == local or peer in self._gone or self.link_watch.is_down(peer):
-                    continue
-                link = config.link(local, peer)
-                if link is not None and not link.up:
-                    continue  # agreed down already: the plan relays the pair
-                if self._host.connection(peer) is None and self._host.relayed_connection(peer) is not None:
-                    found.setdefault(peer, []).append(run)
-        return found
-
-    async def check_relayed_links(self) -> list[tuple[str, PeerID]]:
-        """Declare down (first-hand, as a failed round would) each link of :meth:`relayed_only_links`
-        whose direct probe fails too; the (run, peer) pairs declared. A probe that succeeds leaves
-        a direct connection, and the link stays up."""
-        declared: list[tuple[str, PeerID]] = []
-        timeout_s = max(self.link_watch.config.probe_timeout_s, RELAYED_PROBE_TIMEOUT_S)
-        for peer, runs in self.relayed_only_links().items():
-            if await self._probe(peer, timeout_s):
-                continue
-            why = "reached {peer} only through a relay, and a direct probe failed"
-            declared += [(run, peer) for run in runs if self.link_failed(run, peer, why=why)]
-        return declared
 
     async def _probe(self, peer: PeerID, timeout_s: float) -> bool:
         """One round trip to ``peer`` over a *direct* connection (dialling first if needed).
