@@ -46,39 +46,37 @@ def test_ips_not_our_own_mean_a_nat_in_between() -> None:
     assert observed.public_ips(own) == ["198.18.0.3"]
 
 
+def report(observed: ObservedAddrs, *seen: tuple[int, int, int | None]) -> ObservedAddrs:
+    """``observed`` after each (observer index, port it saw us at, our socket's port) report."""
+    for index, port, local_port in seen:
+        observed.add(PEERS[index], f"/ip4/198.18.0.3/tcp/{port}", local_port=local_port)
+    return observed
+
+
 def test_changed_source_ports_need_two_observers_and_a_majority() -> None:
     observed = ObservedAddrs()
     assert observed.port_mapping() is PortMapping.UNKNOWN
-    observed.add(PEERS[0], "/ip4/198.18.0.3/tcp/61002", local_port=40001)  # a symmetric NAT's new port
-    for _ in range(3):  # one observer repeating itself is one report
-        observed.add(PEERS[0], "/ip4/198.18.0.3/tcp/61003", local_port=40002)
+    report(observed, (0, 61002, 40001))  # a symmetric NAT's new port
+    report(observed, *[(0, 61003, 40002)] * 3)  # one observer repeating itself is one report
     assert observed.port_mapping() is PortMapping.UNKNOWN
-    observed.add(PEERS[1], "/ip4/198.18.0.3/tcp/52210", local_port=40003)
+    report(observed, (1, 52210, 40003))
     assert observed.port_mapping() is PortMapping.CHANGED
-    observed.add(PEERS[2], "/ip4/198.18.0.3/tcp/40004", local_port=40004)  # one says kept: still a majority
+    report(observed, (2, 40004, 40004))  # one says kept: still a majority
     assert observed.port_mapping() is PortMapping.CHANGED
     assert observed.port_mapping(min_observers=3) is PortMapping.UNKNOWN
 
 
 def test_kept_source_ports_and_a_tie_are_not_a_symmetric_nat() -> None:
-    observed = ObservedAddrs()
-    observed.add(PEERS[0], "/ip4/198.18.0.3/tcp/40001", local_port=40001)
-    observed.add(PEERS[1], "/ip4/198.18.0.3/tcp/40002", local_port=40002)
+    observed = report(ObservedAddrs(), (0, 40001, 40001), (1, 40002, 40002))
     assert observed.port_mapping() is PortMapping.KEPT
-    observed.add(PEERS[2], "/ip4/198.18.0.3/tcp/7", local_port=40003)
-    observed.add(PEERS[3], "/ip4/198.18.0.3/tcp/8", local_port=40004)
+    report(observed, (2, 7, 40003), (3, 8, 40004))
     assert observed.port_mapping() is PortMapping.UNKNOWN  # two against two: no verdict
     # Accepted connections (no local_port) say nothing about the mapping of our outbound ones.
-    fresh = ObservedAddrs()
-    fresh.add(PEERS[0], "/ip4/198.18.0.3/tcp/9", local_port=None)
-    fresh.add(PEERS[1], "/ip4/198.18.0.3/tcp/10")
-    assert fresh.port_mapping(min_observers=1) is PortMapping.UNKNOWN
+    assert report(ObservedAddrs(), (0, 9, None), (1, 10, None)).port_mapping(min_observers=1) is PortMapping.UNKNOWN
 
 
 def test_a_changed_observer_counts_its_latest_report_only() -> None:
-    observed = ObservedAddrs()
-    observed.add(PEERS[0], "/ip4/198.18.0.3/tcp/1", local_port=40001)
-    observed.add(PEERS[1], "/ip4/198.18.0.3/tcp/2", local_port=40002)
+    observed = report(ObservedAddrs(), (0, 1, 40001), (1, 2, 40002))
     assert observed.port_mapping() is PortMapping.CHANGED
-    observed.add(PEERS[1], "/ip4/198.18.0.3/tcp/40003", local_port=40003)  # a NAT that now keeps ports
+    report(observed, (1, 40003, 40003))  # a NAT that now keeps ports
     assert observed.port_mapping() is PortMapping.UNKNOWN
