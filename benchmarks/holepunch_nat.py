@@ -6,13 +6,16 @@ Needs root, ip, tc and nft (``chaosp2p.cluster.sites``). One relay R on a public
 and targets on their own sites: two endpoint-independent NATs (``nat``), two symmetric NATs
 (``symmetric-nat``) and a firewall that drops inbound connections (``firewall``). Per pair
 (source kind ~ target kind: nat~nat, nat~symmetric-nat, symmetric-nat~symmetric-nat,
-firewall~nat) a target process serves punches (``HolePunchService``) behind its site; the source
+firewall~nat) a target process serves punches (``HolePunchService``) behind its site, connected to
+R and to W (a second public peer on R's host: two observers of its source ports); the source
 process then makes ``--tries`` attempts, each with a new identity and a new listen port (so a try
-inherits no NAT mapping or connection from the one before): connect to R, open a relayed connection
-to the target through R, and time :func:`~chaosp2p.transport.holepunch.punch` from the call to its
-direct connection or its ``PeerUnreachable``. Reported: success rate, median time of the successful
-punches and of the failed ones (a failure waits out ``connect_timeout_s``). Punch timing is the
-default (``HolePunchConfig()``, as a node's ``lan`` profile).
+inherits no NAT mapping or connection from the one before): connect to R and W, open a relayed
+connection to the target through R, and time :func:`~chaosp2p.transport.holepunch.punch` from the
+call to its direct connection or its ``PeerUnreachable``. Reported: success rate, median time of
+the successful punches and of the failed ones. A peer whose two observers saw its source ports
+changed (a symmetric NAT) declines at once (``protocols/holepunch.md`` §3a); other failures wait
+out ``connect_timeout_s``. Punch timing is the default (``HolePunchConfig()``, as a node's ``lan``
+profile); ``--observers 1`` connects to R only, as before that section existed.
 """
 
 from __future__ import annotations
@@ -66,21 +69,22 @@ async def echo(connection: Connection, request: Any) -> Any:
     return request
 
 
-async def serve(listen: str, relay: str | None) -> None:
-    """R (``relay`` None) or a target connected to the relay at ``relay``: prints its address as one
-    JSON line and serves (punches too) until killed."""
+async def serve(listen: str, observers: list[str]) -> None:
+    """R or W (``observers`` empty), or a target connected to them (R first): prints its address as
+    one JSON line and serves (punches too) until killed."""
     async with open_host(Identity.generate(), CONFIG) as host:
         HolePunchService(host, PUNCH)
         host.set_request_handler("/chaos/echo/1", echo)
         addr = await host.listen(listen)
-        if relay is not None:
-            await host.connect(relay)  # R gives the target its observed address; circuits come through it
+        for observer in observers:
+            await host.connect(observer)  # each reports the target's observed address; circuits come through R
         print(json.dumps({"addr": str(addr)}), flush=True)
         await anyio.sleep_forever()
 
 
-async def source(ip: str, relay_text: str, target_text: str, tries: int) -> list[dict[str, Any]]:
-    """``tries`` punches towards the target, each from a new host: outcome and seconds of each."""
+async def source(ip: str, relay_text: str, witness_text: str, target_text: str, tries: int) -> list[dict[str, Any]]:
+    """``tries`` punches towards the target, each from a new host (connected to R, and to W unless
+    ``witness_text`` is "-"): outcome and seconds of each."""
     target = Multiaddr.parse(target_text)
     assert target.peer_id is not None
     results: list[dict[str, Any]] = []
@@ -88,12 +92,15 @@ async def source(ip: str, relay_text: str, target_text: str, tries: int) -> list
         async with open_host(Identity.generate(), CONFIG) as host:
             await host.listen(f"/ip4/{ip}/tcp/0")
             relay = await host.connect(relay_text)
+            if witness_text != "-":
+                await host.connect(witness_text)
             relayed = await host.relay.connect_via(relay.remote_peer, target.peer_id)
             assert relayed.relayed
             started = time.perf_counter()
             try:
                 direct = await punch(host, target.peer_id, PUNCH)
                 outcome: dict[str, Any] = {"direct": not direct.relayed, "remote": direct.remote_address[0]}
+                outcome["is_dialer"] = direct.is_dialer
             except PeerUnreachable as exc:
                 outcome = {"direct": False, "error": str(exc)}
             outcome["s"] = time.perf_counter() - started
@@ -103,14 +110,17 @@ async def source(ip: str, relay_text: str, target_text: str, tries: int) -> list
     return results
 
 
-def run(tries: int) -> dict[str, Any]:
-    """Build the namespaces, start R, then per pair a target and the source's tries; remove all."""
+def run(tries: int, observers: int) -> dict[str, Any]:
+    """Build the namespaces, start R and W, then per pair a target and the source's tries; remove all."""
     pairs: dict[str, Any] = {}
     processes: list[subprocess.Popen[str]] = []
     with SiteNetwork.create(SITES, HOSTS) as net:
         try:
             relay_proc, relay = start_in(net, "r", __file__, "--serve", f"/ip4/{net.address('r')}/tcp/0")
             processes.append(relay_proc)
+            witness_proc, witness = start_in(net, "r", __file__, "--serve", f"/ip4/{net.address('r')}/tcp/0")
+            processes.append(witness_proc)
+            connects = [relay["addr"], witness["addr"]][:observers]
             for name, source_host, target_host in PAIRS:
                 target_proc, target = start_in(
                     net,
@@ -118,14 +128,16 @@ def run(tries: int) -> dict[str, Any]:
                     __file__,
                     "--serve",
                     f"/ip4/{net.address(target_host)}/tcp/0",
-                    "--relay",
-                    relay["addr"],
+                    *(arg for addr in connects for arg in ("--connect", addr)),
                 )
                 processes.append(target_proc)
                 ip = net.address(source_host)
                 command = net.wrap(source_host, [sys.executable, str(Path(__file__).resolve()), "--source", ip])
                 out = subprocess.run(
-                    [*command, relay["addr"], target["addr"], str(tries)], capture_output=True, text=True, timeout=600
+                    [*command, relay["addr"], connects[1] if observers > 1 else "-", target["addr"], str(tries)],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
                 )
                 if out.returncode != 0:
                     raise RuntimeError(f"{name}: the source failed: {out.stderr[-2000:]}")
@@ -155,26 +167,27 @@ def _summary(attempts: list[dict[str, Any]], target_public: str) -> dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tries", type=int, default=10, help="punches per pair of NAT kinds")
+    parser.add_argument("--observers", type=int, choices=(1, 2), default=2, help="public peers each end connects to")
     parser.add_argument("--json", default=None, help="write results here")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--relay", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--source", nargs=4, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--connect", action="append", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--source", nargs=5, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        anyio.run(serve, args.serve, args.relay, backend="trio")
+        anyio.run(serve, args.serve, args.connect, backend="trio")
         return
     if args.source is not None:
-        ip, relay, target, tries = args.source
-        print(json.dumps(anyio.run(source, ip, relay, target, int(tries), backend="trio")))
+        ip, relay, witness, target, tries = args.source
+        print(json.dumps(anyio.run(source, ip, relay, witness, target, int(tries), backend="trio")))
         return
     started = time.perf_counter()
-    pairs = run(args.tries)
+    pairs = run(args.tries, args.observers)
 
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1e3:.0f} ms"
 
     print_table(
-        f"hole punching in namespaces, {args.tries} tries per pair (source ~ target)",
+        f"hole punching in namespaces, {args.tries} tries per pair (source ~ target), {args.observers} observer(s)",
         ["pair", "direct", "median success", "median failure", "failure reasons"],
         [
             [
@@ -192,7 +205,12 @@ def main() -> None:
         {
             "benchmark": "holepunch_nat",
             "tries": args.tries,
-            "punch_config": {"answer_timeout_s": PUNCH.answer_timeout_s, "connect_timeout_s": PUNCH.connect_timeout_s},
+            "observers": args.observers,
+            "punch_config": {
+                "answer_timeout_s": PUNCH.answer_timeout_s,
+                "connect_timeout_s": PUNCH.connect_timeout_s,
+                "min_mapping_observers": PUNCH.min_mapping_observers,
+            },
             "wall_s": round(time.perf_counter() - started, 1),
             "pairs": pairs,
         },

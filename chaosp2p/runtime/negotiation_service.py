@@ -41,7 +41,7 @@ from chaosp2p.protocols.negotiation import codec as NEGOTIATION_CODEC
 from chaosp2p.protocols.negotiation.link_watch import LinkWatch, LinkWatchConfig
 from chaosp2p.runtime.driver import MachineDriver
 from chaosp2p.transport.host import Host
-from chaosp2p.wire.circuit_addr import Dialable
+from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable
 from chaosp2p.wire.identity import PeerID
 
 log = logging.getLogger("chaosp2p.negotiation")
@@ -185,10 +185,17 @@ class NegotiationService:
                     self.driver.call(lambda now, p=peer: self.machine.link_changed(now, local, p, up=True))
 
     async def _probe(self, peer: PeerID, timeout_s: float) -> bool:
-        """One round trip to ``peer`` at the connection level (dialling first if needed)."""
+        """One round trip to ``peer`` over a *direct* connection (dialling first if needed).
+
+        Never through a relay: reaching ``peer`` at its relay address says nothing about the link,
+        and a LINK_UP from it would put a pair that only a relay joins back into the plan as
+        linked (each such step stalled until its round's direct dial timed out)."""
+        direct = [addr for addr in self._resolve(peer) if not isinstance(addr, CircuitAddr)]
         with anyio.move_on_after(timeout_s):
             try:
-                connection = await self._host.connection_to(peer, self._resolve(peer))
+                connection = await self._host.connection_to(peer, direct)
+                if connection.relayed:
+                    return False
                 await connection.ping()
             except ChaosError:
                 return False

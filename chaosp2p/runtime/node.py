@@ -147,6 +147,7 @@ class Node:
         self.holepunch = HolePunchService(host, config.holepunch)
         """Upgrading relayed connections to direct ones: ``await node.holepunch.punch(peer)``."""
         host.relay.opened.append(self.holepunch.upgrade_soon)
+        host.relay.own_reachability = lambda: self.reachability.reachability  # slots only while public
         self.reservations = RelayReservations(
             host, clock, config.reservations, is_private=lambda: self.reachability.reachability is Reachability.PRIVATE
         )

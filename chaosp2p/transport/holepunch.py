@@ -11,7 +11,10 @@ success the host holds a direct connection to ``peer`` (:meth:`Host.connection` 
 ``connection_to`` and everything above use it from then on); the relayed connection stays open.
 On failure -- the other side refused, a NAT that maps each destination to a new port (symmetric),
 a closed port, a cut link -- :class:`PeerUnreachable` names the reason, one line is logged at info,
-and the relayed connection stays as it was.
+and the relayed connection stays as it was. A peer whose own NAT changes source ports (by its
+observers' reports, :meth:`~chaosp2p.transport.observed.ObservedAddrs.port_mapping`) fails at once
+as initiator and refuses as responder, saying why (``Refusal.PORTS_CHANGED``): its SYN would leave
+from a port the other side was not told, so waiting ``connect_timeout_s`` could only end in failure.
 
 Theory of operation
 -------------------
@@ -53,6 +56,7 @@ from chaosp2p.protocols.holepunch import (
     HolePunchConfig,
     Outcome,
     PunchMachine,
+    Refusal,
     Result,
     Role,
     codec,
@@ -60,6 +64,7 @@ from chaosp2p.protocols.holepunch import (
 from chaosp2p.protocols.ratelimit import RateLimiter
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
+from chaosp2p.transport.observed import ObservedAddrs, PortMapping
 from chaosp2p.transport.shaper import LinkShaper
 from chaosp2p.transport.sockets import bound_socket, close_socket
 from chaosp2p.transport.stream import Stream
@@ -78,6 +83,7 @@ class PunchHost(Protocol):
     config: TransportConfig
     clock: Clock
     links: LinkShaper | None
+    observed: ObservedAddrs
 
     @property
     def peer_id(self) -> PeerID:
@@ -137,6 +143,10 @@ async def punch(host: PunchHost, peer: PeerID, config: HolePunchConfig | None = 
         raise PeerUnreachable(f"hole punch with {peer.short()}: no relayed connection to punch through")
     if not relayed.supports(PROTOCOL):
         raise PeerUnreachable(f"hole punch with {peer.short()}: it does not speak {PROTOCOL_ID}")
+    if ports_changed(host, config):
+        reason = "our NAT changes source ports (symmetric): a punch cannot work"
+        log.info("hole punch with %s not tried (%s); the relayed connection stays", peer.short(), reason)
+        raise PeerUnreachable(f"hole punch with {peer.short()} failed: {reason}")
     machine = PunchMachine(
         initiator=True,
         local_peer=host.peer_id,
@@ -194,11 +204,11 @@ class HolePunchService:
         peer = stream.remote_peer
         via = stream.connection
         assert isinstance(via, Connection)  # the only carrier of streams
-        refusal = self._refusal(via, peer)
+        refusal, code = self._refusal(via, peer)
         if refusal:
             self.refused += 1
             log.debug("hole punch asked by %s refused: %s", peer.short(), refusal)
-            await stream.send_message(codec, Result(outcome=int(Outcome.REFUSED)), eof=True)
+            await stream.send_message(codec, Result(outcome=int(Outcome.REFUSED), reason=int(code)), eof=True)
             return
         self._active += 1
         machine = PunchMachine(
@@ -217,21 +227,29 @@ class HolePunchService:
         finally:
             self._active -= 1
 
-    def _refusal(self, via: Connection, peer: PeerID) -> str:
-        """Why we will not punch with ``peer`` now ("" if we will); cheap checks first."""
+    def _refusal(self, via: Connection, peer: PeerID) -> tuple[str, Refusal]:
+        """Why we will not punch with ``peer`` now ("" if we will) and the code we tell it; cheap
+        checks first, and the rate last (a refusal for another reason spends no token)."""
         if not self.config.enabled:
-            return "hole punching is off"
+            return "hole punching is off", Refusal.UNSPECIFIED
         if not via.relayed:
-            return "not over a relayed connection"
+            return "not over a relayed connection", Refusal.UNSPECIFIED
         if self.host.connection(peer) is not None:
-            return "already connected directly"
+            return "already connected directly", Refusal.UNSPECIFIED
         if self.host.links is not None and self.host.links.is_cut(peer):
-            return "the link is cut"
+            return "the link is cut", Refusal.UNSPECIFIED
+        if ports_changed(self.host, self.config):
+            return "our NAT changes source ports", Refusal.PORTS_CHANGED
         if self._active >= self.config.max_concurrent:
-            return "too many punches under way"
+            return "too many punches under way", Refusal.UNSPECIFIED
         if not self._rate.allow(peer, self.host.clock.now()):
-            return "rate limit"
-        return ""
+            return "rate limit", Refusal.UNSPECIFIED
+        return "", Refusal.UNSPECIFIED
+
+
+def ports_changed(host: PunchHost, config: HolePunchConfig) -> bool:
+    """Whether this host's observers say its NAT changes source ports (a punch cannot work)."""
+    return host.observed.port_mapping(config.min_mapping_observers) is PortMapping.CHANGED
 
 
 async def _run(host: PunchHost, machine: PunchMachine, stream: Stream, *, via: Connection) -> Connection:
@@ -425,4 +443,12 @@ def _name(outcome: Outcome | None) -> str:
     return "none" if outcome is None else outcome.name.lower()
 
 
-__all__ = ["HolePunchService", "PunchHost", "candidate_addrs", "dialable", "punch", "simultaneous_open"]
+__all__ = [
+    "HolePunchService",
+    "PunchHost",
+    "candidate_addrs",
+    "dialable",
+    "ports_changed",
+    "punch",
+    "simultaneous_open",
+]

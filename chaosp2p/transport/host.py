@@ -631,7 +631,7 @@ class Host:
                     listen.append(Multiaddr.parse(text))
                 self._remember(peer, listen)
                 if not connection.relayed:
-                    self.observed.add(peer, connection.remote_hello.observed_addr)
+                    self.observed.add(peer, connection.remote_hello.observed_addr, local_port=connection.outbound_port)
             log.debug(
                 "connected %s %s (%s:%s)", "to" if connection.is_dialer else "from", peer, *connection.remote_address
             )

@@ -35,6 +35,7 @@ import anyio.abc
 
 from chaosp2p.clock import Clock
 from chaosp2p.errors import AdmissionDenied, ChaosError, ConnectionClosed, PeerUnreachable, RemoteProtocolError
+from chaosp2p.protocols.reachability.machine import Reachability
 from chaosp2p.protocols.relay import (
     PROTOCOL,
     PROTOCOL_ID,
@@ -137,6 +138,9 @@ class RelayService:
         """Connections this peer accepted through relays (as the target)."""
         self.reservations = ReservationTable(config, enabled=config.enabled)
         """Slots this peer keeps for peers nobody can dial (as a relay)."""
+        self.own_reachability: Callable[[], Reachability] | None = None
+        """This peer's reachability by its dial-back checks (the node sets it); reservations are
+        granted only while it is public (``reserve_only_when_public``). None: no checks, grant."""
         host.on_connection_change(self._connection_changed)
         self.opened: list[Callable[[Connection], None]] = []
         """Called with each relayed connection this host opens as the source (the node's hole
@@ -256,7 +260,8 @@ class RelayService:
             answer: Status | Reservation = refusal(StatusCode.MALFORMED, "reserve over a direct connection")
         else:
             now = self.host.clock.now()
-            granted = self.reservations.reserve(peer, now)
+            own = None if self.own_reachability is None else self.own_reachability()
+            granted = self.reservations.reserve(peer, now, own=own)
             if isinstance(granted, Refusal):
                 answer = refusal(granted.code, granted.reason)
             else:

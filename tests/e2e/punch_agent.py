@@ -1,10 +1,11 @@
 """One host of the firewalled hole-punching test (``test_holepunch_firewall.py``), run in a namespace.
 
-``python punch_agent.py ROLE IP FOLDER``: ``relay`` listens and writes ``relay.addr``; ``target``
-connects to the relay, writes ``target.addr`` and serves punches; ``source`` connects to the relay,
-checks its reachability (the relay dials it back), tries to dial the target directly (the target's
-firewall drops it), reaches it through the relay, punches, and writes ``result.json``. Every role
-ends when ``FOLDER/stop`` appears.
+``python punch_agent.py ROLE IP FOLDER [witnessed]``: ``relay`` (and ``witness``) listens and writes
+``relay.addr`` (``witness.addr``); ``target`` connects to the relay (and with ``witnessed`` to the
+witness too: a second observer of its source ports), writes ``target.addr`` and serves punches;
+``source`` does the same connects, checks its reachability (the relay dials it back), tries to
+dial the target directly (the target's firewall drops it), reaches it through the relay, punches,
+and writes ``result.json``. Every role ends when ``FOLDER/stop`` appears.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ async def wait_for(path: Path) -> str:
     return await file.read_text()
 
 
-async def main(role: str, ip: str, folder: Path) -> None:
+async def main(role: str, ip: str, folder: Path, witnessed: bool) -> None:
     lines = Lines()
     logging.getLogger("chaosp2p.transport").addHandler(lines)
     logging.getLogger("chaosp2p.transport").setLevel(logging.INFO)
@@ -66,16 +67,19 @@ async def main(role: str, ip: str, folder: Path) -> None:
         reach = ReachabilityService(host, REACH)
         host.set_request_handler("/chaos/echo/1", echo)
         addr = await host.listen(f"/ip4/{ip}/tcp/0")
-        if role == "relay":
-            (folder / "relay.addr").write_text(str(addr))
+        if role in ("relay", "witness"):
+            (folder / f"{role}.addr").write_text(str(addr))
         else:
             await host.connect(await wait_for(folder / "relay.addr"))
+            if witnessed:
+                await host.connect(await wait_for(folder / "witness.addr"))
         if role == "target":
             (folder / "target.addr").write_text(str(addr))
         if role == "source":
             target = Multiaddr.parse(await wait_for(folder / "target.addr"))
             assert target.peer_id is not None
             result: dict[str, Any] = {"reachability": (await reach.check()).value}
+            result["port_mapping"] = host.observed.port_mapping().value
             try:
                 await host.connect(target)
                 result["direct_dial"] = "connected"
@@ -99,8 +103,14 @@ async def main(role: str, ip: str, folder: Path) -> None:
             (folder / "result.json").write_text(json.dumps(result))
         await wait_for(folder / "stop")
         if role == "target":
-            (folder / "target.json").write_text(json.dumps({"punched": punches.punched, "lines": lines.lines}))
+            report = {
+                "punched": punches.punched,
+                "refused": punches.refused,
+                "port_mapping": host.observed.port_mapping().value,
+                "lines": lines.lines,
+            }
+            (folder / "target.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1], sys.argv[2], Path(sys.argv[3]), backend="trio")
+    anyio.run(main, sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4:] == ["witnessed"], backend="trio")

@@ -18,16 +18,19 @@ AGENT = Path(__file__).with_name("punch_agent.py")
 def run_agents(
     wrap: Callable[[str, list[str]], list[str]], ips: dict[str, str], folder: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Start the relay, the target and then the source, each ``wrap``-ped into its namespace
-    (``ips``: role to its address); the source's ``result.json`` and the target's report. Every
-    agent is stopped (``FOLDER/stop``, then killed if it lingers) before this returns or raises."""
+    """Start the relay (and a ``witness`` when ``ips`` names one: a second public peer the target
+    and the source connect to as well), the target and then the source, each ``wrap``-ped into its
+    namespace (``ips``: role to its address); the source's ``result.json`` and the target's report.
+    Every agent is stopped (``FOLDER/stop``, then killed if it lingers) before this returns or raises."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     processes, logs = [], []
     try:
-        for role in ("relay", "target", "source"):
+        witnessed = "witness" in ips
+        for role in ("relay", "witness", "target", "source") if witnessed else ("relay", "target", "source"):
             log = (folder / f"{role}.log").open("w")
             logs.append(log)
-            command = wrap(role, [sys.executable, str(AGENT), role, ips[role], str(folder)])
+            extra = ["witnessed"] if witnessed and role in ("target", "source") else []
+            command = wrap(role, [sys.executable, str(AGENT), role, ips[role], str(folder), *extra])
             processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
         result_path = folder / "result.json"
         wait_until(

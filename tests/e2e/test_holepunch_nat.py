@@ -5,10 +5,13 @@ R is public; A sits behind one endpoint-independent NAT ("home", kind ``nat``), 
 A reaches B through R's relay and punches: each side connects from its listen port to the other's
 observed IP and listen port; both masquerades keep the port, so the later SYN arrives on the
 mapping the earlier one opened (conntrack's reply direction; the earlier one was dropped at the
-other router) and the kernels join them (simultaneous open) -- a direct connection. C's NAT gives the SYN to A
-a new random port, not the one A was told, so A's SYN finds no mapping: the punch fails, and the
-relayed connection stays and still carries a stream round trip. The hosts run
-``punch_agent.py`` (the firewall test's); everything is removed at the end.
+other router) and the kernels join them (simultaneous open) -- a direct connection. C's NAT gives
+every connection a new random port, so a SYN of C's would come from a port A was not told: a punch
+cannot work. C knows it before trying: A, B and C also connect to W, a second public peer on R's
+host, and R and W both saw C's connections come from other ports than C's sockets had, so C refuses
+A's punch at once, saying why (``PORTS_CHANGED``, ``protocols/holepunch.md`` §3a), and the relayed
+connection stays and still carries a stream round trip. The hosts run ``punch_agent.py`` (the
+firewall test's); everything is removed at the end.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def network() -> Iterator[SiteNetwork]:
 
 def run_punch(net: SiteNetwork, source: str, target: str, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The relay on R, the target and the source on their hosts; the source's result, the target's."""
-    hosts = {"relay": "r", "target": target, "source": source}
+    hosts = {"relay": "r", "witness": "r", "target": target, "source": source}
     return run_agents(
         lambda role, command: net.wrap(hosts[role], command),
         {role: net.address(host) for role, host in hosts.items()},
@@ -67,6 +70,7 @@ def test_a_punch_between_two_endpoint_independent_nats_gives_a_direct_connection
     assert result["direct_dial"] != "connected"  # B's private address is not routed from A
     assert result["relayed"] is True
     assert result["punched"] is True, result
+    assert (result["port_mapping"], target["port_mapping"]) == ("kept", "kept")  # both masquerades keep ports
     assert result["echo"] == "direct" and result["relayed_echo"] == "relayed"
     # Through both NATs: A's direct connection ends at B's router's public address.
     assert result["direct_remote"][0] == network.hosts["b"].public_address
@@ -75,12 +79,14 @@ def test_a_punch_between_two_endpoint_independent_nats_gives_a_direct_connection
     assert target["punched"] == 1
 
 
-def test_a_symmetric_nat_fails_the_punch_and_the_relayed_connection_still_carries_streams(
+def test_a_symmetric_nat_declines_the_punch_by_evidence_and_the_relayed_connection_still_carries_streams(
     network: SiteNetwork, tmp_path: Path
 ) -> None:
     result, target = run_punch(network, "a", "c", tmp_path)
     assert result["relayed"] is True
+    assert (result["port_mapping"], target["port_mapping"]) == ("kept", "changed")  # by R's and W's reports
     assert result["punched"] is False, result
-    assert "hole punch" in result["error"]
+    # Declined by evidence, not by a timeout: C refused before either side sent a SYN.
+    assert "the peer's NAT changes source ports (symmetric)" in result["error"], result
+    assert (target["refused"], target["punched"]) == (1, 0)
     assert result["relayed_echo"] == "relayed"  # a stream round trip over the relay
-    assert target["punched"] == 0

@@ -111,6 +111,46 @@ async def test_a_peer_that_does_not_punch_refuses_and_the_relayed_connection_sta
         assert relayed is not None and await relayed.request("echo", "relayed") == "relayed"
 
 
+def report_changed_ports(host: Host) -> None:
+    """Two observers say our dialled connections came from other ports than our sockets had (what
+    a symmetric NAT's peers report; on loopback nothing changes ports, so the reports are made up)."""
+    for port in (61001, 61002):
+        host.observed.add(Identity.generate().peer_id, f"/ip4/198.18.0.3/tcp/{port}", local_port=port - 20000)
+
+
+async def test_a_peer_behind_a_symmetric_nat_refuses_at_once_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="chaosp2p.transport")
+    async with relayed_pair() as t:
+        report_changed_ports(t.b)
+        with pytest.raises(PeerUnreachable, match=r"the peer's NAT changes source ports \(symmetric\)"):
+            await punch(t.a, t.b.peer_id, PUNCH)
+        # B refused before any SYN: no attempt was made, so nothing waited out connect_timeout_s.
+        assert (t.services[1].refused, t.services[1].failed, t.services[1].punched) == (1, 0, 0)
+        assert t.a.connection(t.b.peer_id) is None
+        relayed = t.a.relayed_connection(t.b.peer_id)
+        assert relayed is not None and await relayed.request("echo", "relayed") == "relayed"
+        lines = [r.getMessage() for r in caplog.records if "hole punch with" in r.getMessage()]
+        assert any("changes source ports" in line and "relayed connection stays" in line for line in lines), lines
+
+
+async def test_a_peer_that_knows_its_nat_changes_ports_does_not_start_a_punch() -> None:
+    async with relayed_pair() as t:
+        report_changed_ports(t.a)
+        with pytest.raises(PeerUnreachable, match=r"our NAT changes source ports"):
+            await punch(t.a, t.b.peer_id, PUNCH)
+        assert t.services[1].refused == t.services[1].failed == 0  # B was never asked
+        # One observer is a claim, not evidence: with a higher bar the punch is tried (and works).
+        direct = await punch(t.a, t.b.peer_id, dataclasses.replace(PUNCH, min_mapping_observers=3))
+        assert not direct.relayed
+
+
+async def test_a_hosts_dialled_connections_report_their_source_ports() -> None:
+    async with relayed_pair() as t:
+        # On loopback nothing translates: A's and B's observers (R) saw the ports their sockets had.
+        assert t.a.observed.port_mapping(min_observers=1).value == "kept"
+        assert t.r.observed.port_mapping(min_observers=1).value == "unknown"  # R dialled nobody
+
+
 async def test_a_punch_needs_a_relayed_connection() -> None:
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(open_host(Identity.generate(), CONFIG))

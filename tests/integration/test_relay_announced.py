@@ -20,6 +20,7 @@ from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.host import open_host
 from chaosp2p.transport.reach import reach
 from chaosp2p.transport.relay_reservations import RelayReservations
+from chaosp2p.wire.circuit_addr import CircuitAddr
 from chaosp2p.wire.identity import Identity
 
 from ..conditions import eventually
@@ -85,3 +86,26 @@ async def test_peers_learn_a_private_members_relay_address_and_reach_it(
         connection = await reach(a.host, b.peer_id, membership.reach_addrs(b.peer_id), relay_after_s=0.2)
         assert connection.relayed and connection.remote_peer == b.peer_id
         assert b.status_report().to_json()["reachability"]["relay_addrs"] == [str(addr)]
+        # A node's relay judges reservations by its own dial-back checks (protocols/relay.md §6;
+        # the local profile here grants whatever they say).
+        own = r.host.relay.own_reachability
+        assert own is not None and own() is r.reachability.reachability
+
+
+async def test_a_link_probe_counts_a_direct_connection_only_not_the_relay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link declared down is declared up again only when its probe gets a round trip over a
+    *direct* connection. Reaching the peer at its relay address is no sign of the link: in the
+    four-peer star across NAT (docs/results.md) such a probe raised LINK_UP between two trainers
+    that can only reach each other through the relay, the plan exchanged over the pair directly,
+    and each such step stalled 5-7.5 s until the round's dial timed out and the link went down again."""
+    async with star(tmp_path, monkeypatch, lambda c: c.replace(reservations=PRIVATE)) as (r, b, a):
+        await eventually(lambda: a.membership.machine.relay_addrs(b.peer_id) != (), timeout_s=20.0)
+        assert any(isinstance(x, CircuitAddr) for x in a.negotiation._resolve(b.peer_id))  # the relay address
+        relayed = await reach(a.host, b.peer_id, a.membership.reach_addrs(b.peer_id), relay_after_s=0.2)
+        assert relayed.relayed and await relayed.ping() >= 0  # b is reachable through R ...
+        # The cut direct dial waits out the connect timeout: shortened, so the test stays fast.
+        a.host.config = dataclasses.replace(a.host.config, connect_timeout_s=0.2)
+        assert not await a.negotiation._probe(b.peer_id, 10.0)  # ... but the a~b link is not up
+        assert await a.negotiation._probe(r.peer_id, 10.0)  # a direct link is

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from chaosp2p.errors import PeerUnreachable
+from chaosp2p.protocols.reachability import Reachability
 from chaosp2p.protocols.relay import RelayConfig
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.connection import Connection
@@ -96,6 +97,17 @@ async def test_a_relay_that_relays_for_nobody_grants_no_reservation() -> None:
     async with hosts(2, dataclasses.replace(RELAY, enabled=False)) as [b, r]:
         with pytest.raises(PeerUnreachable, match="DISABLED"):
             await b.relay.reserve(r.peer_id)
+
+
+async def test_a_relay_that_is_not_public_refuses_a_reservation_until_its_dial_backs_say_public() -> None:
+    async with hosts(2) as [b, r]:
+        own = [Reachability.UNKNOWN]
+        r.relay.own_reachability = lambda: own[0]  # as a node wires its reachability service
+        with pytest.raises(PeerUnreachable, match=r"refused \(NOT_PUBLIC: this relay's own reachability is unknown"):
+            await b.relay.reserve(r.peer_id)
+        assert not r.relay.reservations.holds(b.peer_id, r.clock.now())
+        own[0] = Reachability.PUBLIC
+        assert (await b.relay.reserve(r.peer_id)).addrs
 
 
 async def test_a_slot_ends_with_the_holders_connection_to_the_relay() -> None:

@@ -75,3 +75,10 @@ def test_the_shipped_nat_demo_is_valid() -> None:
     scenario = load_scenario(Path(__file__).resolve().parents[2] / "peers" / "nat-demo.toml")
     assert {s.kind for s in scenario.sites} == {SiteKind.PUBLIC, SiteKind.NAT, SiteKind.FIREWALL}
     assert all(p.site is not None for p in scenario.peers)
+
+
+def test_the_shipped_nat_star_is_valid() -> None:
+    """Three trainers that cannot reach each other around one public peer (docs/results.md)."""
+    scenario = load_scenario(Path(__file__).resolve().parents[2] / "peers" / "nat-star.toml")
+    kinds = {p.name: next(s.kind for s in scenario.sites if s.name == p.site) for p in scenario.peers}
+    assert kinds == {"p": SiteKind.PUBLIC, "a": SiteKind.NAT, "f": SiteKind.FIREWALL, "b": SiteKind.SYMMETRIC_NAT}

@@ -14,6 +14,7 @@ from chaosp2p.protocols.holepunch import (
     Outcome,
     PunchMachine,
     PunchState,
+    Refusal,
     Result,
     Role,
     Sync,
@@ -85,6 +86,18 @@ def test_a_refusal_ends_the_punch_at_once() -> None:
     i.start(0.0)
     assert i.receive(Result(outcome=Outcome.REFUSED), 0.1) == []
     assert i.state is PunchState.FAILED and i.role is Role.FAIL and "refused" in i.failure
+
+
+def test_a_refusal_for_a_symmetric_nat_says_so_and_an_unknown_reason_is_unspecified() -> None:
+    i, _ = pair()
+    i.start(0.0)
+    assert i.receive(Result(outcome=Outcome.REFUSED, reason=Refusal.PORTS_CHANGED), 0.1) == []
+    assert i.role is Role.FAIL and i.refusal is Refusal.PORTS_CHANGED
+    assert "changes source ports" in i.failure and "cannot work" in i.failure
+    i, _ = pair()
+    i.start(0.0)
+    i.receive(Result(outcome=Outcome.REFUSED, reason=999), 0.1)  # a newer peer's reason
+    assert i.refusal is Refusal.UNSPECIFIED and "refused" in i.failure
 
 
 def test_a_silent_other_side_fails_the_punch_at_the_deadline() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chaosp2p.transport.observed import ObservedAddrs
+from chaosp2p.transport.observed import ObservedAddrs, PortMapping
 from chaosp2p.wire.identity import Identity
 from chaosp2p.wire.multiaddr import Multiaddr
 
@@ -44,3 +44,39 @@ def test_ips_not_our_own_mean_a_nat_in_between() -> None:
     observed.add(PEERS[1], NAT)
     observed.add(PEERS[2], "/ip4/198.18.0.3/tcp/61000")
     assert observed.public_ips(own) == ["198.18.0.3"]
+
+
+def report(observed: ObservedAddrs, *seen: tuple[int, int, int | None]) -> ObservedAddrs:
+    """``observed`` after each (observer index, port it saw us at, our socket's port) report."""
+    for index, port, local_port in seen:
+        observed.add(PEERS[index], f"/ip4/198.18.0.3/tcp/{port}", local_port=local_port)
+    return observed
+
+
+def test_changed_source_ports_need_two_observers_and_a_majority() -> None:
+    observed = ObservedAddrs()
+    assert observed.port_mapping() is PortMapping.UNKNOWN
+    report(observed, (0, 61002, 40001))  # a symmetric NAT's new port
+    report(observed, *[(0, 61003, 40002)] * 3)  # one observer repeating itself is one report
+    assert observed.port_mapping() is PortMapping.UNKNOWN
+    report(observed, (1, 52210, 40003))
+    assert observed.port_mapping() is PortMapping.CHANGED
+    report(observed, (2, 40004, 40004))  # one says kept: still a majority
+    assert observed.port_mapping() is PortMapping.CHANGED
+    assert observed.port_mapping(min_observers=3) is PortMapping.UNKNOWN
+
+
+def test_kept_source_ports_and_a_tie_are_not_a_symmetric_nat() -> None:
+    observed = report(ObservedAddrs(), (0, 40001, 40001), (1, 40002, 40002))
+    assert observed.port_mapping() is PortMapping.KEPT
+    report(observed, (2, 7, 40003), (3, 8, 40004))
+    assert observed.port_mapping() is PortMapping.UNKNOWN  # two against two: no verdict
+    # Accepted connections (no local_port) say nothing about the mapping of our outbound ones.
+    assert report(ObservedAddrs(), (0, 9, None), (1, 10, None)).port_mapping(min_observers=1) is PortMapping.UNKNOWN
+
+
+def test_a_changed_observer_counts_its_latest_report_only() -> None:
+    observed = report(ObservedAddrs(), (0, 1, 40001), (1, 2, 40002))
+    assert observed.port_mapping() is PortMapping.CHANGED
+    report(observed, (1, 40003, 40003))  # a NAT that now keeps ports
+    assert observed.port_mapping() is PortMapping.UNKNOWN

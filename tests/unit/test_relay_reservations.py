@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chaosp2p.errors import ConfigError
+from chaosp2p.protocols.reachability import Reachability
 from chaosp2p.protocols.relay import RelayConfig, ReservationTable, StatusCode
 from chaosp2p.protocols.relay.circuits import Refusal
 from chaosp2p.wire.circuit_addr import CircuitAddr, is_circuit
@@ -38,6 +39,26 @@ def test_a_full_table_refuses_until_a_slot_expires() -> None:
 def test_a_relay_that_relays_for_nobody_grants_no_reservation() -> None:
     refused = ReservationTable(CONFIG, enabled=False).reserve(A, 0.0)
     assert isinstance(refused, Refusal) and refused.code == StatusCode.DISABLED
+
+
+@pytest.mark.parametrize("own", [Reachability.PRIVATE, Reachability.UNKNOWN])
+def test_a_relay_that_is_not_public_refuses_reservations_saying_why(own: Reachability) -> None:
+    """Two private peers on one LAN dial each other: the one dialled is no relay for the other."""
+    table = ReservationTable(CONFIG, enabled=True)
+    refused = table.reserve(A, 0.0, own=own)
+    assert isinstance(refused, Refusal) and refused.code == StatusCode.NOT_PUBLIC
+    assert f"reachability is {own.value}, not public" in refused.reason
+    assert len(table) == 0 and table.refused == 1
+    assert table.reserve(A, 1.0, own=Reachability.PUBLIC) == 101.0  # once its dial-backs say public
+    refused = table.reserve(A, 2.0, own=Reachability.PRIVATE)  # a renewal is refused too
+    assert isinstance(refused, Refusal) and table.holds(A, 50.0)  # the slot runs out; the holder drops it
+
+
+def test_a_relay_without_dial_back_checks_or_on_one_machine_grants_as_before() -> None:
+    assert ReservationTable(CONFIG, enabled=True).reserve(A, 0.0, own=None) == 100.0  # no checks run
+    local = ReservationTable(RelayConfig.local(), enabled=True)
+    assert not RelayConfig.local().reserve_only_when_public and RelayConfig.lan().reserve_only_when_public
+    assert isinstance(local.reserve(A, 0.0, own=Reachability.UNKNOWN), float)
 
 
 def test_a_released_slot_is_gone() -> None:

@@ -17,9 +17,11 @@ from chaosp2p.protocols.holepunch.messages import (
     Connect,
     Outcome,
     PunchMessageType,
+    Refusal,
     Result,
     Sync,
     codec,
+    refusal,
 )
 
 __all__ = [
@@ -34,9 +36,11 @@ __all__ = [
     "PunchMachine",
     "PunchMessageType",
     "PunchState",
+    "Refusal",
     "Result",
     "Role",
     "Sync",
     "codec",
     "decide",
+    "refusal",
 ]

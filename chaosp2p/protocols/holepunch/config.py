@@ -2,7 +2,8 @@
 
 A punch costs a responder a few SYNs to addresses the other peer named, so a responder takes part
 in few punches per peer and few at once, and dials few addresses per punch; a punch that does not
-connect within ``connect_timeout_s`` gives up (the relayed connection stays).
+connect within ``connect_timeout_s`` gives up (the relayed connection stays). A peer whose NAT
+changes source ports, by its observers' evidence, does not try at all.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class HolePunchConfig:
     """Punches this peer answers at once, for everyone together."""
     max_tracked_peers: int = 1024
     """Peers whose rate is remembered (idle ones are forgotten first)."""
+    min_mapping_observers: int = 2
+    """Distinct peers (a majority of those reporting) that must have seen our dialled connections
+    come from changed source ports before this peer declines punches at once as behind a symmetric
+    NAT, instead of trying and waiting out ``connect_timeout_s``."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -45,6 +50,7 @@ class HolePunchConfig:
             "punches_per_peer_per_s",
             "max_concurrent",
             "max_tracked_peers",
+            "min_mapping_observers",
         )
         require(self.punch_burst >= 1, "HolePunchConfig.punch_burst must be >= 1")
 

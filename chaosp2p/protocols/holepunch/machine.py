@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from chaosp2p.errors import LocalProtocolError, RemoteProtocolError
 from chaosp2p.protocols.holepunch.config import HolePunchConfig
-from chaosp2p.protocols.holepunch.messages import Connect, Outcome, Result, Sync
+from chaosp2p.protocols.holepunch.messages import Connect, Outcome, Refusal, Result, Sync, refusal
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.messages import Message
 
@@ -94,6 +94,12 @@ TRANSITIONS: dict[tuple[bool, PunchState, PunchEvent], PunchState] = {
 }
 
 
+_REFUSALS = {
+    Refusal.UNSPECIFIED: "the peer refused to punch now",
+    Refusal.PORTS_CHANGED: "the peer's NAT changes source ports (symmetric): a punch cannot work",
+}
+
+
 def decide(local: Outcome, remote: Outcome, local_peer: PeerID, remote_peer: PeerID) -> Role:
     """The role of the side whose attempt ended ``local`` when the other's ended ``remote``.
 
@@ -139,6 +145,8 @@ class PunchMachine:
         self.remote_outcome: Outcome | None = None
         self.failure = ""
         """Why the punch failed, for the log line."""
+        self.refusal: Refusal | None = None
+        """Why the responder refused (initiator; None unless it did)."""
 
     def _move(self, event: PunchEvent, now: float) -> None:
         target = TRANSITIONS.get((self.initiator, self.state, event))
@@ -176,7 +184,8 @@ class PunchMachine:
                 if self.state is not PunchState.AWAIT_CONNECT or not self.initiator:
                     raise RemoteProtocolError("holepunch: REFUSED is only an answer to CONNECT")
                 self._move(PunchEvent.REFUSED, now)
-                self.failure = "the peer refused to punch now"
+                self.refusal = refusal(message.reason)
+                self.failure = _REFUSALS[self.refusal]
                 return []
             self._move(PunchEvent.RESULT, now)
             self.remote_outcome = outcome

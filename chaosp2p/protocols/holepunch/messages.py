@@ -53,6 +53,17 @@ class Outcome(enum.IntEnum):
     """The responder will not punch now (disabled, rate limit, busy); sent instead of its CONNECT."""
 
 
+class Refusal(enum.IntEnum):
+    """Why a responder sent ``REFUSED`` (:attr:`Result.reason`). ONLY APPEND TO THIS LIST; a code
+    this peer does not know reads as :attr:`UNSPECIFIED`."""
+
+    UNSPECIFIED = 0
+    """Disabled, rate limit, busy, or a peer that gives no reason (every earlier version)."""
+    PORTS_CHANGED = 1
+    """The responder's NAT changes source ports (a symmetric, port-randomising NAT, seen by its
+    peers): a punch cannot work, so the relayed connection stays without one."""
+
+
 codec = MessageCodec(PROTOCOL, PunchMessageType)
 """Encoder/decoder for every hole-punching message."""
 
@@ -78,11 +89,20 @@ class Sync(Message):
 @codec.register(PunchMessageType.RESULT)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result(Message):
-    """How the sender's attempt ended (an :class:`Outcome`)."""
+    """How the sender's attempt ended (an :class:`Outcome`); with ``REFUSED``, why (a
+    :class:`Refusal`; appended in this version, so absent from an older peer's: ``UNSPECIFIED``)."""
 
     outcome: int
+    reason: int = 0
 
     def validate(self) -> None:
         """Known outcome."""
         if self.outcome not in Outcome.__members__.values():
             raise RemoteProtocolError(f"{PROTOCOL}: unknown outcome {self.outcome}")
+        if not 0 <= self.reason < 2**16:
+            raise RemoteProtocolError(f"{PROTOCOL}: refusal reason {self.reason} out of range")
+
+
+def refusal(code: int) -> Refusal:
+    """The :class:`Refusal` named by ``code`` (an unknown one from a newer peer: ``UNSPECIFIED``)."""
+    return Refusal(code) if code in Refusal.__members__.values() else Refusal.UNSPECIFIED

@@ -42,6 +42,11 @@ class RelayConfig:
     require_reservation: bool = False
     """Relay only to targets holding a reservation (``NO_RESERVATION`` otherwise). Off by default:
     members relay for members (``protocols/averaging.md`` §5.2) without reserving."""
+    reserve_only_when_public: bool = True
+    """Grant reservations only while this peer's own reachability (dial-back) is ``public``;
+    otherwise refuse ``NOT_PUBLIC``. A peer dialled by a private one may be private too (two peers
+    on one LAN behind one NAT): its relay addresses would reach nobody outside. ``False`` in the
+    ``local`` profile, where every peer reaches every other and no dial-back checks run."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -58,8 +63,8 @@ class RelayConfig:
 
     @classmethod
     def local(cls) -> RelayConfig:
-        """One machine: short answer timeout."""
-        return cls(answer_timeout_s=2.0)
+        """One machine: short answer timeout; every peer can dial every other, so any peer may hold slots."""
+        return cls(answer_timeout_s=2.0, reserve_only_when_public=False)
 
     @classmethod
     def lan(cls) -> RelayConfig:

@@ -56,6 +56,9 @@ class StatusCode(enum.IntEnum):
     """The request makes no sense (a circuit to oneself, or to the relay itself)."""
     NO_RESERVATION = 6
     """The relay takes circuits only to peers holding a reservation, and the target holds none."""
+    NOT_PUBLIC = 7
+    """(To RESERVE) the relay's own dial-back checks do not say it is public: relay addresses at
+    it might reach nobody outside its network (``reserve_only_when_public``)."""
 
 
 codec = MessageCodec(PROTOCOL, RelayMessageType)

@@ -5,11 +5,15 @@ to; the relay answers with the slot's lifetime and the relay addresses others di
 (``/ip4/R/tcp/p/p2p/R/p2p-circuit/p2p/B``). One slot per peer -- asking again renews it -- and at
 most ``max_reservations`` peers at once; expired slots are dropped before a new one is refused.
 With ``require_reservation`` the relay admits circuits only to targets holding a live slot.
+With ``reserve_only_when_public`` (the default beyond one machine) a relay grants slots only while
+its own reachability is ``public``: "a peer the reserver dialled" is not proof that others can dial
+it (two private peers on one LAN dial each other), the relay's dial-back checks are.
 No clock is read here: time is an argument.
 """
 
 from __future__ import annotations
 
+from chaosp2p.protocols.reachability.machine import Reachability
 from chaosp2p.protocols.relay.circuits import Refusal
 from chaosp2p.protocols.relay.config import RelayConfig
 from chaosp2p.protocols.relay.messages import StatusCode
@@ -27,11 +31,18 @@ class ReservationTable:
         """Reservations granted or renewed since start."""
         self.refused = 0
 
-    def reserve(self, peer: PeerID, now: float) -> float | Refusal:
-        """Grant or renew ``peer``'s slot: its expiry time, or why not."""
+    def reserve(self, peer: PeerID, now: float, *, own: Reachability | None = None) -> float | Refusal:
+        """Grant or renew ``peer``'s slot: its expiry time, or why not. ``own``: this relay's
+        reachability (None: it runs no dial-back checks, and grants as if public)."""
         if not self.enabled:
             self.refused += 1
             return Refusal(StatusCode.DISABLED, "this peer relays for nobody")
+        if self.config.reserve_only_when_public and own is not None and own is not Reachability.PUBLIC:
+            self.refused += 1
+            return Refusal(
+                StatusCode.NOT_PUBLIC,
+                f"this relay's own reachability is {own.value}, not public: its relay addresses may reach nobody",
+            )
         if peer not in self._expires and len(self._expires) >= self.config.max_reservations:
             self.expire(now)
             if len(self._expires) >= self.config.max_reservations:

@@ -101,6 +101,9 @@ class ConnectionCore:
         self.relayed = False
         """True for a connection through a relay's circuit (``/chaos/relay/1``), not a direct link."""
         self._sock = sock
+        self.outbound_port = _local_port(sock) if is_dialer else None
+        """Our socket's port on a TCP connection this side dialled (None for an accepted one or a
+        relayed one's socket pair): compared with where the peer saw us, it shows our NAT's mapping."""
         self._clock = clock
         self._shaper = shaper
         self._links = links
@@ -237,3 +240,11 @@ class ConnectionCore:
 
     def _choose(self, protocol_name: str, majors: tuple[int, ...]) -> ProtocolId:
         return choose_version(protocol_name, (ProtocolId(protocol_name, m) for m in majors), self._remote_protocols)
+
+
+def _local_port(sock: socket.socket) -> int | None:
+    try:
+        name = sock.getsockname()
+    except OSError:
+        return None
+    return name[1] if isinstance(name, tuple) and len(name) >= 2 else None
