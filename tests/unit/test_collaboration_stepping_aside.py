@@ -191,3 +191,4 @@ async def test_a_diverged_member_of_two_leaves_and_serves_with_weight_0_before_i
     served = r.averager.calls[served_from:]
     assert [call.tag.step for call in served] == [1, 2] and all(call.weight == 0.0 for call in served)
     assert r.gates.forgotten_removals == [RUN]
+    assert not r.collab._passive  # aside ended with the serving: the rejoin is a newcomer's, not a leaver's
