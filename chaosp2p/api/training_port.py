@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
+import anyio
+
 from chaosp2p.clock import Clock
 from chaosp2p.protocols.membership import MemberState
 from chaosp2p.runtime.node import Node
@@ -42,6 +44,10 @@ class PeerTrainingPort:
     def subscribe(self) -> EventQueue:
         """Every peer event from now on."""
         return self._node.events()
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of real time (the peer's clock is monotonic time)."""
+        await anyio.sleep(seconds)
 
     def spawn(self, function: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> None:
         """Run ``function()`` in the peer's task group (it ends with the peer)."""

@@ -11,7 +11,7 @@ two-member run has no second signer (no member removes another alone: ``protocol
 
 So the idle member acts itself: a member may always remove itself, and a LEAVE needs no second
 signer. A watcher task -- run under the peer's task group (``TrainingPort.spawn``), cancelled by
-``leave()`` and by the peer's close -- looks every ``step_aside_poll_s``; when
+``leave()`` and by the peer's close -- looks every ``step_aside_poll_s`` of the peer's clock; when
 
 * contributions of others to a round of this run wait here for that round to start (the averager
   holds early contributions: somebody is held by this member), and
@@ -80,7 +80,7 @@ class SteppingAside(Stepping):
             with anyio.CancelScope() as scope:
                 self._idle_scope = scope
                 while not self._left:
-                    await anyio.sleep(self.config.step_aside_poll_s)
+                    await self.port.sleep(self.config.step_aside_poll_s)  # the peer's clock (a test steps it)
                     idle = self._holds_others()
                     if idle is not None:
                         await self._step_aside(*idle)
