@@ -69,7 +69,8 @@ class PeerTrainingPort:
 
     async def open_stream(self, peer: PeerID, protocol: str) -> Stream:
         """A new stream of ``protocol`` to ``peer``: over an open connection, else dialled directly or,
-        when that does not work within a second, through a relay (:func:`~chaosp2p.transport.reach.reach`).
+        when that does not work within the profile's ``relay_after_s``, through a relay
+        (:func:`~chaosp2p.transport.reach.reach`).
 
         The relay is the way to a member behind NAT or a firewall (issue 21): a newcomer that can
         dial only some members still asks all of them to vouch for its snapshot, and a quorum of
