@@ -29,6 +29,7 @@ import anyio
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
 from _common import median, print_table, write_json
+from _namespaced import parser as namespaced_parser
 from _namespaced import start_in, stop_all
 
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
@@ -152,14 +153,15 @@ def _summary(attempts: list[dict[str, Any]], target_public: str) -> dict[str, An
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tries", type=int, default=10, help="punches per pair of NAT kinds")
-    parser.add_argument("--json", default=None, help="write results here")
-    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--relay", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--source", nargs=4, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's arguments; ``--serve``/``--relay`` (a target) and ``--source`` are its children's roles."""
+    found = namespaced_parser(__doc__, {"--relay": None, "--source": 4})
+    found.add_argument("--tries", type=int, default=10, help="punches per pair of NAT kinds")
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.serve is not None:
         anyio.run(serve, args.serve, args.relay, backend="trio")
         return
