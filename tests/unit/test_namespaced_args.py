@@ -7,26 +7,18 @@ root and network namespaces and are not part of the test suite.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.unit.benchmark_scripts import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def scripts() -> Iterator[dict[str, Any]]:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import holepunch_nat
-        import nat_relay
-
-        yield {"holepunch_nat": holepunch_nat, "nat_relay": nat_relay}
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_scripts("holepunch_nat", "nat_relay") as found:
+        yield dict(found)
 
 
 @pytest.mark.parametrize("name", ["holepunch_nat", "nat_relay"])

@@ -63,11 +63,9 @@ def test_an_unchanged_state_size_allocates_two_blocks_for_any_number_of_snapshot
 def test_a_block_still_observed_is_not_reused() -> None:
     store, allocate = SnapshotStore(CONFIG, keep_latest=1), CountingAllocator()
     publish(store, 1, state(1), allocate)
-    lease = store.lease("r", 1)
-    assert lease is not None
-    payload = lease.data[64:128]  # what a driver may still be sending
+    with store.lease("r", 1) as lease:  # type: ignore[union-attr]
+        payload = lease.data[64:128]  # what a driver may still be sending, after the pin is gone
     expected = bytes(payload)
-    lease.release()
     del lease
     for step in range(2, 6):
         publish(store, step, state(step), allocate)

@@ -7,25 +7,18 @@ with the founder, one member and one joiner it allowed a kill -- and a run of tw
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.unit.benchmark_scripts import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def soak() -> Iterator[Any]:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import soak
-
-        yield soak
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_scripts("soak") as scripts:
+        yield scripts["soak"]
 
 
 def test_a_newcomer_still_joining_is_no_member_a_kill_could_spare(soak: Any) -> None:
