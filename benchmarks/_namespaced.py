@@ -1,11 +1,13 @@
 """Child processes in the namespaces of a ``SiteNetwork`` (nat_relay.py, holepunch_nat.py).
 
 A child is the benchmark script itself with a hidden role argument; it announces itself with one
-JSON line on stdout (its address, its pid) before it serves.
+JSON line on stdout (its address, its pid) before it serves. :func:`parser` holds the arguments
+such a script shares: its docstring as help, ``--json``, and the hidden role arguments.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -15,6 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from chaosp2p.cluster.sites import SiteNetwork
+
+
+def parser(doc: str | None, roles: dict[str, int | None]) -> argparse.ArgumentParser:
+    """A namespaced benchmark's parser: ``doc`` as help, ``--json`` (where results go), and the hidden
+    role arguments of its children: ``--serve`` and each of ``roles`` (flag -> how many values;
+    None: one). The script adds its own measuring options."""
+    found = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    found.add_argument("--json", default=None, help="write results here")
+    found.add_argument("--serve", default=None, help=argparse.SUPPRESS)
+    for flag, nargs in roles.items():
+        found.add_argument(flag, nargs=nargs, default=None, help=argparse.SUPPRESS)
+    return found
 
 
 def start_in(net: SiteNetwork, host: str, script: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:

@@ -32,6 +32,7 @@ import anyio
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
 from _common import median, print_table, write_json
+from _namespaced import parser as namespaced_parser
 from _namespaced import start_in, stop_all
 
 from chaosp2p.cluster.scenario import SiteKind, SiteSpec
@@ -164,15 +165,17 @@ def _summary(attempts: list[dict[str, Any]], target_public: str) -> dict[str, An
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tries", type=int, default=10, help="punches per pair of NAT kinds")
-    parser.add_argument("--observers", type=int, choices=(1, 2), default=2, help="public peers each end connects to")
-    parser.add_argument("--json", default=None, help="write results here")
-    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--connect", action="append", default=[], help=argparse.SUPPRESS)
-    parser.add_argument("--source", nargs=5, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    """The arguments; ``--serve``/``--connect`` (R, W or a target) and ``--source`` are the children's roles."""
+    found = namespaced_parser(__doc__, {"--source": 5})
+    found.add_argument("--connect", action="append", default=[], help=argparse.SUPPRESS)
+    found.add_argument("--tries", type=int, default=10, help="punches per pair of NAT kinds")
+    found.add_argument("--observers", type=int, choices=(1, 2), default=2, help="public peers each end connects to")
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.serve is not None:
         anyio.run(serve, args.serve, args.connect, backend="trio")
         return

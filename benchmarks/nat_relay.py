@@ -27,6 +27,7 @@ import anyio
 
 # Run as a script, so its own folder is on sys.path and the shared helpers import directly.
 from _common import median, print_table, write_json
+from _namespaced import parser as namespaced_parser
 from _namespaced import start_in, stop_all
 from transport import CONFIG, chaos_bulk, cpu_seconds, make_sink
 
@@ -104,16 +105,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mib", type=float, default=256.0, help="bytes per transfer, in MiB")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--mbit", type=float, default=None, help="tc tbf on every host's veth (Mbit/s)")
-    parser.add_argument("--json", default=None, help="write results here")
-    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--target", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--client", nargs=3, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's arguments; ``--serve``/``--target`` (S or R) and ``--client`` are its children's roles."""
+    found = namespaced_parser(__doc__, {"--target": None, "--client": 3})
+    found.add_argument("--mib", type=float, default=256.0, help="bytes per transfer, in MiB")
+    found.add_argument("--repeats", type=int, default=3)
+    found.add_argument("--mbit", type=float, default=None, help="tc tbf on every host's veth (Mbit/s)")
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.serve is not None:
         anyio.run(serve, args.serve, args.target, backend="trio")
         return

@@ -9,7 +9,8 @@ so both cores stay busy. Every ``--interval-s`` (jittered, seeded) one event fro
 schedule: a newcomer joins, a member leaves gracefully (SIGTERM), a member is killed (SIGKILL), or a
 member is stalled (SIGSTOP for 3-6 s, then SIGCONT). The founder is never touched (it is the
 bootstrap address and the reference the others are compared with); the run keeps between 2 and
-``--members + 2`` processes.
+``--members + 2`` processes. Only a join comes while two members or fewer train -- a newcomer still
+joining is not counted (:func:`event_kinds`): a run of two survives no crash.
 
 Checked, and stored under ``"soak"`` in ``--json``:
 
@@ -95,6 +96,22 @@ def stragglers(marker: str) -> list[int]:
     return found
 
 
+def event_kinds(*, committed: int, processes: int, touchable: int, max_processes: int) -> list[str]:
+    """The events the soak may cause next (none: wait for the joiners).
+
+    ``committed``: members that train, the founder included -- a newcomer still joining is none (it
+    holds no share of the run until admitted, and its admission may yet fail); ``processes``: peer
+    processes running, joiners included; ``touchable``: those of them an event may hit (not the
+    founder). A run of two survives no crash (nobody removes another alone, negotiation.md §3b), so
+    at two committed members or fewer only a join may come: counting a joiner as a member let the
+    soak kill a member of two. Joins stop at ``max_processes``.
+    """
+    joins = ["join"] if processes < max_processes else []
+    if committed <= 2 or not touchable:
+        return joins
+    return [*joins, "leave", "kill", "stall"]
+
+
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     te.PEER = HERE / "_scaleout_peer.py"
@@ -130,7 +147,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             began = time.monotonic()
             next_event = began + args.interval_s
             joined = 0
-            kinds = ["join", "leave", "kill", "stall"]
+            trained: set[str] = set()
             while time.monotonic() - began < args.duration_s:
                 founder.check_alive()
                 now = time.monotonic()
@@ -149,15 +166,20 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                         crashes.append({"t": now - began, "name": proc.name, "code": proc.process.returncode})
                         print(f"[soak: {proc.name} exited by itself with {proc.process.returncode}]", flush=True)
                         alive.remove(proc)
-                if now >= next_event and now - began < args.duration_s - 40:
-                    count = 1 + len(alive)
-                    choices = [k for k in kinds if not (k != "join" and not alive)]
-                    if count >= args.members + 2:
-                        choices = [k for k in choices if k != "join"]
-                    if count <= 2:
-                        choices = ["join"]
+                # A member once it trained (a joiner is none yet); read once per process, not every loop.
+                trained.update(proc.name for proc in alive if proc.name not in trained and proc.steps())
+                committed = 1 + sum(1 for proc in alive if proc.name in trained)
+                choices = event_kinds(
+                    committed=committed, processes=1 + len(alive), touchable=len(alive), max_processes=args.members + 2
+                )
+                if now >= next_event and now - began < args.duration_s - 40 and choices:
                     kind = rng.choice(choices)
-                    record: dict[str, Any] = {"t": now - began, "kind": kind, "members_before": count}
+                    record: dict[str, Any] = {
+                        "t": now - began,
+                        "kind": kind,
+                        "members_before": committed,
+                        "processes_before": 1 + len(alive),
+                    }
                     if kind == "join":
                         joined += 1
                         newcomer = cluster.launch(f"j{joined}", ["--join", founder.addr])

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
+import anyio
+
 from chaosp2p.clock import Clock
 from chaosp2p.protocols.membership import MemberState
 from chaosp2p.runtime.node import Node
@@ -43,6 +45,10 @@ class PeerTrainingPort:
         """Every peer event from now on."""
         return self._node.events()
 
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of real time (the peer's clock is monotonic time)."""
+        await anyio.sleep(seconds)
+
     def spawn(self, function: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> None:
         """Run ``function()`` in the peer's task group (it ends with the peer)."""
         self._node.task_group.start_soon(function, name=name)
@@ -63,7 +69,8 @@ class PeerTrainingPort:
 
     async def open_stream(self, peer: PeerID, protocol: str) -> Stream:
         """A new stream of ``protocol`` to ``peer``: over an open connection, else dialled directly or,
-        when that does not work within a second, through a relay (:func:`~chaosp2p.transport.reach.reach`).
+        when that does not work within the profile's ``relay_after_s``, through a relay
+        (:func:`~chaosp2p.transport.reach.reach`).
 
         The relay is the way to a member behind NAT or a firewall (issue 21): a newcomer that can
         dial only some members still asks all of them to vouch for its snapshot, and a quorum of

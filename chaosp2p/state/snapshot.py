@@ -17,6 +17,12 @@ machine first-touch page faults cost more than the copy itself. A buffer is recy
 byte of it can still be observed: every lease hands out its own read-only exporter array, and the
 store waits (weak references) until every exporter -- and so every payload ``memoryview`` sliced
 from it that a driver may still be sending -- is gone.
+
+Reused blocks (``begin(..., reuse=True)``): memory that is costly to allocate -- pinned host memory
+for staging device tensors, which the driver page-locks on every allocation -- is kept the same way
+whatever ``spare_buffers`` says: per allocator, the largest freed block waits for the next snapshot
+that fits in it (unchanged state size: every one), and a new block is sized to the largest
+snapshot seen from that allocator, so a state that shrinks and grows back allocates nothing more.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ class SnapshotStatus:
 class _Snapshot:
     __slots__ = (
         "allocator",
+        "block",
         "body",
         "buffer",
         "digest",
@@ -81,13 +88,20 @@ class _Snapshot:
         "manifest",
         "pins",
         "retired",
+        "reuse",
         "run",
         "step",
         "version",
     )
 
     def __init__(
-        self, manifest: Manifest, body: bytes, digest: bytes, buffer: np.ndarray, allocator: Allocator
+        self,
+        manifest: Manifest,
+        body: bytes,
+        digest: bytes,
+        buffer: np.ndarray,
+        allocator: Allocator,
+        block: np.ndarray | None = None,
     ) -> None:
         self.run = manifest.run
         self.step = manifest.step
@@ -96,6 +110,10 @@ class _Snapshot:
         self.digest = digest
         self.buffer: np.ndarray | None = buffer
         self.allocator = allocator
+        self.block: np.ndarray | None = buffer if block is None else block
+        """The allocation ``buffer`` is the start of (itself unless a reused block is larger)."""
+        self.reuse = block is not None
+        """Its block is kept for the next snapshot of the allocator (``begin(..., reuse=True)``)."""
         self.exporters = 0
         self.pins = 0
         self.retired = False
@@ -151,9 +169,11 @@ class SnapshotBuilder:
         specs: tuple[BufferSpec, ...],
         buffer: np.ndarray,
         allocator: Allocator,
+        block: np.ndarray | None = None,
     ) -> None:
         self._store = store
         self._allocator = allocator
+        self._block = block
         self.run = run
         self.step = step
         self.specs = specs
@@ -193,7 +213,7 @@ class SnapshotBuilder:
         )
         body = encode_manifest(manifest)
         digest = manifest_digest(body)
-        return self._store._register(_Snapshot(manifest, body, digest, self.buffer, self._allocator))
+        return self._store._register(_Snapshot(manifest, body, digest, self.buffer, self._allocator, self._block))
 
     def abort(self) -> None:
         """Give up on this snapshot."""
@@ -225,6 +245,8 @@ class SnapshotStore:
         self._building: set[tuple[str, int]] = set()
         self.spare_buffers = spare_buffers
         self._spares: list[tuple[Allocator, np.ndarray]] = []
+        self._kept: dict[Allocator, np.ndarray] = {}  # per reusing allocator, its largest free block
+        self._largest: dict[Allocator, int] = {}  # per reusing allocator, the largest snapshot it held
         self._orphaned: list[_Snapshot] = []  # freed but still observable through an exporter
         self._exits: deque[_Snapshot] = deque()
 
@@ -236,8 +258,14 @@ class SnapshotStore:
         entries: Sequence[tuple[str, str, tuple[int, ...]]],
         *,
         allocator: Allocator | None = None,
+        reuse: bool = False,
     ) -> SnapshotBuilder:
-        """Reserve (run, step) and allocate its buffer for ``(name, dtype, shape)`` entries."""
+        """Reserve (run, step) and allocate its buffer for ``(name, dtype, shape)`` entries.
+
+        ``reuse``: the memory is costly to allocate (pinned): take the block of an earlier snapshot
+        of ``allocator`` that nothing observes any more, and keep this one's for the next (see the
+        module docstring).
+        """
         if not 1 <= len(run) <= self.config.max_name_chars:
             raise ConfigError(f"run id must have 1..{self.config.max_name_chars} characters")
         if type(step) is not int or step < 0:
@@ -255,18 +283,18 @@ class SnapshotStore:
                 raise ConfigError(f"run {run!r} step {step} is already published (snapshots are immutable)")
             self._building.add(key)
         allocate = allocator or self.allocator
+        block = None
         try:
-            buffer = self._take_spare(allocate, total)
-            if buffer is None:
-                buffer = allocate(total)
-            if buffer.dtype != np.uint8 or buffer.ndim != 1 or buffer.shape[0] != total:
-                raise ConfigError("the allocator must return a 1-D uint8 array of the requested size")
-            if not buffer.flags.c_contiguous or not buffer.flags.writeable:
-                raise ConfigError("the allocator must return writable contiguous memory")
+            if reuse:
+                block = self._take_kept(allocate, total)
+                buffer = block[:total]
+            else:
+                spare = self._take_spare(allocate, total)
+                buffer = _checked(allocate(total), total) if spare is None else spare
         except BaseException:
             self._forget_building(run, step)
             raise
-        return SnapshotBuilder(self, run, step, specs, buffer, allocate)
+        return SnapshotBuilder(self, run, step, specs, buffer, allocate, block)
 
     def publish(self, run: str, step: int, state: Mapping[str, np.ndarray] | FlatState) -> SnapshotInfo:
         """Copy ``state`` into a new immutable snapshot (run, step) and offer it."""
@@ -337,10 +365,11 @@ class SnapshotStore:
 
     @property
     def spare_bytes(self) -> int:
-        """Bytes kept for reuse by the next publish (``spare_buffers``)."""
+        """Bytes kept for reuse by the next publish (``spare_buffers``, and reused blocks)."""
         with self._lock:
             self._drain_exits()
-            return sum(buffer.shape[0] for _, buffer in self._spares)
+            blocks = [buffer for _, buffer in self._spares] + list(self._kept.values())
+            return sum(int(block.shape[0]) for block in blocks)
 
     def statistics(self) -> list[SnapshotStatus]:
         """Every held snapshot with its pin count."""
@@ -384,10 +413,10 @@ class SnapshotStore:
             del self._snapshots[(snapshot.run, snapshot.step)]
             if snapshot.exporters == 0:
                 self._recycle(snapshot)
-            elif self.spare_buffers:
+            elif self.spare_buffers or snapshot.reuse:
                 self._orphaned.append(snapshot)  # recycle when its last exporter dies
             else:
-                snapshot.buffer = None
+                snapshot.buffer = snapshot.block = None
 
     def _exporter_gone(self, snapshot: _Snapshot) -> None:
         # Runs wherever the exporter dies -- possibly inside the garbage collector while this thread
@@ -405,9 +434,25 @@ class SnapshotStore:
 
     def _recycle(self, snapshot: _Snapshot) -> None:
         # Caller holds the lock; nobody can observe the buffer any more.
-        buffer, snapshot.buffer = snapshot.buffer, None
-        if buffer is not None and len(self._spares) < self.spare_buffers:
+        buffer, block, snapshot.buffer, snapshot.block = snapshot.buffer, snapshot.block, None, None
+        if snapshot.reuse:
+            kept = self._kept.get(snapshot.allocator)
+            if block is not None and (kept is None or kept.shape[0] < block.shape[0]):
+                self._kept[snapshot.allocator] = block
+        elif buffer is not None and len(self._spares) < self.spare_buffers:
             self._spares.append((snapshot.allocator, buffer))
+
+    def _take_kept(self, allocator: Allocator, size: int) -> np.ndarray:
+        """A block of ``allocator`` holding at least ``size`` bytes: the kept one, or a new one sized
+        to the largest snapshot seen (a smaller kept block is dropped)."""
+        with self._lock:
+            self._drain_exits()
+            block = self._kept.pop(allocator, None)
+            largest = self._largest[allocator] = max(size, self._largest.get(allocator, 0))
+        if block is not None and block.shape[0] >= size:
+            block.flags.writeable = True
+            return block
+        return _checked(allocator(largest), largest)
 
     def _take_spare(self, allocator: Allocator, size: int) -> np.ndarray | None:
         with self._lock:
@@ -418,6 +463,15 @@ class SnapshotStore:
                     buffer.flags.writeable = True
                     return buffer
         return None
+
+
+def _checked(buffer: np.ndarray, size: int) -> np.ndarray:
+    """``buffer`` if it is what an allocator must return for ``size`` bytes."""
+    if buffer.dtype != np.uint8 or buffer.ndim != 1 or buffer.shape[0] != size:
+        raise ConfigError("the allocator must return a 1-D uint8 array of the requested size")
+    if not buffer.flags.c_contiguous or not buffer.flags.writeable:
+        raise ConfigError("the allocator must return writable contiguous memory")
+    return buffer
 
 
 def _info(snapshot: _Snapshot) -> SnapshotInfo:

@@ -15,8 +15,9 @@ buffer (never aliased to it) and handed to ``optimizer.load_state_dict``. The re
 a model and optimizer loaded from a snapshot continue training identically to the originals.
 
 CUDA. Device tensors are staged through pinned host memory with non-blocking copies and one
-synchronisation at the end: on publish, device -> pinned snapshot buffer; on load, pinned staging
--> device. ``force_staging=True`` takes the same code path for CPU tensors (tests use it on
+synchronisation at the end: on publish, device -> pinned snapshot buffer (a block of an earlier
+snapshot that nothing observes any more, when there is one: pinning is costly); on load, pinned
+staging -> device. ``force_staging=True`` takes the same code path for CPU tensors (tests use it on
 machines without a GPU; pinning is then skipped because it needs an accelerator).
 """
 
@@ -199,7 +200,10 @@ def publish_torch(
     torch = _torch()
     tensors, meta = collect_state(model, optimizer)
     staged = force_staging or any(t.is_cuda for t in tensors.values())
-    builder = store.begin(run, step, _entries(tensors, meta), allocator=pinned_allocator if staged else None)
+    # Pinned memory is page-locked at every allocation: a staged snapshot reuses a freed one's block.
+    builder = store.begin(
+        run, step, _entries(tensors, meta), allocator=pinned_allocator if staged else None, reuse=staged
+    )
     try:
         with torch.no_grad():
             for name, tensor in tensors.items():

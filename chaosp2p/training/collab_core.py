@@ -129,12 +129,12 @@ class CollaborationCore:
         self._left = False
         self._invalid = InvalidStreaks(config.evict_after_invalid_rounds)
         # Stepping aside while idle (stepping_aside.py): the trainer's activity, the watcher task's
-        # scope and end, and -- once stepped aside -- the serving's end and the updates it kept.
+        # scope and end, and -- while aside -- the serving's end (one value: aside is "an event
+        # exists", so flag and event cannot disagree) and the updates it kept.
         self._activity = Activity()
         self._idle_scope: anyio.CancelScope | None = None
         self._idle_stopped: anyio.Event | None = None
-        self._aside = False
-        self._aside_done: anyio.Event | None = None
+        self._aside: anyio.Event | None = None
         self._aside_updates: list[np.ndarray] = []
 
     @property
@@ -278,7 +278,7 @@ class CollaborationCore:
     def _passive(self) -> bool:
         """Serving rounds with weight 0 (leaving, or stepped aside): no rejoin, no judging others, no
         snapshot (the updates are not applied), no throughput report."""
-        return self._left or self._aside
+        return self._left or self._aside is not None
 
     async def _publish_snapshot(self, step: int, config: Configuration) -> None:
         """Snapshot and vouch for ``step`` (:class:`~chaosp2p.training.newcomers.ServingNewcomers`)."""

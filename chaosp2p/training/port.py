@@ -146,6 +146,12 @@ class TrainingPort(Protocol):
         """Every peer event from now on (the collaboration reports committed operations)."""
         ...
 
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on :attr:`clock`: what a task spawned here waits between its looks (the
+        idle watcher). A peer's clock is real time; a test's fake steps its virtual clock instead, so
+        it drives such a task look by look rather than pausing in real time."""
+        ...
+
     def spawn(self, function: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> None:
         """Run ``function()`` in the peer's task group (structured concurrency: it ends when the peer
         closes, or earlier through a cancel scope of its own). A collaboration is driven by its

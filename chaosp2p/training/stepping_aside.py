@@ -11,7 +11,7 @@ two-member run has no second signer (no member removes another alone: ``protocol
 
 So the idle member acts itself: a member may always remove itself, and a LEAVE needs no second
 signer. A watcher task -- run under the peer's task group (``TrainingPort.spawn``), cancelled by
-``leave()`` and by the peer's close -- looks every ``step_aside_poll_s``; when
+``leave()`` and by the peer's close -- looks every ``step_aside_poll_s`` of the peer's clock; when
 
 * contributions of others to a round of this run wait here for that round to start (the averager
   holds early contributions: somebody is held by this member), and
@@ -80,7 +80,7 @@ class SteppingAside(Stepping):
             with anyio.CancelScope() as scope:
                 self._idle_scope = scope
                 while not self._left:
-                    await anyio.sleep(self.config.step_aside_poll_s)
+                    await self.port.sleep(self.config.step_aside_poll_s)  # the peer's clock (a test steps it)
                     idle = self._holds_others()
                     if idle is not None:
                         await self._step_aside(*idle)
@@ -90,7 +90,7 @@ class SteppingAside(Stepping):
 
     def _holds_others(self) -> tuple[float, float] | None:
         """(idle seconds, bound) if this member is idle past its bound while others wait on it."""
-        if self._left or self._aside or not self._started:
+        if self._left or self._aside is not None or not self._started:
             return None
         idle_s = self._activity.idle_for(self.port.clock.now())
         if idle_s is None:
@@ -116,8 +116,6 @@ class SteppingAside(Stepping):
         """Leave the run (self-signed) and serve its rounds with weight 0 until it commits that."""
         if not self.port.runs.announce_leave(self.run):
             return
-        self._aside = True
-        done = self._aside_done = anyio.Event()
         log.warning(
             "run %r step %d: the others wait for this member, idle for %.1f s (bound %.1f s); it steps aside "
             "(LEAVE) and rejoins at its next step()",
@@ -134,20 +132,18 @@ class SteppingAside(Stepping):
                 "bound_s": round(bound_s, 3),
             }
         )
-        try:
-            await self._serve_until_removed(apply=self._aside_updates.append)
-        finally:
-            done.set()
+        # The trainer is away: its next step() ends the aside state (_resume_after_aside).
+        await self._serve_aside_until_removed(apply=self._aside_updates.append, stay_aside=True)
 
     async def _resume_after_aside(self) -> None:
         """At ``step()`` after stepping aside: wait until the serving ended; replay the kept updates
         unless the LEAVE took effect (then the round finds this member removed and it rejoins)."""
-        if not self._aside:
+        done = self._aside
+        if done is None:
             return
-        assert self._aside_done is not None
-        await self._aside_done.wait()
+        await done.wait()
         updates, self._aside_updates = self._aside_updates, []
-        self._aside = False
+        self._aside = None
         removed = self.port.runs.removed_from_step(self.run)
         if removed is not None and self.step_index >= removed:
             return
@@ -184,12 +180,25 @@ class SteppingAside(Stepping):
                 resync,
             )
             self.step_index = resync  # the others redo this step, with this member in it
-            self._aside = True
-            try:
-                await self._serve_until_removed()
-            finally:
-                self._aside = False
+            await self._serve_aside_until_removed(stay_aside=False)  # inside step(): aside ends with the serving
         await self._rejoin(f"state diverged from step {resync}")
+
+    async def _serve_aside_until_removed(self, apply: Apply = _discard, *, stay_aside: bool) -> None:
+        """Be aside while serving the rounds with weight 0 until the run removes this member.
+
+        The one place that enters the aside state (``_aside``: an event while aside, set when the
+        serving ended), for both ways in: stepping aside while idle and leaving after a
+        resync. ``stay_aside``: the trainer is away, and its next ``step()`` ends the state after
+        waiting for the event (:meth:`_resume_after_aside`); otherwise the caller is inside
+        ``step()`` and the state ends with the serving.
+        """
+        done = self._aside = anyio.Event()
+        try:
+            await self._serve_until_removed(apply=apply)
+        finally:
+            done.set()
+            if not stay_aside:
+                self._aside = None
 
     async def _serve_until_removed(self, apply: Apply = _discard) -> None:
         """Until the run removes this member, keep doing its part of each round with zero weight.

@@ -42,6 +42,10 @@ class TransportConfig:
 
     (Values above ``max_pending_handshakes`` act as ``max_pending_handshakes``.)"""
     connect_timeout_s: float = 5.0
+    relay_after_s: float = 1.0
+    """Head start of a direct dial over a relayed one when reaching a peer that may sit behind NAT
+    (:func:`~chaosp2p.transport.reach.reach`): a dial that works completes well within it, and one
+    that does not is not waited for until ``connect_timeout_s``."""
     first_message_timeout_s: float = 2.0
     """An inbound connection must deliver its whole first handshake message within this long.
 
@@ -95,6 +99,7 @@ class TransportConfig:
             "idle_connection_timeout_s",
             "socket_buffer_bytes",
         )
+        require(self.relay_after_s >= 0, "relay_after_s must be >= 0 (0: try the relays alongside the direct dial)")
         require(self.max_record_bytes <= 16 << 20, "max_record_bytes must be at most 16 MiB")
         require(
             self.max_upload_bytes_per_s is None or self.max_upload_bytes_per_s > 0,
@@ -132,6 +137,7 @@ class TransportConfig:
         """
         return cls(
             connect_timeout_s=2.0,
+            relay_after_s=0.5,  # a loopback dial takes milliseconds, a handshake on a loaded machine more
             first_message_timeout_s=1.0,
             max_pending_handshakes_per_address=64,
             handshake_timeout_s=2.0,
@@ -152,6 +158,7 @@ class TransportConfig:
         return replace(
             cls(),
             connect_timeout_s=10.0,
+            relay_after_s=3.0,  # TCP and the handshake take about 3 round trips, up to 300 ms each
             first_message_timeout_s=5.0,
             handshake_timeout_s=10.0,
             request_timeout_s=30.0,

@@ -5,11 +5,14 @@ its site, say) times out only after ``connect_timeout_s`` (5 s in ``lan``). Wait
 every attempt before trying a relay made a newcomer's snapshot requests arrive after the members had
 stepped past the snapshot's step, and its join was refused again and again (issue 21). So, in the
 manner of "happy eyeballs" (RFC 8305): reuse any open connection (direct first, then relayed);
-otherwise dial directly, and if that has not succeeded within ``relay_after_s`` -- or has failed --
+otherwise dial directly, and if that has not succeeded within ``relay_after_s`` (``TransportConfig``,
+per profile) -- or has failed --
 also try the relays this host is connected to, then the relay addresses among ``addrs`` (those a
 private peer announces, ``protocols/relay.md`` §6: through its relays, dialing them if need be).
-The first connection wins and the other attempt is cancelled. A relayed connection runs the same
-end-to-end handshake (the relay sees ciphertext only), so what a caller sends over it arrives bit-identical.
+The first connection wins and the other attempt is cancelled; if that one had completed too (both
+finished at once), its connection is closed, so no second connection to the peer lingers. A relayed
+connection runs the same end-to-end handshake (the relay sees ciphertext only), so what a caller
+sends over it arrives bit-identical.
 """
 
 from __future__ import annotations
@@ -26,37 +29,38 @@ from chaosp2p.wire.circuit_addr import CircuitAddr, Dialable
 from chaosp2p.wire.identity import PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
 
-RELAY_AFTER_S = 1.0
-"""Head start of the direct dial: a dial that works on a LAN or the internet completes well within it."""
-
 
 async def reach(
     host: Host,
     peer: PeerID,
     addrs: Sequence[Dialable],
     *,
-    relay_after_s: float = RELAY_AFTER_S,
+    relay_after_s: float | None = None,
     any_relay: bool = True,
 ) -> Connection:
     """An open connection to ``peer``: an existing one, a new direct one, or one through a relay.
 
-    ``any_relay=False`` tries only the relay addresses among ``addrs``, not every relay this host
-    is connected to: for callers that contact many peers, most of them public, where a dead one
-    would cost a circuit request at each connected relay before it is reported unreachable.
-    Raises :class:`PeerUnreachable` with both reasons when neither way works.
+    ``relay_after_s`` defaults to the host's ``TransportConfig.relay_after_s``. ``any_relay=False``
+    tries only the relay addresses among ``addrs``, not every relay this host is connected to: for
+    callers that contact many peers, most of them public, where a dead one would cost a circuit
+    request at each connected relay before it is reported unreachable. Raises
+    :class:`PeerUnreachable` with both reasons when neither way works.
     """
     existing = host.connection(peer) or host.relayed_connection(peer)
     if existing is not None:
         return existing
+    head_start_s = host.config.relay_after_s if relay_after_s is None else relay_after_s
     direct_addrs = [a for a in addrs if isinstance(a, Multiaddr)]
     circuits = [a for a in addrs if isinstance(a, CircuitAddr) and a.target == peer]
-    won: list[Connection] = []
+    won: list[tuple[Connection, bool]] = []  # each connection, and whether this call opened it
     errors: list[str] = []
     direct_failed = anyio.Event()
 
     async def direct(scope: anyio.CancelScope) -> None:
         try:
-            won.append(await host.connection_to(peer, direct_addrs))
+            before = host.connection(peer)
+            connection = await host.connection_to(peer, direct_addrs)
+            won.append((connection, connection is not before))
             scope.cancel()
         except ChaosError as exc:  # unreachable, or a handshake that failed: the relay may still work
             errors.append(str(exc))
@@ -69,11 +73,13 @@ async def reach(
     ]
 
     async def relayed(scope: anyio.CancelScope) -> None:
-        with anyio.move_on_after(relay_after_s):
+        with anyio.move_on_after(head_start_s):
             await direct_failed.wait()
         for name, way in ways:
             try:
-                won.append(await way())
+                before = host.relayed_connection(peer)
+                connection = await way()
+                won.append((connection, connection is not before))
                 scope.cancel()
                 return
             except ChaosError as exc:
@@ -83,5 +89,11 @@ async def reach(
         tg.start_soon(direct, tg.cancel_scope)
         tg.start_soon(relayed, tg.cancel_scope)
     if won:
-        return won[0]
+        winner = won[0][0]
+        for loser, opened_here in won[1:]:
+            # Both attempts completed before the cancellation reached the slower one. Close its
+            # connection unless another task uses it too (it existed before this attempt).
+            if opened_here and loser is not winner:
+                await loser.aclose(f"a parallel way to {peer.short()} connected first")
+        return winner
     raise PeerUnreachable(f"cannot reach {peer}: " + "; ".join(errors))

@@ -2,7 +2,8 @@
 
 :class:`FakePort` serves :class:`chaosp2p.training.port.TrainingPort` from plain data: its gates
 (:class:`FakeGates`) hold configurations a test builds with the negotiation helpers and installs,
-gates or removes by hand; its clock is a :class:`~chaosp2p.clock.VirtualClock`; its streams are
+gates or removes by hand; its clock is a :class:`~tests.unit.stepped_clock.SteppedClock` (virtual
+time the test advances; a task that sleeps on it wakes only then); its streams are
 scripted (:class:`FakeStream`: what a remote peer answers, in order). :class:`FakeAverager` stands
 in for :class:`chaosp2p.training.averager.Averager`: every ``all_reduce`` is recorded, and the next
 entry of its script decides the round (edit the buffer, raise ``RoundAborted``...).
@@ -24,7 +25,6 @@ import anyio.abc
 import anyio.lowlevel
 import numpy as np
 
-from chaosp2p.clock import VirtualClock
 from chaosp2p.errors import LocalProtocolError, PeerUnreachable, RunRemoved
 from chaosp2p.protocols.averaging.messages import RoundTag
 from chaosp2p.protocols.negotiation import Configuration, NegotiationConfig, RunInfo, RunParams
@@ -36,6 +36,7 @@ from chaosp2p.training.config import CollaborationConfig
 from chaosp2p.training.service import TrainingService
 from chaosp2p.wire.identity import Identity, PeerID
 from chaosp2p.wire.multiaddr import Multiaddr
+from tests.unit.stepped_clock import SteppedClock
 
 RUN = "fake-run"
 HOLD = object()
@@ -347,7 +348,7 @@ class FakePort:
     def __init__(self, identity: Identity | None = None, *, profile: str = "local") -> None:
         self.identity = identity or identities(1, base=200)[0]
         self.peer_id = self.identity.peer_id
-        self.clock = VirtualClock(100.0)
+        self.clock = SteppedClock(100.0)
         self.profile = profile
         self.runs = FakeGates(self.peer_id)
         self.subscriptions: list[FakeEvents] = []
@@ -374,6 +375,10 @@ class FakePort:
         self.spawned.append(name)
         if self.task_group is not None:
             self.task_group.start_soon(function, name=name)
+
+    async def sleep(self, seconds: float) -> None:
+        """Until the test advances ``clock`` by ``seconds`` (``clock.settled()`` waits for the look after it)."""
+        await self.clock.sleep(seconds)
 
     def subscribe(self) -> FakeEvents:
         """A new subscription (``publish`` feeds every one)."""

@@ -230,8 +230,8 @@ async def test_a_newcomer_admitted_at_the_step_under_way_completes_its_join_with
     r.gates.join = join_as_the_runtime  # type: ignore[method-assign]
 
     async def admit_once_asked() -> None:
-        await eventually(lambda: bool(r.gates.joins))
-        await anyio.sleep(0.05)  # the newcomer now waits for an update or its admission
+        await eventually(lambda: bool(r.gates.joins))  # it asked (its state is loaded: no thread runs now)
+        await anyio.wait_all_tasks_blocked()  # and now waits for an update or its admission
         r.gates.admission = admitting
         r.gates.changed()
 

@@ -1,7 +1,9 @@
 """An idle member steps aside itself (issue 19; chaosp2p/training/stepping_aside.py), on a fake port.
 
-The trainer's idle time runs on the port's virtual clock (the test advances it); the watcher polls
-every 10 ms of real time. A member steps aside only while others' contributions wait for it (the
+The trainer's idle time and the watcher's looks run on the port's stepped clock: the watcher sleeps
+on it between looks (``TrainingPort.sleep``), an advance wakes it for one look, and
+``clock.settled()`` returns once it took that look and sleeps again -- no real-time pause stands in
+for "the watcher has looked". A member steps aside only while others' contributions wait for it (the
 averager holds early ones) and its trainer has been idle past max(floor, 4 x its median gap): it
 announces a LEAVE, serves the rounds with weight 0 until the run commits it -- keeping their
 updates, not applying them -- and at its next step() either rejoins (removed) or replays the kept
@@ -22,7 +24,6 @@ torch = pytest.importorskip("torch")
 
 from chaosp2p.errors import RoundAborted  # noqa: E402
 from chaosp2p.training.activity import Activity  # noqa: E402
-from tests.conditions import eventually  # noqa: E402
 from tests.unit.fake_port import RUN, AverageCall, Rig, configuration, identities, rig  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -59,8 +60,12 @@ async def _two_members_stepping(r: Rig) -> Any:
     return other
 
 
+POLL_S = 0.25
+"""The watcher's period, in the port's virtual seconds (exact in binary: ticks land on its deadlines)."""
+
+
 def _rig(**config: Any) -> Rig:
-    return rig(*_model(), step_aside_idle_min_s=2.0, step_aside_poll_s=0.01, **config)
+    return rig(*_model(), step_aside_idle_min_s=2.0, step_aside_poll_s=POLL_S, **config)
 
 
 @asynccontextmanager
@@ -80,19 +85,17 @@ async def test_an_idle_member_that_holds_the_others_steps_aside_and_rejoins_at_i
         before = _params(r.collab.model)
         # The other member's contribution waits here; the bound is max(2 s, 4 x 1 s median gap).
         r.averager.early.add(RUN)
-        r.port.clock.advance(3.0)  # idle 3 s of the 4 s bound
-        await anyio.sleep(0.1)
+        await r.port.clock.tick(3.0)  # idle 3 s of the 4 s bound: the watcher looks, and stays
         assert r.gates.announced == []
         # Idle past the bound, but nobody waits for this member: it stays.
         r.averager.early.clear()
-        r.port.clock.advance(7.0)
-        await anyio.sleep(0.1)
+        await r.port.clock.tick(7.0)
         assert r.gates.announced == []
         r.gates.leave_takes_effect_at = 4  # the run commits the LEAVE at step 4
         r.averager.then(_fill(5.0))  # the round it serves meanwhile
         r.averager.early.add(RUN)
-        await eventually(lambda: r.collab.step_index == 4)
-        assert r.gates.announced == [RUN]
+        await r.port.clock.tick(POLL_S)  # its next look: it steps aside and serves until removed
+        assert r.collab.step_index == 4 and r.gates.announced == [RUN]
         served = r.averager.calls[-1]
         assert served.tag.step == 3 and served.weight == 0.0
         np.testing.assert_array_equal(served.contribution, np.zeros(NUMEL, dtype=np.float32))
@@ -101,7 +104,7 @@ async def test_an_idle_member_that_holds_the_others_steps_aside_and_rejoins_at_i
         assert [e["event"] for e in events] == ["stepped_aside"]
         assert events[0]["step"] == 3 and events[0]["bound_s"] == 4.0
         # Stepped aside once: the watcher does not announce again while it waits for the trainer.
-        await anyio.sleep(0.1)
+        await r.port.clock.tick(POLL_S)
         assert r.gates.announced == [RUN]
         # Its next step(): removed from step 4, so it rejoins as a newcomer (no peer to join from on
         # the fake: the join times out) -- not a round under the old configuration.
@@ -119,9 +122,8 @@ async def test_a_member_whose_leave_did_not_take_effect_replays_the_kept_updates
         before = _params(r.collab.model)
         r.averager.early.add(RUN)
         r.averager.then(_fill(5.0), RoundAborted("the other member is gone"))
-        r.port.clock.advance(5.0)
-        await eventually(lambda: len(r.averager.calls) == 5)
-        await anyio.sleep(0.05)
+        await r.port.clock.tick(5.0)  # the watcher steps aside; its serving ends on the aborted round
+        assert len(r.averager.calls) == 5
         assert r.collab.step_index == 4 and r.gates.announced == [RUN]
         np.testing.assert_array_equal(_params(r.collab.model), before)
         r.averager.early.clear()
@@ -135,15 +137,14 @@ async def test_a_member_whose_leave_did_not_take_effect_replays_the_kept_updates
 async def test_a_member_inside_step_or_noting_activity_is_not_idle() -> None:
     async with _watched_pair() as r:
         r.averager.early.add(RUN)
-        for _ in range(8):  # a drop-in's inner steps: activity without step()
+        for _ in range(8):  # a drop-in's inner steps: activity without step(), 8 s past the 4 s bound
             r.port.clock.advance(1.0)
             r.collab.note_activity()
-            await anyio.sleep(0.02)
+            await r.port.clock.settled()  # the watcher looked after each
         assert r.gates.announced == []
 
         async def slow_round(_buffer: np.ndarray, _call: AverageCall) -> None:
-            r.port.clock.advance(30.0)  # a long round: the trainer is in step(), not idle
-            await anyio.sleep(0.1)
+            await r.port.clock.tick(30.0)  # a long round: the watcher looks while the trainer is in step()
 
         r.averager.then(slow_round)
         await r.collab.step(4)
@@ -152,10 +153,12 @@ async def test_a_member_inside_step_or_noting_activity_is_not_idle() -> None:
 
 async def test_leave_stops_the_watcher_and_a_disabled_watcher_is_never_spawned() -> None:
     async with _watched_pair() as r:
-        await anyio.sleep(0.05)
+        await r.port.clock.settled()  # the watcher sleeps between looks
+        assert r.port.clock.sleeping() == 1
         with anyio.fail_after(2):
             await r.collab.leave(timeout_s=0.1)
         assert r.collab._idle_stopped is not None and r.collab._idle_stopped.is_set()
+        assert r.port.clock.sleeping() == 0
     off = rig(*_model(), step_aside=False)
     await off.collab.start(found=True)
     assert off.port.spawned == []
@@ -191,3 +194,4 @@ async def test_a_diverged_member_of_two_leaves_and_serves_with_weight_0_before_i
     served = r.averager.calls[served_from:]
     assert [call.tag.step for call in served] == [1, 2] and all(call.weight == 0.0 for call in served)
     assert r.gates.forgotten_removals == [RUN]
+    assert not r.collab._passive  # aside ended with the serving: the rejoin is a newcomer's, not a leaver's

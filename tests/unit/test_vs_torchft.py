@@ -5,24 +5,18 @@ The benchmark itself (real processes, timings) is not part of the test suite.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.unit.benchmark_scripts import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def vs() -> Any:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import vs_torchft
-
-        yield vs_torchft
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_scripts("vs_torchft") as scripts:
+        yield scripts["vs_torchft"]
 
 
 def test_arguments_default_to_no_torchft_and_the_brief_sizes(vs: Any) -> None:
