@@ -42,7 +42,8 @@ import anyio.to_thread
 import numpy as np
 
 from chaosp2p.errors import ChaosError
-from chaosp2p.training.stepping import Apply, Stepping
+from chaosp2p.training.stepping import SUPERSEDED_POLL_S, Apply, Stepping
+from chaosp2p.transport.groups import unwrap_single_error
 
 log = logging.getLogger("chaosp2p.training")
 
@@ -105,8 +106,7 @@ class SteppingAside(Stepping):
         me = self.port.peer_id
         if config is None or not config.takes_part(me, self.step_index) or runs.removed_reason(self.run) is not None:
             return None  # gated (a change is being decided), or no longer taking part: nothing to step aside from
-        newest = runs.configuration(self.run)
-        if newest is None or not any(m.peer_id != me for m in newest.members):
+        if runs.configuration(self.run) is None or self._everyone_else_removed():
             # Every other member is leaving (its removal is agreed): what waits here is its weight-0
             # serving, and a round in which every member serves with weight 0 averages nothing.
             return None
@@ -200,6 +200,12 @@ class SteppingAside(Stepping):
             if not stay_aside:
                 self._aside = None
 
+    def _everyone_else_removed(self) -> bool:
+        """Whether the newest configuration of the run holds no member but (perhaps) this one."""
+        newest = self.port.runs.configuration(self.run)
+        me = self.port.peer_id
+        return newest is not None and not any(m.peer_id != me for m in newest.members)
+
     async def _serve_until_removed(self, apply: Apply = _discard) -> None:
         """Until the run removes this member, keep doing its part of each round with zero weight.
 
@@ -214,7 +220,23 @@ class SteppingAside(Stepping):
             if last is not None and self.step_index >= last:
                 return
             try:
-                await self._averaged_step(0, apply=apply)
+                with anyio.CancelScope() as alone, unwrap_single_error():
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._cancel_when_everyone_else_removed, alone)
+                        await self._averaged_step(0, apply=apply)
+                        tg.cancel_scope.cancel()
             except ChaosError as exc:  # best effort: the run removes us anyway
                 log.info("run %r: stopped serving rounds with weight 0: %s", self.run, exc)
                 return
+            if alone.cancelled_caught:
+                # Each other member is leaving (or gone) too, so each serves with weight 0 as well:
+                # such a round averages nothing and fails, again and again, until every leaver has
+                # given up on its own (max_round_attempts: seconds for each).
+                log.info("run %r: every other member is leaving too; no round left to serve", self.run)
+                return
+
+    async def _cancel_when_everyone_else_removed(self, scope: anyio.CancelScope) -> None:
+        # Polled on the port's clock: a lookup, and no wake-up that would read as "a decision is awaited".
+        while not self._everyone_else_removed():
+            await self.port.sleep(SUPERSEDED_POLL_S)
+        scope.cancel()

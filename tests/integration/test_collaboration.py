@@ -9,6 +9,7 @@ graceful leave and a crash.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -369,3 +370,30 @@ async def test_a_closed_run_admits_its_listed_peer_and_refuses_an_outsider() -> 
         config = founder.peer.training_port.runs.configuration(RUN)
         assert config is not None and not config.has_member(outsider.peer_id)
         _agree([founder, newcomer], range(min(newcomer.digests), 12))
+
+
+async def test_members_leaving_together_stop_serving_at_once_instead_of_failing_rounds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Both leave while neither trains: each serves its last rounds with weight 0, so those rounds
+    # average nothing. Once both leaves are agreed, each sees nobody left to serve and stops, rather
+    # than failing the round max_round_attempts times and then giving up.
+    caplog.set_level(logging.INFO, logger="chaosp2p.training")
+    async with swarm(2) as peers:
+        members = [Member(p, i) for i, p in enumerate(peers)]
+        await members[0].collab.start(found=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(members[0].train_until, 6)
+            tg.start_soon(_join_and_train, members[1], 6)
+        async with anyio.create_task_group() as tg:
+            for member in members:
+                tg.start_soon(member.collab.leave)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("every other member is leaving too" in text for text in said), said
+    assert not any("stopped serving rounds with weight 0" in text for text in said), said
+    assert not any("did not commit our leave" in text for text in said), said
+
+
+async def _join_and_train(member: Member, steps: int) -> None:
+    await member.collab.start(found=False)
+    await member.train_until(steps)
