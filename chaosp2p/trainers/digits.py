@@ -23,6 +23,7 @@ from chaosp2p.api.blocking_peer import Peer
 from chaosp2p.protocols.membership import MembershipConfig
 from chaosp2p.runtime.config import PeerConfig
 from chaosp2p.trainers.script import MetricsWriter, StopSignal, add_peer_arguments, write_ready_file
+from chaosp2p.training import CollaborationConfig
 
 RUN = "digits-mlp"
 DATA_SEED = 7
@@ -94,7 +95,17 @@ def peer_config(args: argparse.Namespace) -> PeerConfig:
     """The peer's configuration from its command line: ``--profile``, with ``--listen`` replacing the
     profile's listen addresses (a host in its own network namespace needs no profile file for that)."""
     config = profile_config(args.profile, fast_failure_detection=args.fast_failure_detection)
+    if args.identity is not None:
+        config = config.replace(identity_path=str(args.identity))
     return config.replace(listen=tuple(args.listen)) if args.listen else config
+
+
+def collaboration_config(args: argparse.Namespace, profile: str) -> CollaborationConfig:
+    """The run's settings: the profile's, the global batch, and (a founder's) admission list."""
+    config = CollaborationConfig.profile_named(profile).replace(global_batch=args.batch)
+    if args.admit and args.join:
+        raise SystemExit("--admit closes a run its founder creates; a peer that joins (--join) cannot use it")
+    return config.replace(admitted_peers=tuple(args.admit)) if args.admit else config
 
 
 def run_peer(args: argparse.Namespace) -> int:
@@ -106,9 +117,8 @@ def run_peer(args: argparse.Namespace) -> int:
     metrics = MetricsWriter(args.metrics_file)
     config = peer_config(args)
     from chaosp2p.api import Collaboration
-    from chaosp2p.training import CollaborationConfig
 
-    collab_config = CollaborationConfig.profile_named(config.profile).replace(global_batch=args.batch)
+    collab_config = collaboration_config(args, config.profile)
     with Peer(initial_peers=args.join, config=config, run=RUN) as peer:
         write_ready_file(args.ready_file, peer.peer_id, peer.addrs)
         print(f"peer {peer.peer_id} listening on {peer.addrs[0]}", flush=True)

@@ -2,7 +2,8 @@
 
 Every example peer takes the same flags -- ``--join MULTIADDR`` (repeatable), ``--steps N``,
 ``--ready-file PATH``, ``--metrics-file PATH``, ``--profile NAME|FILE``, ``--listen MULTIADDR``
-(repeatable; replaces the profile's listen addresses) -- and leaves the run gracefully on SIGTERM, so the
+(repeatable; replaces the profile's listen addresses), ``--identity KEYFILE``, ``--admit PEER_ID``
+(repeatable; a founder closes the run to those peers) -- and leaves the run gracefully on SIGTERM, so the
 cluster harness and the tests can drive any of them the same way. ``--metrics-file`` receives one
 JSON object per step::
 
@@ -39,6 +40,21 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="MULTIADDR",
         help="listen here instead of the profile's addresses, e.g. /ip4/0.0.0.0/tcp/4001 (repeatable)",
+    )
+    parser.add_argument(
+        "--identity",
+        type=Path,
+        default=None,
+        metavar="KEYFILE",
+        help="Ed25519 key file (created with mode 0600 if missing): a stable PeerID, e.g. for --admit",
+    )
+    parser.add_argument(
+        "--admit",
+        action="append",
+        default=[],
+        metavar="PEER_ID",
+        help="when founding: close the run to these peers (repeatable; the founder is always in);"
+        " every member refuses anyone else's join, and answers outsiders nothing about the run",
     )
 
 

@@ -111,6 +111,14 @@ class ByzantineMember(RuleBasedStateMachine):
     def _current(self) -> Configuration | None:
         return self.swarm.peers[self.liar].machine.configuration(self.swarm.run)
 
+    def _honest_members(self) -> tuple[Configuration, list[PeerID]] | None:
+        """The liar's configuration and its honest members, when there are two at least to lie to."""
+        config = self._current()
+        honest = [p for p in self._honest() if config is not None and config.has_member(p)]
+        if config is None or len(honest) < 2:
+            return None
+        return config, honest
+
     def _equivocation(self) -> tuple[Configuration, list[PeerID], Ballot] | None:
         """The liar's view, the honest members to lie to (two at least) and a fresh ballot of its own."""
         config = self._current()
@@ -315,10 +323,10 @@ class ByzantineMember(RuleBasedStateMachine):
     def equivocation_at_own_ballot(self, data: st.DataObject, round_zero: bool) -> None:
         """Different values to two halves at one ballot of its own, each certified with the
         acceptances it earned (issue 20: split an odd run with majority quorums)."""
-        config = self._current()
-        honest = [p for p in self._honest() if config is not None and config.has_member(p)]
-        if config is None or len(honest) < 2:
+        found = self._honest_members()
+        if found is None:
             return
+        config, honest = found
         ballot = self._own_ballot(config, round_zero)
         proofs = self._phase1(config, honest, ballot)
         cut = data.draw(st.integers(min_value=1, max_value=len(honest) - 1))
@@ -331,10 +339,10 @@ class ByzantineMember(RuleBasedStateMachine):
     def withheld_commit_then_higher_ballot(self, data: st.DataObject, round_zero: bool, phase1: bool) -> None:
         """Certify v, show the COMMIT to one member only, then propose w at a higher ballot to the
         others -- without phase 1, or with a phase 1 whose promises it shows (issue 20)."""
-        config = self._current()
-        honest = [p for p in self._honest() if config is not None and config.has_member(p)]
-        if config is None or len(honest) < 2:
+        found = self._honest_members()
+        if found is None:
             return
+        config, honest = found
         ballot = self._own_ballot(config, round_zero)
         first = self._certify(config, honest, ballot, 41.0, self._phase1(config, honest, ballot))
         told = data.draw(st.sampled_from(honest))
@@ -354,10 +362,10 @@ class ByzantineMember(RuleBasedStateMachine):
         not show v backed. The strategy that split a run of four while a proposer's own unanswered
         acceptance counted as no claim; the race it needs is narrow here (300 examples did not hit it
         with that fix undone), so ``test_negotiation_equivocation_settling.py`` plays it exactly."""
-        config = self._current()
-        honest = [p for p in self._honest() if config is not None and config.has_member(p)]
-        if config is None or len(honest) < 2:
+        found = self._honest_members()
+        if found is None:
             return
+        config, honest = found
         ballot = self._own_ballot(config, round_zero)
         proofs = self._phase1(config, honest, ballot)
         chosen_by = honest[: quorum(config) - 1]
