@@ -29,7 +29,7 @@ from chaosp2p.training.collaboration import AsyncCollaboration  # noqa: E402
 from chaosp2p.training.config import CollaborationConfig  # noqa: E402
 from chaosp2p.training.flat import FlatParameters  # noqa: E402
 from tests.events import committed_operation  # noqa: E402
-from tests.unit.fake_port import RUN, FakePort, Rig, identities, rig  # noqa: E402
+from tests.unit.fake_port import RUN, FakePort, Rig, configuration, identities, rig  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -206,18 +206,35 @@ async def test_leave_serves_zero_weight_rounds_until_removed_then_frees_the_run(
     assert r.averager.calls[0].weight == 4.0
     assert r.averager.calls[0].contribution.all()
     before = _values(r.collab.model)
+    (other,) = identities(1)
+    pair = r.gates.install(configuration([r.port.peer_id, other.peer_id], epoch=1, activation_step=1))
     r.gates.leave_takes_effect_at = 3  # the run commits the leave at step 3: steps 1 and 2 still count us
-    r.averager.then(_fill(5.0), _fill(5.0))  # the others' average: never applied by a leaver
+    r.averager.then(_fill(5.0), _fill(5.0))  # the other's average: never applied by a leaver
     await r.collab.leave()
     assert r.gates.announced == [RUN]
     leaving = r.averager.calls[1:]
     assert [call.tag.step for call in leaving] == [1, 2]
     assert all(call.weight == 0.0 for call in leaving)
     assert all(not call.contribution.any() for call in leaving)  # contributes nothing...
-    assert all(call.members == [r.port.peer_id] for call in leaving)  # ...but still does its part
+    assert all(call.members == [m.peer_id for m in pair.members] for call in leaving)  # ...but does its part
     assert ("completed", 2) in r.gates.reported
     np.testing.assert_array_equal(_values(r.collab.model), before)  # and applies nothing
     assert r.collab.step_index == 3
+    _assert_freed(r)
+
+
+async def test_a_leaver_serves_nothing_once_every_other_members_removal_is_agreed() -> None:
+    # The other member leaves too (the newest configuration holds this peer alone): it serves with
+    # weight 0 as well, so a round would average nothing. A lone founder leaving is the same case.
+    r = await _founded()
+    await r.collab.step(4)
+    (other,) = identities(1)
+    r.gates.install(configuration([r.port.peer_id, other.peer_id], epoch=1, activation_step=1))
+    r.gates.install(configuration([r.port.peer_id], epoch=2, activation_step=4))  # the other's LEAVE
+    r.gates.leave_takes_effect_at = 3
+    await r.collab.leave()
+    served = [call.tag.step for call in r.averager.calls[1:]]
+    assert served in ([], [1])  # at most the round under way when the watch first looked
     _assert_freed(r)
 
 
