@@ -155,7 +155,10 @@ class Stepping(CollaborationCore):
         outcome: RoundStats | None
         while True:
             config = await self._governing_or_rejoin(step)
-            if config is None:
+            # Looked for again here, not only on entering: the commit that voids a step this member
+            # completed typically arrives while it waits at the next step's gate, or while that
+            # step's round runs (star run 5: it stepped on while the others redid the voided step).
+            if config is None or await self._check_resync():
                 return await self._averaged_step(weight, apply=apply)
             runs.report_step(self.run, entered=step)
             attempts += 1
@@ -319,11 +322,13 @@ class Stepping(CollaborationCore):
                 f"{self.config.evict_after_invalid_rounds}+ rounds in a row (different model? NaN/Inf gradients?)"
             )
 
-    async def _check_resync(self) -> None:
-        """Rejoin if a commit this peer had run past made its state wrong."""
+    async def _check_resync(self) -> bool:
+        """Rejoin if a commit this peer had run past made its state wrong; True if it did."""
         resync = self.port.runs.take_resync(self.run)
-        if resync is not None and not self._passive:
-            await self._rejoin(f"state diverged from step {resync}")
+        if resync is None or self._passive:
+            return False
+        await self._rejoin(f"state diverged from step {resync}")
+        return True
 
     async def _unless_superseded(
         self, step: int, config: Configuration, reduce: Awaitable[RoundStats]

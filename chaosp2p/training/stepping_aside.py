@@ -156,8 +156,8 @@ class SteppingAside(Stepping):
             len(updates),
         )
 
-    async def _check_resync(self) -> None:
-        """Rejoin if a commit this peer had run past made its state wrong -- leaving first.
+    async def _check_resync(self) -> bool:
+        """Rejoin if a commit this peer had run past made its state wrong -- leaving first; True if it did.
 
         Its state from the resync step on is wrong, so it rejoins as a newcomer; but it still counts
         in the configuration that governs that step, and the others' rounds of the step wait for it.
@@ -169,7 +169,7 @@ class SteppingAside(Stepping):
         """
         resync = self.port.runs.take_resync(self.run)
         if resync is None or self._passive:
-            return
+            return False
         config = self.port.runs.configuration(self.run)
         others = config is not None and any(m.peer_id != self.port.peer_id for m in config.members)
         if others and self.port.runs.announce_leave(self.run):
@@ -182,6 +182,7 @@ class SteppingAside(Stepping):
             self.step_index = resync  # the others redo this step, with this member in it
             await self._serve_aside_until_removed(stay_aside=False)  # inside step(): aside ends with the serving
         await self._rejoin(f"state diverged from step {resync}")
+        return True
 
     async def _serve_aside_until_removed(self, apply: Apply = _discard, *, stay_aside: bool) -> None:
         """Be aside while serving the rounds with weight 0 until the run removes this member.
