@@ -21,6 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from chaosp2p.protocols.negotiation import LinkEntry  # noqa: E402
 from tests.unit.fake_port import RUN, AverageCall, Rig, configuration, identities, rig  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -48,19 +49,27 @@ async def _three_members_three_steps(r: Rig) -> list[Any]:
     return others
 
 
-def _commit_voiding_step_2(r: Rig, others: list[Any]) -> None:
-    """Epoch 2 (chosen without us) activates at step 2, which we completed: the commit says resync."""
+def _commits_voiding_step_2(r: Rig, others: list[Any]) -> None:
+    """Two decisions back to back, chosen without us, both activated at step 2, which we completed:
+    a newcomer's join (epoch 2), then a LINK_DOWN of its link to us (epoch 3). Each commit says
+    resync (the service keeps the step); the last one governs the steps from 2 on."""
+    me, newcomer = r.port.peer_id, identities(1, base=120)[0].peer_id
+    peers = [me, *others, newcomer]
     r.gates.resync[RUN] = 2
+    r.gates.install(configuration(peers, epoch=2, activation_step=2, global_batch=12, since_steps=[0, 0, 0, 2]))
+    down = [LinkEntry(a=min(me, newcomer, key=lambda p: p.raw), b=max(me, newcomer, key=lambda p: p.raw), up=False)]
+    r.gates.install(
+        configuration(peers, epoch=3, activation_step=2, global_batch=12, since_steps=[0, 0, 0, 2], links=down)
+    )
     r.gates.leave_takes_effect_at = 4  # our LEAVE, once announced, commits for step 4
-    r.gates.install(configuration([r.port.peer_id, *others], epoch=2, activation_step=2, global_batch=12))
 
 
 def _assert_left_served_weight_0_and_rejoined(r: Rig, served_from: int) -> None:
     assert r.gates.announced == [RUN]
     served = [(c.tag.step, c.tag.epoch, c.weight) for c in r.averager.calls[served_from:]]
-    # Step 2 again, under epoch 2, with this member in it (the others redo it), then step 3; never
+    # Step 2 again, under epoch 3, with this member in it (the others redo it), then step 3; never
     # step 3 with its weight (its state from step 2 on is wrong).
-    assert served == [(2, 2, 0.0), (3, 2, 0.0)]
+    assert served == [(2, 3, 0.0), (3, 3, 0.0)]
     assert r.gates.forgotten_removals == [RUN]  # and then it rejoins as a newcomer
 
 
@@ -80,7 +89,7 @@ async def test_a_resync_committed_while_the_next_step_waits_at_the_gate_leaves_b
             tg.start_soon(step)
             await r.gates.someone_waits()  # inside step(), past its resync check, at the gate
             assert r.averager.calls[served_from:] == []
-            _commit_voiding_step_2(r, others)
+            _commits_voiding_step_2(r, others)
             r.gates.ungate(RUN)
     _assert_left_served_weight_0_and_rejoined(r, served_from)
 
@@ -106,6 +115,6 @@ async def test_a_resync_committed_while_the_next_steps_round_runs_leaves_before_
 
             tg.start_soon(step)
             await started.wait()
-            _commit_voiding_step_2(r, others)  # epoch 2 now governs step 3 too: the round is dropped
+            _commits_voiding_step_2(r, others)  # epoch 3 now governs step 3 too: the round is dropped
     assert (r.averager.calls[served_from].tag.step, r.averager.calls[served_from].tag.epoch) == (3, 1)
     _assert_left_served_weight_0_and_rejoined(r, served_from + 1)
