@@ -312,6 +312,26 @@ def scenario_refusals_raise_the_activation_step() -> None:
     assert net.machines[others[1]].statistics().refused_past >= 1
 
 
+def scenario_members_inside_the_step_refuse_an_ordinary_value_activating_at_it() -> None:
+    net, peers = make_net(3)
+    coord, others = roles(net, peers)
+    # The others are inside step 12 (their round of it may already deliver results to a member
+    # outside the accepting quorum, who completes 12 under the old configuration: star run 5). The
+    # coordinator's fast proposal from its own progress (S = 10 + margin = 12) reaches them there:
+    # they refuse it rather than gate a step they are in, and S comes out past it.
+    for p in others:
+        net.call(p, lambda m, now: m.report_step(now, RUN, entered=12, completed=11))
+    net.call(coord, lambda m, now: m.report_step(now, RUN, entered=10, completed=9))
+    net.call(coord, lambda m, now: m.set_throughput(now, RUN, 4.0))
+    net.deliver()
+    final = conf(net, coord)
+    assert final.throughputs[final.index_of(coord)] == 4.0
+    assert final.activation_step == 12 + CFG.default_margin_steps
+    for p in others:
+        assert net.machines[p].statistics().refused_past >= 1
+        assert net.machines[p].config_for_step(RUN, 12) is not None  # never gated inside step 12
+
+
 def scenario_proposer_preempted_in_phase_two() -> None:
     net, peers = make_net(3)
     coord, (b, _) = roles(net, peers)
@@ -337,6 +357,7 @@ SCENARIOS = [
     scenario_false_failure_removes_a_live_member,
     scenario_duelling_proposers,
     scenario_refusals_raise_the_activation_step,
+    scenario_members_inside_the_step_refuse_an_ordinary_value_activating_at_it,
     scenario_proposer_preempted_in_phase_two,
 ]
 

@@ -368,6 +368,23 @@ def activation_step(
     return max(max_entered + margin, max_completed + 1, config.activation_step, 0)
 
 
+def refuses_mid_step(value: Value, config: Configuration, *, entered: int, completed: int) -> bool:
+    """Does an acceptor inside step S (it entered S after completing a step, and has not completed
+    S) refuse the fresh, ordinary ``value`` activating at S?
+
+    Yes: its round of S may already be delivering results, so the other members can complete S
+    under C_e while accepting would gate S here -- the value would void a step others completed
+    (``ResyncNeeded``; star run 5). Refusing makes the proposer look again, and its next S comes
+    from the promises' progress, past S. Not an urgent or plan-breaking value: its S is the step
+    the run is stuck in, which every member entered. Not a newcomer that completed nothing (it
+    enters its admission step at once, wherever the others are).
+    """
+    if completed < 0 or entered < value.activation_step:
+        return False
+    ops = list(value.ops)
+    return not is_urgent(ops) and not breaks_plan(ops, config)
+
+
 def coordinator(config: Configuration) -> PeerID | None:
     """The member allowed to skip phase 1 at round 0 in the instance following ``config``."""
     peers = config.peers

@@ -51,6 +51,7 @@ from chaosp2p.protocols.negotiation.paxos import (
     coordinator,
     is_urgent,
     link_down_supersedes,
+    refuses_mid_step,
 )
 from chaosp2p.protocols.negotiation.promises import (
     back_acceptance,
@@ -645,7 +646,12 @@ class PaxosRoles(MachineCore):
         """Accept ``value`` (and gate at its step) unless it refuses it (see ``paxos.refuses``);
         returns the completed step if refused. Accepting signs the acceptance statement over the
         digest of C_{e+1}: the proposer needs a quorum of these signatures to commit."""
-        if not adopted and refuses(value, self.local_peer.raw, rec.completed):
+        config = rec.config
+        assert config is not None
+        if not adopted and (
+            refuses(value, self.local_peer.raw, rec.completed)
+            or refuses_mid_step(value, config, entered=rec.entered, completed=rec.completed)
+        ):
             self._count("refused_past")
             return rec.completed
         old_gate = rec.gate_step
