@@ -294,39 +294,39 @@ def scenario_duelling_proposers() -> None:
     assert not final.has_member(b)
 
 
-def scenario_refusals_raise_the_activation_step() -> None:
+def _lagging_coordinator_proposes(*, others_entered: int) -> tuple[ManualNet, list[PeerID], PeerID, list[PeerID]]:
+    """A run of three whose coordinator, at step 10 (completed 9), proposes a throughput change fast
+    (S = 10 + margin = 12) while the others are at ``others_entered`` (completed the step before);
+    the instance is decided, and its configuration carries the change."""
     net, peers = make_net(3)
     coord, others = roles(net, peers)
-    # The coordinator lags (diloco-like): the others completed step 20, it only step 9, and its
-    # fast proposal (S = 9 + margin) reaches members already past S.
     for p in others:
-        net.call(p, lambda m, now: m.report_step(now, RUN, entered=21, completed=20))
+        net.call(p, lambda m, now: m.report_step(now, RUN, entered=others_entered, completed=others_entered - 1))
     net.call(coord, lambda m, now: m.report_step(now, RUN, entered=10, completed=9))
     net.call(coord, lambda m, now: m.set_throughput(now, RUN, 4.0))
     net.deliver()
     final = conf(net, coord)
     assert final.throughputs[final.index_of(coord)] == 4.0
-    assert final.activation_step == 21 + CFG.default_margin_steps  # raised past what the others completed
+    return net, peers, coord, others
+
+
+def scenario_refusals_raise_the_activation_step() -> None:
+    # The coordinator lags (diloco-like): the others completed step 20, and its fast proposal
+    # reaches members already past S.
+    net, peers, coord, others = _lagging_coordinator_proposes(others_entered=21)
+    assert conf(net, coord).activation_step == 21 + CFG.default_margin_steps  # raised past what the others completed
     for p in peers:
         assert not of_type(net.take(p), ResyncNeeded)
     assert net.machines[others[1]].statistics().refused_past >= 1
 
 
 def scenario_members_inside_the_step_refuse_an_ordinary_value_activating_at_it() -> None:
-    net, peers = make_net(3)
-    coord, others = roles(net, peers)
     # The others are inside step 12 (their round of it may already deliver results to a member
     # outside the accepting quorum, who completes 12 under the old configuration: star run 5). The
-    # coordinator's fast proposal from its own progress (S = 10 + margin = 12) reaches them there:
-    # they refuse it rather than gate a step they are in, and S comes out past it.
-    for p in others:
-        net.call(p, lambda m, now: m.report_step(now, RUN, entered=12, completed=11))
-    net.call(coord, lambda m, now: m.report_step(now, RUN, entered=10, completed=9))
-    net.call(coord, lambda m, now: m.set_throughput(now, RUN, 4.0))
-    net.deliver()
-    final = conf(net, coord)
-    assert final.throughputs[final.index_of(coord)] == 4.0
-    assert final.activation_step == 12 + CFG.default_margin_steps
+    # coordinator's fast proposal (S = 12) reaches them there: they refuse it rather than gate a
+    # step they are in, and S comes out past it.
+    net, _, coord, others = _lagging_coordinator_proposes(others_entered=12)
+    assert conf(net, coord).activation_step == 12 + CFG.default_margin_steps
     for p in others:
         assert net.machines[p].statistics().refused_past >= 1
         assert net.machines[p].config_for_step(RUN, 12) is not None  # never gated inside step 12
