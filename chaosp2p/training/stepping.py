@@ -144,7 +144,8 @@ class Stepping(CollaborationCore):
     async def _averaged_step(self, weight: int, *, apply: Apply) -> StepStatistics:
         """One averaging round for ``self.step_index`` (redone until a configuration completes it)."""
         runs = self.port.runs
-        await self._check_resync()
+        if await self._check_resync():
+            weight = 0  # see below: its gradient is of the state it just replaced
         step = self.step_index
         buffer = np.empty_like(self._local)
         attempts = 0
@@ -158,8 +159,12 @@ class Stepping(CollaborationCore):
             # Looked for again here, not only on entering: the commit that voids a step this member
             # completed typically arrives while it waits at the next step's gate, or while that
             # step's round runs (star run 5: it stepped on while the others redid the voided step).
-            if config is None or await self._check_resync():
+            if config is None:
                 return await self._averaged_step(weight, apply=apply)
+            if await self._check_resync():
+                # Rejoined with the run's state: the gradient it came with was of the diverged
+                # state (and the weight-0 serving zeroed it), so it adds nothing to this step.
+                return await self._averaged_step(0, apply=apply)
             runs.report_step(self.run, entered=step)
             attempts += 1
             attempt_started = self.port.clock.now()

@@ -195,3 +195,24 @@ async def test_a_diverged_member_of_two_leaves_and_serves_with_weight_0_before_i
     assert [call.tag.step for call in served] == [1, 2] and all(call.weight == 0.0 for call in served)
     assert r.gates.forgotten_removals == [RUN]
     assert not r.collab._passive  # aside ended with the serving: the rejoin is a newcomer's, not a leaver's
+
+
+async def test_after_a_resync_rejoin_the_step_under_way_contributes_nothing() -> None:
+    # The gradient the member brought into step() was computed on the state the resync replaced,
+    # and the weight-0 serving zeroed it: with its full weight it would pull the average to zero.
+    r = _rig(join_timeout_s=0.2)
+    await _two_members_stepping(r)
+    r.gates.resync[RUN] = 1
+    r.gates.leave_takes_effect_at = 3
+    r.averager.then(_fill(5.0), _fill(5.0), _fill(5.0))
+
+    async def rejoined(why: str) -> None:  # the fake has no peer to join from: rejoin at step 3
+        r.gates.forget_removal(RUN)
+        r.collab.step_index = 3
+
+    r.collab._rejoin = rejoined  # type: ignore[method-assign]
+    served_from = len(r.averager.calls)
+    await r.collab.step(4)
+    calls = r.averager.calls[served_from:]
+    assert [(call.tag.step, call.weight) for call in calls] == [(1, 0.0), (2, 0.0), (3, 0.0)]
+    assert r.collab.step_index == 4
