@@ -167,6 +167,11 @@ class ReachabilityService:
         response = codec.from_obj(reply)
         if not isinstance(response, DialResponse):
             raise RemoteProtocolError(f"reachability: expected a response, got {type(response).__name__}")
+        if response.code == DialBackCode.OK and response.addr not in request.addrs:
+            # Its word decides what we may announce (announced_addrs.py): only an address we named counts.
+            raise RemoteProtocolError(
+                f"reachability: {server.short()} says it reached us at {response.addr!r}, an address we did not name"
+            )
         return response
 
     def addrs_for(self, connection: Connection) -> list[str]:

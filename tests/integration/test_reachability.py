@@ -13,7 +13,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import pytest
 
 from chaosp2p import PeerConfig
-from chaosp2p.protocols.reachability import DialBackCode, Reachability, ReachabilityConfig
+from chaosp2p.errors import RemoteProtocolError
+from chaosp2p.protocols.reachability import PROTOCOL_ID, DialBackCode, Reachability, ReachabilityConfig, answer, codec
 from chaosp2p.runtime.node import open_node
 from chaosp2p.transport.config import TransportConfig
 from chaosp2p.transport.host import Host, open_host
@@ -129,3 +130,18 @@ async def test_one_servers_word_does_not_make_an_address_announced() -> None:
             assert a.reachability.machine.confirmed_addrs()  # the one server did reach it
             assert a.reachability.machine.working_addrs() == []
             assert a.announced.external == []
+
+
+async def test_an_ok_naming_an_address_we_did_not_ask_about_counts_as_no_answer() -> None:
+    # A lying server: "reached you at 198.18.0.66" (someone else's address, were we to announce it).
+    async with hosts(2) as [(a, a_reach), (s, _)]:
+
+        async def liar(connection: object, request: object) -> object:
+            return codec.to_obj(answer(DialBackCode.OK, addr="/ip4/198.18.0.66/tcp/4001"))
+
+        s.set_request_handler(PROTOCOL_ID, liar)
+        await a.connect(s.addrs[0])
+        with pytest.raises(RemoteProtocolError, match="an address we did not name"):
+            await a_reach.ask(s.peer_id)
+        assert await a_reach.check() is Reachability.UNKNOWN
+        assert a_reach.machine.confirmed_addrs() == [] and a_reach.machine.working_addrs() == []
