@@ -170,8 +170,7 @@ class SteppingAside(Stepping):
         resync = self.port.runs.take_resync(self.run)
         if resync is None or self._passive:
             return False
-        config = self.port.runs.configuration(self.run)
-        others = config is not None and any(m.peer_id != self.port.peer_id for m in config.members)
+        others = self.port.runs.configuration(self.run) is not None and not self._everyone_else_removed()
         if others and self.port.runs.announce_leave(self.run):
             log.warning(
                 "run %r: state from step %d diverged; leaving (LEAVE), serving the rounds with weight 0 until "
