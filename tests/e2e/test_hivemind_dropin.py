@@ -80,13 +80,16 @@ def test_two_quickstart_peers_finish_epochs_together_with_identical_parameters(
     try:
         joiner = QuickstartPeer(tmp_path / "joiner", join=[founder.addr()], mode_flags=mode_flags)
 
-        def joiner_trained_two_epochs_as_a_member() -> bool:
+        def both_recorded_two_epochs_together() -> bool:
+            # Each peer writes its record when its own step returns: the founder's record of an
+            # epoch may come a moment after the joiner's, so wait for both sides.
             assert joiner is not None
             assert joiner.process.poll() is None, joiner.log()
             assert founder.process.poll() is None, founder.log()
-            return len([e for e in joiner.epochs() if e["members"] == 2]) >= 2
+            together = {e["step"] for e in founder.epochs() if e["members"] == 2}
+            return len([e for e in joiner.epochs() if e["members"] == 2 and e["step"] in together]) >= 2
 
-        wait_until(joiner_trained_two_epochs_as_a_member, timeout_s=180, what="the joiner to train 2 epochs")
+        wait_until(both_recorded_two_epochs_together, timeout_s=180, what="both peers to record 2 epochs together")
         assert "Joined run 'my_cifar_run' at epoch" in joiner.log()
         theirs = {e["step"]: e for e in founder.epochs()}
         shared = [e for e in joiner.epochs() if e["step"] in theirs]
