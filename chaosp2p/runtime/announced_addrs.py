@@ -45,20 +45,19 @@ class AnnouncedAddrs:
         self.external: list[str] = []
         """The proven addresses announced now (not among the listen addresses)."""
 
-    def current(self) -> list[str]:
-        """The list to announce now: proven external addresses first, then listen addresses."""
-        listen = list(self._listen())
-        external = [a for a in dict.fromkeys(self._working()) if a not in listen][:MAX_EXTERNAL_ADDRS]
-        return [*external, *listen][: self._max_addrs]
-
     def refresh(self) -> bool:
         """Announce again if the proven addresses changed (after each reachability check)."""
-        addrs = self.current()
-        listen = set(self._listen())
-        external = [a for a in addrs if a not in listen]
+        external, listen = self._split()
         if external == self.external:
             return False
+        addrs = [*external, *listen][: self._max_addrs]
         log.info("announcing %s", ", ".join(addrs) if external else "listen addresses only (none proven from outside)")
         self.external = external
         self._announce(addrs)
         return True
+
+    def _split(self) -> tuple[list[str], list[str]]:
+        """(proven addresses that are not listen addresses, capped; the listen addresses)."""
+        listen = list(self._listen())
+        external = [a for a in dict.fromkeys(self._working()) if a not in listen][:MAX_EXTERNAL_ADDRS]
+        return external, listen
